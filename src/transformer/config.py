@@ -1,0 +1,118 @@
+"""Model configuration: one frozen dataclass with the paper's names, validated once.
+
+Presets:
+    base   the paper's base model (N=6, d_model=512, d_ff=2048, h=8, dropout 0.1)
+    big    the paper's big model  (N=6, d_model=1024, d_ff=4096, h=16, dropout 0.3)
+    small  a CPU-sized model for Multi30k (4+4 layers, d_model 256)
+    tiny   the published Multi30k text-only setting (4+4, d_model 128, d_ff 256, 4 heads)
+    toy    a very small model for synthetic tasks and tests
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+FFN_ACTIVATIONS = ("relu", "gelu", "silu", "swiglu")
+SINUSOID_LAYOUTS = ("interleaved", "concat")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Everything needed to build a :class:`~transformer.Transformer`.
+
+    The token ids ``pad_id``, ``bos_id`` and ``eos_id`` belong here because the model
+    builds its padding masks from ``pad_id`` and decoding starts from ``bos_id``.
+    """
+
+    vocab_size: int
+    d_model: int = 512
+    n_heads: int = 8
+    d_ff: int = 2048
+    n_layers: int = 6  # encoder layers and decoder layers (N in the paper)
+    dropout: float = 0.1  # P_drop: sub-layer outputs and embedding + position sums
+    attn_dropout: float = 0.0  # on the attention weights (0 in the paper)
+    max_len: int = 1024  # longest sequence the positional table covers
+    tgt_vocab_size: int | None = None  # None: one vocabulary shared by source and target
+    tie_embeddings: bool = True  # share source, target and output weights (needs a shared vocabulary)
+    norm_first: bool = False  # False: post-norm as in the paper; True: pre-norm
+    final_norm: bool | None = None  # LayerNorm after each stack; None: only with pre-norm
+    ffn_activation: str = "relu"  # relu (paper), gelu, silu, or swiglu (gated, 3 matrices)
+    sinusoid_layout: str = "interleaved"  # paper: sin on even dims, cos on odd; concat: [sin | cos]
+    output_bias: bool = False  # a bias on the vocabulary projection (Marian has one)
+    layer_norm_eps: float = 1e-5
+    pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+
+    def __post_init__(self) -> None:
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                raise ValueError(f"ModelConfig: {msg}")
+
+        need(self.vocab_size > 0, f"vocab_size must be positive, got {self.vocab_size}")
+        need(self.d_model > 0 and self.n_heads > 0, "d_model and n_heads must be positive")
+        need(self.d_model % self.n_heads == 0,
+             f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        need(self.d_ff > 0 and self.n_layers > 0, "d_ff and n_layers must be positive")
+        need(0.0 <= self.dropout < 1.0 and 0.0 <= self.attn_dropout < 1.0, "dropout must be in [0, 1)")
+        need(self.max_len > 1, "max_len must be > 1")
+        need(self.ffn_activation in FFN_ACTIVATIONS,
+             f"ffn_activation must be one of {FFN_ACTIVATIONS}, got {self.ffn_activation!r}")
+        need(self.sinusoid_layout in SINUSOID_LAYOUTS,
+             f"sinusoid_layout must be one of {SINUSOID_LAYOUTS}, got {self.sinusoid_layout!r}")
+        need(self.sinusoid_layout == "concat" or self.d_model % 2 == 0, "d_model must be even")
+        if self.tgt_vocab_size is not None:
+            need(self.tgt_vocab_size > 0, "tgt_vocab_size must be positive")
+            need(not self.tie_embeddings or self.tgt_vocab_size == self.vocab_size,
+                 "tie_embeddings needs one shared vocabulary (tgt_vocab_size None or equal to vocab_size)")
+        for name in ("pad_id", "bos_id", "eos_id"):
+            v = getattr(self, name)
+            need(0 <= v < min(self.vocab_size, self.target_vocab_size),
+                 f"{name}={v} is outside the vocabulary")
+
+    @property
+    def d_head(self) -> int:
+        """d_k = d_v = d_model / h."""
+        return self.d_model // self.n_heads
+
+    @property
+    def target_vocab_size(self) -> int:
+        return self.vocab_size if self.tgt_vocab_size is None else self.tgt_vocab_size
+
+    @property
+    def use_final_norm(self) -> bool:
+        return self.norm_first if self.final_norm is None else self.final_norm
+
+    def replace(self, **changes: Any) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"ModelConfig: unknown keys {unknown}")
+        return cls(**d)
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> "ModelConfig":
+        """A named preset with keyword overrides, e.g. ``preset("base", vocab_size=37000)``."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+        kwargs = {**PRESETS[name], **overrides}
+        if "vocab_size" not in kwargs:
+            raise ValueError("preset(): vocab_size is required")
+        return cls(**kwargs)
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "base": dict(d_model=512, n_heads=8, d_ff=2048, n_layers=6, dropout=0.1),
+    "big": dict(d_model=1024, n_heads=16, d_ff=4096, n_layers=6, dropout=0.3),
+    "small": dict(d_model=256, n_heads=4, d_ff=1024, n_layers=4, dropout=0.1, max_len=256),
+    "tiny": dict(d_model=128, n_heads=4, d_ff=256, n_layers=4, dropout=0.3, max_len=256),
+    "toy": dict(d_model=64, n_heads=4, d_ff=128, n_layers=2, dropout=0.0, max_len=128),
+}

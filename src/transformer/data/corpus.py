@@ -1,0 +1,118 @@
+"""Reading parallel text: plain or gzip files, one sentence per line, UTF-8.
+
+Lines are split on "\\n" only. ``str.splitlines()`` would also break on U+2028, U+2029,
+U+0085, \\x0b, \\x0c and \\x1c-\\x1e, which occur inside real sentences and would silently
+misalign the two sides of a parallel corpus. One trailing "\\r" per line (CRLF files) is
+removed; a leading byte-order mark is removed.
+
+Every problem with the user's files raises :class:`~transformer.errors.UserError` with a
+one-line message that names the file (and line) and says what to do.
+"""
+
+from __future__ import annotations
+
+import gzip
+import zlib
+from collections.abc import Iterable
+from pathlib import Path
+
+from ..errors import UserError
+
+__all__ = ["read_lines", "read_parallel", "read_tsv", "clean_pairs"]
+
+
+def _read_bytes(path: Path) -> bytes:
+    """The file's bytes, gunzipped when the name ends in ``.gz``."""
+    if not path.exists():
+        raise UserError(f"{path}: file not found; check the path")
+    if path.is_dir():
+        raise UserError(f"{path}: is a directory, expected a text file (one sentence per line)")
+    try:
+        if path.suffix == ".gz":
+            with gzip.open(path, "rb") as f:
+                return f.read()
+        return path.read_bytes()
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+        raise UserError(f"{path}: not a valid gzip file ({e}); re-download it or remove the .gz suffix") from e
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror or e})") from e
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """Read a UTF-8 text file (gzip if the name ends in ``.gz``) as a list of lines.
+
+    Splits on "\\n" only; the final newline does not start an extra empty line, but
+    empty lines inside the file are kept (they keep the corpus aligned).
+
+    Raises:
+        UserError: the file is missing, is a directory, is not valid gzip, or is not
+            valid UTF-8 (the message gives the 1-based line number).
+    """
+    path = Path(path)
+    data = _read_bytes(path)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+        raise UserError(
+            f"{path}:{line}: invalid UTF-8 (byte 0x{data[e.start]:02x} at byte column {column}); "
+            "convert the file to UTF-8, e.g. `iconv -f latin1 -t utf-8`"
+        ) from None
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    if not text:
+        return []
+    lines = text.split("\n")
+    if text.endswith("\n"):
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def read_parallel(src_path: str | Path, tgt_path: str | Path) -> list[tuple[str, str]]:
+    """Read two line-aligned files as ``(source, target)`` pairs.
+
+    Raises:
+        UserError: the files have different line counts (both files and counts are named),
+            or either file cannot be read (see :func:`read_lines`).
+    """
+    src, tgt = read_lines(src_path), read_lines(tgt_path)
+    if len(src) != len(tgt):
+        raise UserError(
+            f"parallel files differ in length: {src_path} has {len(src)} lines but {tgt_path} "
+            f"has {len(tgt)}; each line must hold one sentence and its translation"
+        )
+    return list(zip(src, tgt))
+
+
+def read_tsv(path: str | Path) -> list[tuple[str, str]]:
+    """Read ``source<TAB>target`` lines as pairs.
+
+    Raises:
+        UserError: a line has no tab or more than one (names ``file:line``).
+    """
+    pairs = []
+    for number, line in enumerate(read_lines(path), start=1):
+        fields = line.split("\t")
+        if len(fields) != 2:
+            raise UserError(
+                f"{path}:{number}: expected exactly one tab between source and target, "
+                f"found {len(fields) - 1}; fix or remove this line"
+            )
+        pairs.append((fields[0], fields[1]))
+    return pairs
+
+
+def clean_pairs(pairs: Iterable[tuple[str, str]]) -> tuple[list[tuple[str, str]], int]:
+    """Drop pairs whose source or target is empty or whitespace-only.
+
+    Returns:
+        ``(kept_pairs, n_skipped)``; the caller reports ``n_skipped``.
+    """
+    kept, skipped = [], 0
+    for src, tgt in pairs:
+        if src.strip() and tgt.strip():
+            kept.append((src, tgt))
+        else:
+            skipped += 1
+    return kept, skipped

@@ -1,0 +1,192 @@
+"""Known datasets: where their files live locally and where to download them from.
+
+The data folder is resolved by :func:`find_data_dir` (option > ``$TRANSFORMER_DATA`` >
+``~/.cache/transformer/data``); a dataset keeps its files in a sub-folder named after it,
+e.g. ``<data_dir>/multi30k/train.de.gz``. Local files are used as they are; a missing file is
+downloaded (when allowed), checked against the SHA-256 in :data:`MULTI30K`, and only then
+moved into place, so the folder never holds a partial or corrupt download.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import UserError
+from .corpus import read_parallel
+
+__all__ = ["Dataset", "MULTI30K", "DATA_ENV_VAR", "find_data_dir", "load_multi30k", "fetch_url"]
+
+DATA_ENV_VAR = "TRANSFORMER_DATA"
+
+Fetch = Callable[[str], bytes]
+"""Downloads a URL and returns its bytes; raises on failure. Injected by tests."""
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A parallel corpus published as one gzip file per split and language.
+
+    Attributes:
+        name: folder name under the data directory.
+        splits: valid split names.
+        langs: valid language codes.
+        url: download URL template with ``{split}`` and ``{lang}`` fields.
+        sha256: expected SHA-256 of each file, keyed by its file name.
+        line_counts: sentences per split (the same for every language).
+    """
+
+    name: str
+    splits: tuple[str, ...]
+    langs: tuple[str, ...]
+    url: str
+    sha256: dict[str, str]
+    line_counts: dict[str, int]
+
+    @staticmethod
+    def file_name(split: str, lang: str) -> str:
+        """The file name of one side of a split, e.g. ``train.de.gz``."""
+        return f"{split}.{lang}.gz"
+
+
+MULTI30K = Dataset(
+    name="multi30k",
+    splits=("train", "val", "test_2016_flickr"),
+    langs=("en", "de", "fr", "cs"),
+    url="https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/{split}.{lang}.gz",
+    sha256={
+        "train.en.gz": "d79cfa999dd4c51d2cb42499b6796d5a882c3a8a961923c25a898c90f8bbd56f",
+        "train.de.gz": "726e39b2fa9eb9ffb6dc763fb35a179f80fae06ffc5d28b6ace5faa883de28a6",
+        "train.fr.gz": "622e75069e9f4c577425c4f277116ce66e63a2401c0a2312d90073cb12379a3c",
+        "train.cs.gz": "a65adb8b32e3bc664f21ecba7a6e7f6950fd1f405e135f7c312faabdb6255077",
+        "val.en.gz": "14f7d25ddd868909a9213e361768460edcacdd6ab9d1e77b92560dc10c10dc28",
+        "val.de.gz": "f0cba2f995189cf5770f29a8a9a537a3ad3f51657ad873405082ff6863a5e75a",
+        "val.fr.gz": "ca3106f1a72390591d25f6c45cb4cd39dec4cd3f123e099748a3ce5256c160e9",
+        "val.cs.gz": "b63226e05c4bd5dd6a42897d74b86a1b9d2c31498252c572b1ea7f7996927fcc",
+        "test_2016_flickr.en.gz": "611d361c6334bc7246101d48097c13cf5c4413c5befc793cc629934359d532d9",
+        "test_2016_flickr.de.gz": "9204244e408ccb38d2a55cfcd344df15005fc42a07a6e55ca6c52b6ababb8cc8",
+        "test_2016_flickr.fr.gz": "6d326e188d259fb1d04ac19eae3af956559b3a0b93d7635e56c90987c40c8b90",
+        "test_2016_flickr.cs.gz": "200a4a74cc9560f051924abb9803be008d1908d77f747e9141aeb86dfd2797f1",
+    },
+    line_counts={"train": 29000, "val": 1014, "test_2016_flickr": 1000},
+)
+
+
+def find_data_dir(data_dir: str | Path | None = None) -> Path | None:
+    """The data folder: ``data_dir`` if given, else ``$TRANSFORMER_DATA`` if set and non-empty,
+    else ``~/.cache/transformer/data``; ``None`` only when no home directory can be found.
+
+    The folder need not exist yet (downloads create it).
+    """
+    if data_dir is not None and str(data_dir) != "":
+        return Path(data_dir).expanduser()
+    env = os.environ.get(DATA_ENV_VAR)
+    if env:
+        return Path(env).expanduser()
+    try:
+        return Path.home() / ".cache" / "transformer" / "data"
+    except RuntimeError:
+        return None
+
+
+def fetch_url(url: str, timeout: float = 60.0) -> bytes:
+    """Download ``url`` over HTTP(S) and return its bytes.
+
+    Raises:
+        UserError: the download failed (no network, HTTP error, timeout).
+    """
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.read()
+    except (urllib.error.URLError, OSError) as e:
+        raise UserError(
+            f"could not download {url} ({getattr(e, 'reason', e)}); check the network "
+            "or place the file in the data folder by hand"
+        ) from e
+
+
+def _download(dataset: Dataset, split: str, lang: str, folder: Path, fetch: Fetch) -> Path:
+    """Fetch one file, verify its SHA-256, then move it into ``folder`` atomically."""
+    name = dataset.file_name(split, lang)
+    url = dataset.url.format(split=split, lang=lang)
+    data = fetch(url)
+    got = hashlib.sha256(data).hexdigest()
+    expected = dataset.sha256[name]
+    if got != expected:
+        raise UserError(
+            f"checksum mismatch for {url}: expected sha256 {expected}, got {got}; "
+            f"the download is corrupt or changed upstream: retry, or place a verified copy at {folder / name}"
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / name
+    # Write beside the target and rename: a crash never leaves a half-written file under
+    # the final name, and os.replace is atomic on one file system.
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def _check_choice(kind: str, value: str, valid: tuple[str, ...], dataset: Dataset) -> None:
+    if value not in valid:
+        raise UserError(f"unknown {dataset.name} {kind} {value!r}; choose one of: {', '.join(valid)}")
+
+
+def load_multi30k(
+    split: str,
+    src_lang: str,
+    tgt_lang: str,
+    data_dir: str | Path | None = None,
+    download: bool = True,
+    fetch: Fetch | None = None,
+) -> list[tuple[str, str]]:
+    """Load one Multi30k split as ``(source, target)`` sentence pairs.
+
+    Looks in ``<data_dir>/multi30k/`` first (``data_dir`` resolved by :func:`find_data_dir`);
+    files found there are used as they are. Missing files are downloaded into that folder
+    when ``download`` is true and verified against their published SHA-256.
+
+    Args:
+        split: ``"train"``, ``"val"`` or ``"test_2016_flickr"``.
+        src_lang, tgt_lang: two different codes among ``en, de, fr, cs``.
+        data_dir: explicit data folder; see :func:`find_data_dir`.
+        download: fetch missing files; if false a missing file is an error.
+        fetch: function ``url -> bytes`` used to download (default :func:`fetch_url`).
+
+    Raises:
+        UserError: unknown split or language, missing file with ``download=False``,
+            failed download, checksum mismatch, or a malformed file.
+    """
+    dataset = MULTI30K
+    _check_choice("split", split, dataset.splits, dataset)
+    _check_choice("language", src_lang, dataset.langs, dataset)
+    _check_choice("language", tgt_lang, dataset.langs, dataset)
+    if src_lang == tgt_lang:
+        raise UserError(f"source and target language are both {src_lang!r}; choose two different languages")
+    root = find_data_dir(data_dir)
+    if root is None:
+        raise UserError(f"no data folder: pass a data directory or set ${DATA_ENV_VAR}")
+    folder = root / dataset.name
+    paths = []
+    for lang in (src_lang, tgt_lang):
+        path = folder / dataset.file_name(split, lang)
+        if not path.exists():
+            if not download:
+                raise UserError(
+                    f"{path}: not found and downloading is off; allow downloading or place the "
+                    f"{dataset.name} files in {folder}"
+                )
+            path = _download(dataset, split, lang, folder, fetch or fetch_url)
+        paths.append(path)
+    return read_parallel(*paths)

@@ -1,0 +1,6 @@
+"""Decoding strategies. They live outside the model and drive it through its KV cache."""
+from .beam import beam_search
+from .common import Hypothesis, length_penalty, max_output_lengths, pad_batch
+from .greedy import greedy_search
+
+__all__ = ["beam_search", "greedy_search", "Hypothesis", "length_penalty", "max_output_lengths", "pad_batch"]

@@ -1,0 +1,69 @@
+"""What greedy and beam search share: hypotheses, length limits, the length penalty."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..config import ModelConfig
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """One output sentence.
+
+    tokens: generated ids, without BOS, ending with exactly one EOS.
+    logprob: sum of the token log-probabilities (natural log).
+    score: logprob divided by the length penalty (the ranking score).
+    """
+
+    tokens: list[int]
+    score: float
+    logprob: float
+
+
+def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
+    """GNMT's lp(Y) = ((5 + |Y|) / 6) ** alpha, |Y| counting the EOS token.
+
+    Scores are logprob / lp. Since log-probabilities are negative, alpha > 0 favours
+    longer outputs and alpha = 0 ranks by raw log-probability.
+    """
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def max_output_lengths(src: Tensor, cfg: ModelConfig, a: float = 1.0, b: int = 50) -> Tensor:
+    """(B,) the most tokens (EOS included) each sentence may generate: a * source length + b,
+    counting the source's real tokens only (padding never changes a sentence's limit), and
+    never more than the positional table allows."""
+    src_len = (src != cfg.pad_id).sum(dim=1)
+    limit = (a * src_len.double()).floor().long() + b
+    return limit.clamp(min=1, max=cfg.max_len)
+
+
+def next_token_logprobs(logits: Tensor, cfg: ModelConfig) -> Tensor:
+    """(N, V) logits of the last position -> log-probabilities in float32, with PAD and BOS
+    made impossible (they are never a correct next token)."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    lp[:, cfg.pad_id] = float("-inf")
+    if cfg.bos_id != cfg.eos_id:
+        lp[:, cfg.bos_id] = float("-inf")
+    return lp
+
+
+def force_eos(lp: Tensor, rows: Tensor, eos_id: int) -> None:
+    """In place: rows (bool, N) may only emit EOS, keeping its real log-probability."""
+    if rows.any():
+        eos_lp = lp[rows, eos_id].clone()
+        lp[rows] = float("-inf")
+        lp[rows, eos_id] = eos_lp
+
+
+def pad_batch(seqs: list[list[int]], pad_id: int, device: torch.device | None = None) -> Tensor:
+    """Right-pad lists of ids into a (B, L) LongTensor."""
+    width = max((len(s) for s in seqs), default=0)
+    out = torch.full((len(seqs), max(width, 1)), pad_id, dtype=torch.long, device=device)
+    for i, s in enumerate(seqs):
+        if s:
+            out[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+    return out

@@ -1,0 +1,6 @@
+"""Errors that mean "the user gave bad input": the CLI prints them as one line, no traceback."""
+
+
+class UserError(Exception):
+    """A problem with the user's input, options or files. The message names the file, line
+    or option and says what to do."""

@@ -1,0 +1,18 @@
+"""Weights in and out of other implementations: torch.nn.Transformer (import) and
+Hugging Face Marian (import and export).
+
+``transformers`` is an optional dependency (the ``interop`` extra); it is imported only
+when a Marian function is called.
+"""
+from .marian import config_from_marian, config_to_marian, from_marian, load_marian, save_marian, to_marian
+from .torch_nn import load_from_torch_nn
+
+__all__ = [
+    "load_from_torch_nn",
+    "from_marian",
+    "load_marian",
+    "to_marian",
+    "save_marian",
+    "config_from_marian",
+    "config_to_marian",
+]

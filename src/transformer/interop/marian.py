@@ -1,0 +1,288 @@
+"""Hugging Face Marian (``MarianMTModel``) import and export.
+
+HF's Marian is the paper's post-norm Transformer with four fixed choices: embeddings
+scaled by sqrt(d_model) (``scale_embedding=True``), sinusoidal positions laid out
+[sin | cos] (our ``sinusoid_layout="concat"``; HF's table is bit-identical to ours),
+no final LayerNorm after either stack, and a bias on the vocabulary projection
+(``final_logits_bias``, our ``output_bias``). Decoding starts from
+``decoder_start_token_id``, which is the pad id in Marian, so ``bos_id == pad_id``.
+
+Name map (ours <- HF, HF names under ``model.``):
+    src_embed / tgt_embed                  <- encoder.embed_tokens / decoder.embed_tokens
+    out_proj, out_bias                     <- lm_head, final_logits_bias
+    *.self_attn.{q,k,v,out}_proj           <- *.self_attn.{q,k,v,out}_proj
+    decoder.layers[i].cross_attn           <- decoder.layers[i].encoder_attn
+    *.ffn.fc1 / fc2                        <- *.fc1 / fc2
+    encoder.layers[i].attn_block.norm      <- encoder.layers[i].self_attn_layer_norm
+    decoder.layers[i].self_block.norm      <- decoder.layers[i].self_attn_layer_norm
+    decoder.layers[i].cross_block.norm     <- decoder.layers[i].encoder_attn_layer_norm
+    *.ffn_block.norm                       <- *.final_layer_norm
+
+Not carried over: HF's ``activation_dropout`` (dropout inside the FFN, training only) and
+layer drop. ``transformers`` is imported inside the functions: it is an optional dependency.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
+
+import torch
+from torch import Tensor, nn
+
+from ..config import ModelConfig
+from ..model import Transformer
+from ..model.embedding import sinusoid_table
+
+if TYPE_CHECKING:  # pragma: no cover
+    from transformers import MarianConfig, MarianMTModel
+
+# HF's name for an activation -> ours. ("swish" is the name in converted OPUS-MT configs.)
+_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "silu": "silu", "swish": "silu"}
+_HF_LAYER_NORM_EPS = 1e-5  # HF Marian builds nn.LayerNorm(d_model) with the default eps
+_POSITION_TOL = 1e-6
+
+
+def _check(cond: bool, where: str, msg: str) -> None:
+    if not cond:
+        raise ValueError(f"{where}: {msg}")
+
+
+# ---- the config ---------------------------------------------------------------------------
+def config_from_marian(hf_config: "MarianConfig", tie_embeddings: bool, src_vocab: int,
+                       tgt_vocab: int) -> ModelConfig:
+    """Our ModelConfig for a MarianConfig. ``tie_embeddings`` and the vocabulary sizes come
+    from the model's tensors, which say more than the config flags (see :func:`from_marian`)."""
+    c, where = hf_config, "from_marian"
+    _check(c.encoder_layers == c.decoder_layers, where,
+           f"encoder_layers ({c.encoder_layers}) != decoder_layers ({c.decoder_layers}); "
+           "our model has one n_layers for both stacks")
+    _check(c.encoder_attention_heads == c.decoder_attention_heads, where,
+           f"encoder_attention_heads ({c.encoder_attention_heads}) != decoder_attention_heads "
+           f"({c.decoder_attention_heads}); our model has one n_heads")
+    _check(c.encoder_ffn_dim == c.decoder_ffn_dim, where,
+           f"encoder_ffn_dim ({c.encoder_ffn_dim}) != decoder_ffn_dim ({c.decoder_ffn_dim}); our model has one d_ff")
+    _check(bool(c.scale_embedding), where,
+           "scale_embedding=False is not supported: our embeddings are always scaled by sqrt(d_model)")
+    _check(c.activation_function in _ACTIVATIONS, where,
+           f"activation_function {c.activation_function!r} is not supported; use one of {sorted(_ACTIVATIONS)}")
+    eos = c.eos_token_id
+    if isinstance(eos, (list, tuple)):
+        _check(len(eos) == 1, where, f"one eos_token_id is needed, got {eos}")
+        eos = eos[0]
+    _check(c.pad_token_id is not None and c.decoder_start_token_id is not None and eos is not None, where,
+           "pad_token_id, decoder_start_token_id and eos_token_id must all be set")
+    return ModelConfig(
+        vocab_size=src_vocab,
+        tgt_vocab_size=None if tgt_vocab == src_vocab else tgt_vocab,
+        tie_embeddings=tie_embeddings,
+        d_model=c.d_model,
+        n_heads=c.encoder_attention_heads,
+        d_ff=c.encoder_ffn_dim,
+        n_layers=c.encoder_layers,
+        dropout=float(c.dropout),
+        attn_dropout=float(c.attention_dropout),
+        max_len=c.max_position_embeddings,
+        norm_first=False,  # HF Marian is always post-norm (MarianConfig has no normalize_before)
+        final_norm=False,  # and has no LayerNorm after either stack
+        ffn_activation=_ACTIVATIONS[c.activation_function],
+        sinusoid_layout="concat",
+        output_bias=True,  # holds final_logits_bias
+        layer_norm_eps=_HF_LAYER_NORM_EPS,
+        pad_id=c.pad_token_id,
+        bos_id=c.decoder_start_token_id,
+        eos_id=int(eos),
+    )
+
+
+def config_to_marian(cfg: ModelConfig) -> "MarianConfig":
+    """The MarianConfig for one of our configs; ValueError when HF Marian cannot express it."""
+    from transformers import MarianConfig
+
+    where = "to_marian"
+    _check(cfg.sinusoid_layout == "concat", where,
+           "HF Marian lays out positions as [sin | cos]: needs sinusoid_layout='concat'")
+    _check(not cfg.norm_first, where, "HF Marian is post-norm: needs norm_first=False")
+    _check(not cfg.use_final_norm, where, "HF Marian has no final LayerNorm: needs final_norm=False")
+    _check(cfg.ffn_activation != "swiglu", where, "HF Marian has no gated (swiglu) feed-forward")
+    _check(abs(cfg.layer_norm_eps - _HF_LAYER_NORM_EPS) < 1e-12, where,
+           f"HF Marian's LayerNorm eps is {_HF_LAYER_NORM_EPS}, the model has {cfg.layer_norm_eps}")
+    return MarianConfig(
+        vocab_size=cfg.vocab_size,
+        decoder_vocab_size=cfg.target_vocab_size,
+        share_encoder_decoder_embeddings=cfg.tie_embeddings,
+        tie_word_embeddings=cfg.tie_embeddings,
+        d_model=cfg.d_model,
+        encoder_layers=cfg.n_layers,
+        decoder_layers=cfg.n_layers,
+        encoder_attention_heads=cfg.n_heads,
+        decoder_attention_heads=cfg.n_heads,
+        encoder_ffn_dim=cfg.d_ff,
+        decoder_ffn_dim=cfg.d_ff,
+        activation_function=cfg.ffn_activation,
+        dropout=cfg.dropout,
+        attention_dropout=cfg.attn_dropout,
+        activation_dropout=0.0,
+        max_position_embeddings=cfg.max_len,
+        scale_embedding=True,
+        pad_token_id=cfg.pad_id,
+        decoder_start_token_id=cfg.bos_id,
+        eos_token_id=cfg.eos_id,
+        forced_eos_token_id=cfg.eos_id,
+    )
+
+
+# ---- the weights --------------------------------------------------------------------------
+def _module_pairs(model: Transformer, hf: "MarianMTModel") -> Iterator[tuple[str, nn.Module, nn.Module]]:
+    """(our name, our module, HF module) for every Linear and LayerNorm of the two stacks."""
+
+    def attention(name, ours, theirs):
+        for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            yield f"{name}.{proj}", getattr(ours, proj), getattr(theirs, proj)
+
+    def ffn(name, ours, theirs):
+        yield f"{name}.ffn.fc1", ours.ffn.fc1, theirs.fc1
+        yield f"{name}.ffn.fc2", ours.ffn.fc2, theirs.fc2
+
+    for i, (ours, theirs) in enumerate(zip(model.encoder.layers, hf.model.encoder.layers)):
+        name = f"encoder.layers.{i}"
+        yield from attention(f"{name}.self_attn", ours.self_attn, theirs.self_attn)
+        yield f"{name}.attn_block.norm", ours.attn_block.norm, theirs.self_attn_layer_norm
+        yield from ffn(name, ours, theirs)
+        yield f"{name}.ffn_block.norm", ours.ffn_block.norm, theirs.final_layer_norm
+    for i, (ours, theirs) in enumerate(zip(model.decoder.layers, hf.model.decoder.layers)):
+        name = f"decoder.layers.{i}"
+        yield from attention(f"{name}.self_attn", ours.self_attn, theirs.self_attn)
+        yield f"{name}.self_block.norm", ours.self_block.norm, theirs.self_attn_layer_norm
+        yield from attention(f"{name}.cross_attn", ours.cross_attn, theirs.encoder_attn)
+        yield f"{name}.cross_block.norm", ours.cross_block.norm, theirs.encoder_attn_layer_norm
+        yield from ffn(name, ours, theirs)
+        yield f"{name}.ffn_block.norm", ours.ffn_block.norm, theirs.final_layer_norm
+
+
+def _tensor_pairs(model: Transformer, hf: "MarianMTModel") -> Iterator[tuple[str, Tensor, Tensor]]:
+    """(our name, our tensor, HF tensor) for every weight; a tied one appears once."""
+    yield "src_embed.weight", model.src_embed.weight, hf.model.encoder.embed_tokens.weight
+    if not model.cfg.tie_embeddings:
+        yield "tgt_embed.weight", model.tgt_embed.weight, hf.model.decoder.embed_tokens.weight
+        yield "out_proj.weight", model.out_proj.weight, hf.lm_head.weight
+    for name, ours, theirs in _module_pairs(model, hf):
+        yield f"{name}.weight", ours.weight, theirs.weight
+        yield f"{name}.bias", ours.bias, theirs.bias
+
+
+def _copy(dst: Tensor, src: Tensor, name: str, where: str) -> None:
+    _check(dst.shape == src.shape, where, f"{name}: shape {tuple(src.shape)} does not fit {tuple(dst.shape)}")
+    dst.copy_(src)
+
+
+def _check_positions(model: Transformer, hf: "MarianMTModel", where: str) -> float:
+    """HF keeps its own sinusoid table; it must be ours (it is, bit for bit, in transformers
+    5.x), or one model would compute something the other cannot. Returns the max abs diff."""
+    ours = model.positions.pe.float().cpu()
+    diff = 0.0
+    for stack in (hf.model.encoder, hf.model.decoder):
+        table = stack.embed_positions.weight.detach().float().cpu()
+        _check(table.shape == ours.shape, where,
+               f"position table {tuple(table.shape)} != ours {tuple(ours.shape)}")
+        diff = max(diff, (table - ours).abs().max().item())
+    _check(diff <= _POSITION_TOL, where,
+           f"HF's sinusoidal position table differs from ours by {diff:.3g} (was it left uninitialised?)")
+    return diff
+
+
+def _is_marian(hf_model: object) -> bool:
+    from transformers import MarianMTModel
+
+    return isinstance(hf_model, MarianMTModel)
+
+
+# ---- import ---------------------------------------------------------------------------------
+@torch.no_grad()
+def from_marian(hf_model: "MarianMTModel") -> Transformer:
+    """Build our Transformer from a ``transformers.MarianMTModel``, copying every weight.
+
+    The result computes the same logits as ``hf_model(input_ids, attention_mask,
+    decoder_input_ids)`` with ``attention_mask = input_ids != pad``. It takes the HF model's
+    dtype, device and train/eval mode.
+
+    Embeddings are tied in our model only when the HF model's encoder embedding, decoder
+    embedding and ``lm_head`` hold the same values. (In transformers 5.x,
+    ``share_encoder_decoder_embeddings=True`` with ``tie_word_embeddings=False`` gives three
+    independent matrices, so the config flags alone do not say it.) Otherwise each matrix is
+    copied into its own tensor.
+
+    Raises:
+        ValueError: when the Marian model has something our model cannot express (different
+            encoder/decoder depth, heads or d_ff, unscaled embeddings, another activation).
+    """
+    where = "from_marian"
+    _check(_is_marian(hf_model), where, f"expected a transformers.MarianMTModel, got {type(hf_model).__name__}")
+    enc = hf_model.model.encoder.embed_tokens.weight
+    dec = hf_model.model.decoder.embed_tokens.weight
+    head = hf_model.lm_head.weight
+    tie = enc.shape == dec.shape == head.shape and torch.equal(enc, dec) and torch.equal(dec, head)
+    cfg = config_from_marian(hf_model.config, tie, enc.size(0), dec.size(0))
+    _check(head.size(0) == cfg.target_vocab_size, where,
+           f"lm_head has {head.size(0)} rows but the decoder vocabulary has {cfg.target_vocab_size}")
+
+    model = Transformer(cfg)
+    _check_positions(model, hf_model, where)
+    model.to(device=enc.device, dtype=enc.dtype)
+    for name, ours, theirs in _tensor_pairs(model, hf_model):
+        _copy(ours, theirs, name, where)
+    _copy(model.out_bias, hf_model.final_logits_bias.view(-1), "out_bias", where)
+    model.train(hf_model.training)
+    return model
+
+
+def load_marian(path: str | Path) -> Transformer:
+    """Load a local Hugging Face Marian directory (``config.json`` and weights) and convert
+    it with :func:`from_marian`. Never downloads: ``path`` must be a directory on disk."""
+    from transformers import MarianMTModel
+
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path}: not a directory; load_marian reads a local Hugging Face "
+                                "Marian directory (config.json and model weights), it never downloads")
+    return from_marian(MarianMTModel.from_pretrained(path, local_files_only=True))
+
+
+# ---- export ---------------------------------------------------------------------------------
+@torch.no_grad()
+def to_marian(model: Transformer) -> "MarianMTModel":
+    """A ``transformers.MarianMTModel`` computing the same logits as ``model``.
+
+    The model needs what HF Marian has: ``sinusoid_layout='concat'``, post-norm, no final
+    LayerNorm, relu/gelu/silu and layer_norm_eps 1e-5 (ValueError otherwise). A model
+    without ``output_bias`` gets a zero ``final_logits_bias``. The generation config blocks
+    PAD (and BOS) as next tokens, as our own searches do. Takes the model's dtype, device and
+    train/eval mode.
+    """
+    from transformers import MarianMTModel
+
+    where = "to_marian"
+    cfg = model.cfg
+    hf = MarianMTModel(config_to_marian(cfg))
+    _check_positions(model, hf, where)
+    weight = model.src_embed.weight
+    hf.to(device=weight.device, dtype=weight.dtype)
+    for name, ours, theirs in _tensor_pairs(model, hf):
+        _copy(theirs, ours, name, where)
+    if model.out_bias is not None:
+        _copy(hf.final_logits_bias, model.out_bias.view(1, -1), "final_logits_bias", where)
+    else:
+        hf.final_logits_bias.zero_()
+    blocked = [cfg.pad_id] if cfg.bos_id == cfg.pad_id else [cfg.pad_id, cfg.bos_id]
+    hf.generation_config.bad_words_ids = [[t] for t in blocked]
+    hf.train(model.training)
+    return hf
+
+
+def save_marian(model: Transformer, out_dir: str | Path) -> Path:
+    """Export with :func:`to_marian` and write a Hugging Face directory (``config.json``,
+    ``generation_config.json``, safetensors weights) that ``MarianMTModel.from_pretrained``
+    and :func:`load_marian` read. No tokenizer files are written. Returns the directory."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    to_marian(model).save_pretrained(out_dir)
+    return out_dir

@@ -1,0 +1,95 @@
+"""Scaled dot-product attention and multi-head attention.
+
+Shape legend
+    B  batch            H  heads              D  head dim (d_k = d_v = d_model / H)
+    S  source length    T  target length      T_q / T_k  query / key length
+    C  d_model          V  vocabulary
+
+Masks follow :mod:`transformer.model.masks`: boolean, True = may attend.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    need_weights: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """softmax(Q K^T / sqrt(d_k)) V, a pure function.
+
+    Args:
+        q: (B, H, T_q, D); k, v: (B, H, T_k, D)
+        mask: bool, broadcastable to (B, H, T_q, T_k), True = may attend.
+        dropout_p: dropout on the attention weights (pass 0.0 in eval mode).
+        need_weights: also return the weights. Without it, torch's fused kernel runs.
+
+    Returns:
+        output (B, H, T_q, D) and weights (B, H, T_q, T_k) or None.
+        A query whose keys are all masked gets all-zero weights and a zero output
+        (finite forward and backward), in both paths.
+    """
+    if not need_weights:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        return out, None
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, T_q, T_k)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    weights = scores.softmax(dim=-1)
+    if mask is not None:  # a fully masked row would otherwise be uniform over padding
+        weights = weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+    dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
+    return dropped @ v, weights
+
+
+class MultiHeadAttention(nn.Module):
+    """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
+
+    The h per-head matrices W_i^Q (C x D) are stored side by side as one C x C linear
+    layer ``q_proj`` (likewise ``k_proj``, ``v_proj``); ``out_proj`` is W^O.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, attn_dropout: float = 0.0) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.d_head = d_model // n_heads
+        self.attn_dropout = attn_dropout
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model)
+        self.v_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def split_heads(self, x: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, D)
+
+    def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """(B, T_k, C) -> K, V each (B, H, T_k, D). Used for caching."""
+        return self.split_heads(self.k_proj(x)), self.split_heads(self.v_proj(x))
+
+    def forward(
+        self,
+        x: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attend from queries ``x`` (B, T_q, C) to projected ``k``, ``v`` (B, H, T_k, D).
+
+        Returns (B, T_q, C) and, on request, the weights (B, H, T_q, T_k).
+        """
+        q = self.split_heads(self.q_proj(x))  # (B, H, T_q, D)
+        p = self.attn_dropout if self.training else 0.0
+        out, weights = attention(q, k, v, mask, p, need_weights)
+        b, _, t, _ = out.shape
+        out = out.transpose(1, 2).reshape(b, t, self.n_heads * self.d_head)  # (B, T_q, C): concat heads
+        return self.out_proj(out), weights

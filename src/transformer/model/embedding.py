@@ -1,0 +1,111 @@
+"""Token embeddings (scaled by sqrt(d_model)), sinusoidal positional encoding, word vectors."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+
+def sinusoid_table(max_len: int, d_model: int, layout: str = "interleaved") -> Tensor:
+    """The paper's PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(...).
+
+    ``layout="interleaved"`` puts sin and cos on even and odd dimensions, as the paper's
+    formula does; ``"concat"`` puts all sines first then all cosines (tensor2tensor,
+    fairseq and Marian do this). Returns (max_len, d_model).
+    """
+    half = (d_model + 1) // 2
+    pos = torch.arange(max_len, dtype=torch.float64)[:, None]  # (L, 1)
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (half,)
+    angle = pos / torch.pow(10000.0, two_i / d_model)  # (L, half)
+    pe = torch.zeros(max_len, d_model, dtype=torch.float64)
+    if layout == "interleaved":
+        pe[:, 0::2] = torch.sin(angle)
+        pe[:, 1::2] = torch.cos(angle[:, : d_model // 2])
+    else:
+        pe[:, :half] = torch.sin(angle)
+        pe[:, half:] = torch.cos(angle[:, : d_model - half])
+    return pe.float()
+
+
+class PositionalEncoding(nn.Module):
+    """Adds PE[start : start + T] to (B, T, C) inputs; ``start`` is the KV-cache length."""
+
+    def __init__(self, d_model: int, max_len: int, layout: str = "interleaved") -> None:
+        super().__init__()
+        self.max_len = max_len
+        self.register_buffer("pe", sinusoid_table(max_len, d_model, layout), persistent=False)
+
+    def forward(self, x: Tensor, start: int = 0) -> Tensor:
+        end = start + x.size(1)
+        if end > self.max_len:
+            raise ValueError(
+                f"sequence of {end} positions is longer than the model's max_len={self.max_len}; "
+                "shorten the input or build the model with a larger max_len")
+        return x + self.pe[start:end].to(x.dtype)
+
+
+class TokenEmbedding(nn.Module):
+    """Embedding lookup multiplied by sqrt(d_model) (section 3.4 of the paper)."""
+
+    def __init__(self, vocab_size: int, d_model: int, pad_id: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(vocab_size, d_model))
+        self.scale = math.sqrt(d_model)
+        self.pad_id = pad_id
+        nn.init.normal_(self.weight, mean=0.0, std=d_model ** -0.5)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """(B, T) ids -> (B, T, C)."""
+        return nn.functional.embedding(tokens, self.weight) * self.scale
+
+
+def read_word_vectors(path: str | Path) -> tuple[dict[str, list[float]], int]:
+    """Read a word2vec or GloVe text file: ``word v1 v2 ...`` per line (word2vec adds a
+    ``count dim`` header line). Returns ({word: vector}, dim)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: word-vector file not found")
+    vectors: dict[str, list[float]] = {}
+    dim = -1
+    with path.open(encoding="utf-8", errors="strict") as f:
+        for lineno, line in enumerate(f, 1):
+            parts = line.rstrip("\n").rstrip().split(" ")
+            if lineno == 1 and len(parts) == 2 and all(p.isdigit() for p in parts):
+                dim = int(parts[1])  # word2vec header
+                continue
+            if len(parts) < 2:
+                continue
+            try:
+                vec = [float(x) for x in parts[1:]]
+            except ValueError:
+                raise ValueError(f"{path}:{lineno}: expected a word followed by numbers") from None
+            if dim < 0:
+                dim = len(vec)
+            if len(vec) != dim:
+                raise ValueError(f"{path}:{lineno}: {len(vec)} numbers, expected {dim}")
+            vectors[parts[0]] = vec
+    if dim < 0:
+        raise ValueError(f"{path}: no vectors found")
+    return vectors, dim
+
+
+@torch.no_grad()
+def init_from_word_vectors(embedding: TokenEmbedding, path: str | Path, vocab: list[str]) -> int:
+    """Copy pretrained vectors into the rows of ``embedding`` whose token (``vocab[i]``) the
+    file holds, divided by sqrt(d_model) so that the scaled lookup returns the vector itself.
+    Returns the number of rows initialised."""
+    vectors, dim = read_word_vectors(path)
+    d_model = embedding.weight.size(1)
+    if dim != d_model:
+        raise ValueError(f"{path}: vectors have {dim} dimensions but d_model is {d_model}")
+    hits = 0
+    for i, tok in enumerate(vocab[: embedding.weight.size(0)]):
+        vec = vectors.get(tok)
+        if vec is None and tok.startswith("\u2581"):  # sentencepiece word-start marker
+            vec = vectors.get(tok[1:])
+        if vec is not None:
+            embedding.weight[i] = torch.tensor(vec) / embedding.scale
+            hits += 1
+    return hits

@@ -1,0 +1,127 @@
+"""Encoder and decoder layers: attention and feed-forward sub-layers with Add & Norm.
+
+Post-norm (the paper):  x = LayerNorm(x + Dropout(Sublayer(x)))
+Pre-norm  (option):     x = x + Dropout(Sublayer(LayerNorm(x)))
+Masks: boolean, True = may attend (see :mod:`transformer.model.masks`).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..config import ModelConfig
+from .attention import MultiHeadAttention
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2, or the gated SwiGLU variant
+    (x W1 * silu(x W_gate)) W2 that modern models use (three matrices)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.activation = cfg.ffn_activation
+        self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff)
+        self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model)
+        self.gate = nn.Linear(cfg.d_model, cfg.d_ff) if cfg.ffn_activation == "swiglu" else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.fc1(x)  # (B, T, d_ff)
+        if self.gate is not None:
+            h = h * F.silu(self.gate(x))
+        elif self.activation == "relu":
+            h = F.relu(h)
+        elif self.activation == "gelu":
+            h = F.gelu(h)
+        else:
+            h = F.silu(h)
+        return self.fc2(h)
+
+
+class SublayerConnection(nn.Module):
+    """Residual connection and LayerNorm around one sub-layer (post- or pre-norm)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.norm_first = cfg.norm_first
+
+    def forward(self, x: Tensor, sublayer: Callable[[Tensor], tuple[Tensor, object]]):
+        """Returns (new x, whatever else the sub-layer returned)."""
+        if self.norm_first:
+            y, extra = sublayer(self.norm(x))
+            return x + self.dropout(y), extra
+        y, extra = sublayer(x)
+        return self.norm(x + self.dropout(y)), extra
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attn_dropout)
+        self.ffn = FeedForward(cfg)
+        self.attn_block = SublayerConnection(cfg)
+        self.ffn_block = SublayerConnection(cfg)
+
+    def forward(self, x: Tensor, mask: Tensor | None, need_weights: bool = False):
+        """x (B, S, C), mask (B, 1, 1, S) -> (B, S, C), self-attention weights (B, H, S, S) or None."""
+
+        def self_attention(h: Tensor):
+            k, v = self.self_attn.project_kv(h)
+            return self.self_attn(h, k, v, mask, need_weights)
+
+        x, weights = self.attn_block(x, self_attention)
+        x, _ = self.ffn_block(x, lambda h: (self.ffn(h), None))
+        return x, weights
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attn_dropout)
+        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attn_dropout)
+        self.ffn = FeedForward(cfg)
+        self.self_block = SublayerConnection(cfg)
+        self.cross_block = SublayerConnection(cfg)
+        self.ffn_block = SublayerConnection(cfg)
+
+    def forward(
+        self,
+        x: Tensor,
+        past_kv: tuple[Tensor, Tensor] | None,
+        cross_kv: tuple[Tensor, Tensor],
+        self_mask: Tensor | None,
+        memory_mask: Tensor | None,
+        need_weights: bool = False,
+    ):
+        """One decoder layer on the new target positions.
+
+        Args:
+            x: (B, T_new, C) the positions being decoded now.
+            past_kv: self-attention K, V (B, H, T_past, D) of earlier positions, or None.
+            cross_kv: K, V (B, H, S, D) projected from the encoder output (computed once).
+            self_mask: (1, 1, T_new, T_past + T_new) causal mask, or None when T_new == 1.
+            memory_mask: (B, 1, 1, S) source padding mask.
+
+        Returns:
+            x (B, T_new, C), the self-attention K, V now covering T_past + T_new
+            positions, and (self weights, cross weights), each None unless asked for.
+        """
+
+        def masked_self_attention(h: Tensor):
+            k, v = self.self_attn.project_kv(h)  # (B, H, T_new, D)
+            if past_kv is not None:
+                k = torch.cat([past_kv[0], k], dim=2)
+                v = torch.cat([past_kv[1], v], dim=2)
+            out, w = self.self_attn(h, k, v, self_mask, need_weights)
+            return out, (k, v, w)
+
+        x, (k, v, self_w) = self.self_block(x, masked_self_attention)
+        x, cross_w = self.cross_block(
+            x, lambda h: self.cross_attn(h, cross_kv[0], cross_kv[1], memory_mask, need_weights))
+        x, _ = self.ffn_block(x, lambda h: (self.ffn(h), None))
+        return x, (k, v), (self_w, cross_w)
+

@@ -1,0 +1,140 @@
+"""The encoder-decoder Transformer of "Attention Is All You Need".
+
+    memory = model.encode(src)                       # (B, S) ids -> (B, S, C)
+    cache = model.start_cache(memory, src)           # cross-attention K/V, computed once
+    logits, cache = model.decode(tgt, cache)         # (B, T) ids -> (B, T, V); cache grows by T
+    logits = model(src, tgt_in)                      # both at once, for training
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ..config import ModelConfig
+from . import masks
+from .cache import KVCache
+from .embedding import PositionalEncoding, TokenEmbedding
+from .layers import DecoderLayer, EncoderLayer
+
+
+class Encoder(nn.Module):
+    """N encoder layers (and a final LayerNorm when ``cfg.use_final_norm``), on embedded input."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_layers))
+        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.use_final_norm else None
+
+    def forward(self, x: Tensor, mask: Tensor | None, need_weights: bool = False):
+        """x (B, S, C), mask (B, 1, 1, S) -> (B, S, C), list of per-layer weights (or Nones)."""
+        weights = []
+        for layer in self.layers:
+            x, w = layer(x, mask, need_weights)
+            weights.append(w)
+        if self.norm is not None:
+            x = self.norm(x)
+        return x, weights
+
+
+class Decoder(nn.Module):
+    """N decoder layers (and a final LayerNorm when ``cfg.use_final_norm``), on embedded input."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_layers))
+        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.use_final_norm else None
+
+    def forward(self, x: Tensor, cache: KVCache, need_weights: bool = False):
+        """x (B, T_new, C) -> (B, T_new, C), the grown cache, and per-layer (self, cross) weights."""
+        t_past, t_new = cache.length, x.size(1)
+        self_mask = None if t_new == 1 else masks.causal_mask(t_new, t_past + t_new, x.device)
+        new_self_kv, weights = [], []
+        for layer, past, cross in zip(self.layers, cache.self_kv, cache.cross_kv):
+            x, kv, w = layer(x, past, cross, self_mask, cache.memory_mask, need_weights)
+            new_self_kv.append(kv)
+            weights.append(w)
+        if self.norm is not None:
+            x = self.norm(x)
+        return x, KVCache(cache.cross_kv, tuple(new_self_kv), cache.memory_mask), weights
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer. See :class:`~transformer.ModelConfig` for the options.
+
+    Shape:
+        src: (B, S) and tgt: (B, T) token ids, right-padded with ``cfg.pad_id``.
+        output: (B, T, V) logits (apply log_softmax / softmax for probabilities).
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.src_embed = TokenEmbedding(cfg.vocab_size, cfg.d_model, cfg.pad_id)
+        if cfg.tie_embeddings:
+            self.tgt_embed = self.src_embed  # one module, one tensor: the optimizer sees it once
+        else:
+            self.tgt_embed = TokenEmbedding(cfg.target_vocab_size, cfg.d_model, cfg.pad_id)
+        self.positions = PositionalEncoding(cfg.d_model, cfg.max_len, cfg.sinusoid_layout)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.encoder = Encoder(cfg)
+        self.decoder = Decoder(cfg)
+        if cfg.tie_embeddings:
+            self.out_proj = None  # logits = h @ E^T with the shared embedding matrix
+        else:
+            self.out_proj = nn.Linear(cfg.d_model, cfg.target_vocab_size, bias=False)
+        self.out_bias = nn.Parameter(torch.zeros(cfg.target_vocab_size)) if cfg.output_bias else None
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        for name, p in self.named_parameters():
+            if p.dim() == 2 and "embed" not in name:
+                nn.init.xavier_uniform_(p)
+            elif name.endswith(".bias") and "norm" not in name:
+                nn.init.zeros_(p)
+
+    # ---- the two halves -------------------------------------------------------------
+    def src_mask(self, src: Tensor) -> Tensor:
+        """(B, S) -> (B, 1, 1, S) padding mask, True = real token."""
+        return masks.padding_mask(src, self.cfg.pad_id)
+
+    def encode(self, src: Tensor, return_weights: bool = False):
+        """(B, S) ids -> memory (B, S, C); with ``return_weights`` also the list of
+        encoder self-attention weights, one (B, H, S, S) tensor per layer."""
+        x = self.dropout(self.positions(self.src_embed(src)))
+        memory, weights = self.encoder(x, self.src_mask(src), return_weights)
+        return (memory, weights) if return_weights else memory
+
+    def start_cache(self, memory: Tensor, src: Tensor) -> KVCache:
+        """Project the encoder output to each decoder layer's cross-attention K, V once."""
+        cross = tuple(layer.cross_attn.project_kv(memory) for layer in self.decoder.layers)
+        return KVCache(cross_kv=cross, self_kv=(None,) * len(cross), memory_mask=self.src_mask(src))
+
+    def decode(self, tgt: Tensor, cache: KVCache, return_weights: bool = False):
+        """Decode the next ``T`` target positions.
+
+        Args:
+            tgt: (B, T) ids at positions ``cache.length`` .. ``cache.length + T - 1``.
+            cache: from :meth:`start_cache` or an earlier ``decode``.
+
+        Returns:
+            logits (B, T, V) and the grown cache; with ``return_weights`` also a list of
+            (self (B, H, T, T_total), cross (B, H, T, S)) weights, one pair per layer.
+        """
+        x = self.dropout(self.positions(self.tgt_embed(tgt), start=cache.length))
+        h, cache, weights = self.decoder(x, cache, return_weights)
+        logits = self.project(h)
+        return (logits, cache, weights) if return_weights else (logits, cache)
+
+    def project(self, h: Tensor) -> Tensor:
+        """Final linear layer: (B, T, C) -> (B, T, V) logits."""
+        weight = self.tgt_embed.weight if self.out_proj is None else self.out_proj.weight
+        return nn.functional.linear(h, weight, self.out_bias)
+
+    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
+        """Teacher forcing: (B, S) source ids, (B, T) target-input ids -> (B, T, V) logits."""
+        memory = self.encode(src)
+        logits, _ = self.decode(tgt, self.start_cache(memory, src))
+        return logits
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())

@@ -1,0 +1,33 @@
+"""The paper's learning-rate schedule (section 5.3), as pure functions."""
+from __future__ import annotations
+
+
+def noam_lr(step: int, d_model: int, warmup: int = 4000, scale: float = 1.0) -> float:
+    """lrate = scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5).
+
+    Rises linearly for ``warmup`` steps, then decays with the inverse square root of the
+    step. ``step`` counts optimizer updates from 1; step 0 is treated as step 1 (never a
+    division by zero, never a zero learning rate for the first update).
+    """
+    step = max(step, 1)
+    return scale * d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+
+
+def inverse_sqrt_lr(step: int, peak_lr: float, warmup: int) -> float:
+    """Linear warmup to ``peak_lr`` over ``warmup`` steps, then peak * sqrt(warmup / step)
+    (the same shape as :func:`noam_lr`, parametrised by its peak as fairseq does)."""
+    step = max(step, 1)
+    return peak_lr * min(step / warmup, (warmup / step) ** 0.5)
+
+
+def linear_decay_lr(step: int, peak_lr: float, warmup: int, total: int) -> float:
+    """Linear warmup to ``peak_lr``, then linear decay to zero at step ``total``."""
+    step = max(step, 1)
+    if step <= warmup:
+        return peak_lr * step / warmup
+    return peak_lr * max(0.0, (total - step) / max(total - warmup, 1))
+
+
+def paper_adam_kwargs() -> dict:
+    """Adam with beta1 = 0.9, beta2 = 0.98, eps = 1e-9 (section 5.3)."""
+    return {"betas": (0.9, 0.98), "eps": 1e-9}

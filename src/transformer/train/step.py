@@ -1,0 +1,86 @@
+"""One optimizer update over one or more micro-batches (gradient accumulation)."""
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .loss import label_smoothed_nll_loss
+
+
+@dataclass(frozen=True)
+class StepStats:
+    loss: float  # label-smoothed loss per target token
+    nll: float  # negative log-likelihood per target token (perplexity = exp(nll))
+    n_tokens: int  # non-padding target tokens in the update
+    grad_norm: float  # before clipping
+    lr: float
+    skipped: bool  # True when the loss or a gradient was not finite (no update made)
+
+
+def autocast(device: torch.device, dtype: torch.dtype | None):
+    """bf16 / fp16 autocast context, or a no-op for fp32 (dtype None)."""
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def train_step(
+    model: nn.Module,
+    micro_batches: list,
+    optimizer: torch.optim.Optimizer,
+    lr: float,
+    *,
+    epsilon: float = 0.1,
+    clip_norm: float | None = None,
+    amp_dtype: torch.dtype | None = None,
+    grad_scaler: torch.amp.GradScaler | None = None,
+    forward=None,
+) -> StepStats:
+    """Accumulate gradients over ``micro_batches`` and make one update.
+
+    The loss is normalised by the number of non-padding target tokens in the *whole*
+    update, so an update split into micro-batches gives the same gradient as one big batch.
+
+    Args:
+        micro_batches: objects with ``src``, ``tgt_in``, ``tgt_out`` (B, T) tensors and an
+            ``n_tgt_tokens`` int (see :class:`transformer.data.Batch`).
+        lr: learning rate for this update.
+        amp_dtype: torch.bfloat16 / torch.float16 for mixed precision, None for fp32.
+        grad_scaler: a GradScaler, for fp16 only.
+        forward: the callable that maps (src, tgt_in) to logits (default: ``model``; pass a
+            DistributedDataParallel or compiled wrapper here).
+    """
+    forward = forward or model
+    pad_id = model.cfg.pad_id
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    total = sum(int(b.n_tgt_tokens) for b in micro_batches)
+    optimizer.zero_grad(set_to_none=True)
+    loss_sum = nll_sum = 0.0
+    for b in micro_batches:
+        device = b.src.device
+        with autocast(device, amp_dtype):
+            logits = forward(b.src, b.tgt_in)
+        loss, nll, _ = label_smoothed_nll_loss(logits, b.tgt_out, epsilon, pad_id)
+        scaled = loss / max(total, 1)
+        (grad_scaler.scale(scaled) if grad_scaler is not None else scaled).backward()
+        loss_sum += float(loss.detach())
+        nll_sum += float(nll.detach())
+    if grad_scaler is not None:
+        grad_scaler.unscale_(optimizer)
+    params = [p for p in model.parameters() if p.grad is not None]
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip_norm if clip_norm else math.inf))
+    skipped = not (math.isfinite(grad_norm) and math.isfinite(loss_sum))
+    if grad_scaler is not None:
+        grad_scaler.step(optimizer)  # skips the update itself on inf/nan
+        grad_scaler.update()
+    elif not skipped:
+        optimizer.step()
+    if skipped:
+        optimizer.zero_grad(set_to_none=True)
+    denom = max(total, 1)
+    return StepStats(loss_sum / denom, nll_sum / denom, total, grad_norm, lr, skipped)
