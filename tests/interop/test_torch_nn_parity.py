@@ -13,6 +13,11 @@ D_MODEL, N_HEADS, D_FF, N_LAYERS = 32, 4, 64, 2
 PAD = 0
 TOL = 1e-5
 
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors is in prototype stage"),
+    pytest.mark.filterwarnings("ignore:enable_nested_tensor is True, but self.use_nested_tensor is False"),
+]
+
 
 def build_pair(norm_first: bool, activation: str = "relu", seed: int = 0):
     torch.manual_seed(seed)

@@ -8,7 +8,7 @@ import sys
 
 from ..errors import UserError
 
-COMMANDS = ["demo"]  # module names in this package, one per sub-command
+COMMANDS = ["demo", "train", "translate", "evaluate", "average"]  # module names in this package, one per sub-command
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,30 @@
+"""``transformer train``: train a translation model from a YAML config."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train a translation model (resumes when RUN_DIR holds a run)")
+    p.add_argument("--config", required=True, help="YAML config, e.g. configs/multi30k-en-de.yaml")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key, e.g. --set max_steps=200 --set model.dropout=0.1")
+    p.add_argument("--out", help="run directory (default: runs/<config name>)")
+    p.add_argument("--data-dir", help="folder holding multi30k/ (default: $TRANSFORMER_DATA)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..train.config import load_config
+    from ..train.trainer import Trainer
+
+    overrides = list(args.overrides)
+    if args.data_dir:
+        overrides.append(f"data_dir={args.data_dir}")
+    cfg = load_config(args.config, overrides)
+    out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
+    result = Trainer(cfg, out, device=args.device).train()
+    print(f"run directory: {out}")
+    return 0 if result["reason"] not in ("SIGINT", "SIGTERM") else 130

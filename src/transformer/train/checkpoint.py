@@ -1,0 +1,217 @@
+"""Checkpoints: safetensors weights plus the full training state, written atomically.
+
+Run directory layout::
+
+    RUN_DIR/config.yaml               the training config
+    RUN_DIR/subwords.model            the sentencepiece model (translation preprocesses with it)
+    RUN_DIR/metrics.jsonl             one JSON object per log / evaluation line
+    RUN_DIR/checkpoints/step-0001000/ model.safetensors + state.pt (optimizer, step, RNG, data position)
+    RUN_DIR/best.safetensors          the weights with the best validation BLEU
+    RUN_DIR/averaged.safetensors      the average of the last K checkpoints (``transformer average``)
+
+A checkpoint directory is written under a temporary name and renamed when complete, so
+a crash at any moment leaves either the whole checkpoint or none of it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from ..config import ModelConfig
+from ..errors import UserError
+from ..model import Transformer
+
+WEIGHTS = "model.safetensors"
+STATE = "state.pt"
+CKPT_DIR = "checkpoints"
+PREFERRED = ("averaged.safetensors", "best.safetensors")
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def unique_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict with each shared (tied) tensor stored once, ``_orig_mod.`` stripped."""
+    seen: dict[int, str] = {}
+    out = {}
+    for name, t in model.state_dict().items():
+        name = name.replace("_orig_mod.", "")
+        key = t.data_ptr() if t.numel() else id(t)
+        if key in seen:
+            continue
+        seen[key] = name
+        out[name] = t.detach().contiguous().cpu()
+    return out
+
+
+def _atomic_write(path: Path, write) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_weights(model: Transformer, path: Path, extra: dict[str, str] | None = None) -> None:
+    """Write weights and the model config (in the safetensors metadata) atomically."""
+    meta = {"model_config": json.dumps(model.cfg.to_dict()), "format": "transformer-v1", **(extra or {})}
+    tensors = unique_state_dict(model)
+    _atomic_write(Path(path), lambda tmp: save_file(tensors, tmp, metadata=meta))
+
+
+def read_weights(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], dict[str, str]]:
+    """Read a weights file: (config, tensors, metadata). Clear errors for bad files."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: weights file not found")
+    try:
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise UserError(f"{path}: not a readable safetensors file, truncated or corrupt ({e})") from None
+    if "model_config" not in meta:
+        raise UserError(f"{path}: no model config in the file's metadata; was it written by transformer?")
+    try:
+        cfg = ModelConfig.from_dict(json.loads(meta["model_config"]))
+    except (ValueError, TypeError) as e:
+        raise UserError(f"{path}: bad model config in metadata ({e})") from None
+    return cfg, tensors, meta
+
+
+def load_weights_into(model: Transformer, tensors: dict[str, torch.Tensor], source: Path) -> None:
+    """Copy tensors into ``model``; every parameter must be present with the right shape."""
+    own = unique_state_dict(model)
+    missing = sorted(set(own) - set(tensors))
+    unexpected = sorted(set(tensors) - set(own))
+    if missing or unexpected:
+        raise UserError(f"{source}: weights do not fit this model (missing {missing[:3]}, "
+                        f"unexpected {unexpected[:3]}); was it written for another config?")
+    for name, t in tensors.items():
+        if own[name].shape != t.shape:
+            raise UserError(f"{source}: {name} has shape {tuple(t.shape)}, the model expects "
+                            f"{tuple(own[name].shape)}; the checkpoint belongs to another config")
+    with torch.no_grad():
+        params = dict(model.named_parameters())
+        buffers = dict(model.named_buffers())
+        for name, t in tensors.items():
+            (params.get(name) if name in params else buffers[name]).copy_(t)
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[Transformer, dict[str, str]]:
+    """A model from a weights file, a checkpoint directory or a run directory (in a run
+    directory: averaged, else best, else the latest checkpoint)."""
+    path = Path(path)
+    weights = resolve_weights(path)
+    cfg, tensors, meta = read_weights(weights)
+    model = Transformer(cfg)
+    load_weights_into(model, tensors, weights)
+    return model.to(device).eval(), {**meta, "path": str(weights)}
+
+
+def resolve_weights(path: Path) -> Path:
+    if path.is_file():
+        return path
+    if not path.is_dir():
+        raise UserError(f"{path}: no such model (give a run directory or a .safetensors file)")
+    if (path / WEIGHTS).is_file():
+        return path / WEIGHTS
+    for name in PREFERRED:
+        if (path / name).is_file():
+            return path / name
+    latest = latest_checkpoint(path)
+    if latest is None:
+        raise UserError(f"{path}: no weights found (no averaged/best.safetensors, no checkpoints/)")
+    return latest / WEIGHTS
+
+
+# ---- training checkpoints ---------------------------------------------------------------
+
+def checkpoint_dirs(run_dir: Path) -> list[Path]:
+    """Complete checkpoints, oldest first."""
+    root = Path(run_dir) / CKPT_DIR
+    if not root.is_dir():
+        return []
+    done = [p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-")
+            and (p / WEIGHTS).is_file() and (p / STATE).is_file()]
+    return sorted(done, key=lambda p: p.name)
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    dirs = checkpoint_dirs(run_dir)
+    return dirs[-1] if dirs else None
+
+
+def save_checkpoint(run_dir: Path, model: Transformer, state: dict[str, Any], step: int,
+                    keep_last: int, extra: dict[str, str] | None = None) -> Path:
+    """Write checkpoints/step-NNNNNNN/ atomically (a temporary directory renamed when
+    complete) and delete all but the newest ``keep_last``."""
+    root = Path(run_dir) / CKPT_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{step:07d}"
+    tmp = Path(tempfile.mkdtemp(prefix=f".step-{step:07d}.", dir=root))
+    try:
+        save_file(unique_state_dict(model), str(tmp / WEIGHTS),
+                  metadata={"model_config": json.dumps(model.cfg.to_dict()), "format": "transformer-v1",
+                            "step": str(step), **(extra or {})})
+        torch.save(state, tmp / STATE)
+        for f in tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for old in checkpoint_dirs(run_dir)[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+    for stale in root.glob(".step-*"):  # leftovers of a crash during an earlier write
+        if stale != tmp:
+            shutil.rmtree(stale, ignore_errors=True)
+    return final
+
+
+def load_training_state(ckpt: Path) -> dict[str, Any]:
+    try:
+        return torch.load(ckpt / STATE, map_location="cpu", weights_only=False)
+    except Exception as e:  # noqa: BLE001 - any unreadable file is the same user problem
+        raise UserError(f"{ckpt / STATE}: cannot read the training state ({type(e).__name__}); "
+                        "delete this checkpoint directory to resume from the previous one") from None
+
+
+@torch.no_grad()
+def average_checkpoints(paths: list[Path], out: Path) -> Path:
+    """Average the weights of several checkpoints (same config) into ``out``."""
+    if not paths:
+        raise UserError("no checkpoints to average")
+    cfg0, acc, _ = read_weights(paths[0] / WEIGHTS if paths[0].is_dir() else paths[0])
+    acc = {k: v.double() for k, v in acc.items()}
+    for p in paths[1:]:
+        cfg, tensors, _ = read_weights(p / WEIGHTS if p.is_dir() else p)
+        if cfg != cfg0 or set(tensors) != set(acc):
+            raise UserError(f"{p}: checkpoint has a different config; cannot average")
+        for k, v in tensors.items():
+            acc[k] += v.double()
+    model = Transformer(cfg0)
+    load_weights_into(model, {k: (v / len(paths)).float() for k, v in acc.items()}, paths[0])
+    save_weights(model, out, {"averaged_from": ",".join(p.name for p in paths)})
+    return out

@@ -1,0 +1,108 @@
+"""Text in, text out: subwords, batching by length, decoding, order restored."""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .data import Subwords
+from .decode import Hypothesis, beam_search, greedy_search, pad_batch
+from .model import Transformer
+
+
+@dataclass(frozen=True)
+class Translation:
+    text: str
+    score: float  # length-normalised log-probability
+    tokens: list[int]
+
+
+class Translator:
+    """Translate lines with a trained model and the subword model it was trained with.
+
+    Lines are encoded exactly as in training, sorted by length into batches of at most
+    ``max_tokens`` source tokens, decoded, and returned in input order. An empty (or
+    whitespace-only) line gives an empty translation. A line longer than the model can
+    take is cut to its first ``max_len - 1`` subwords with a warning.
+    """
+
+    def __init__(self, model: Transformer, subwords: Subwords, beam_size: int = 4, alpha: float = 0.6,
+                 max_tokens: int = 4000, max_len_a: float = 1.0, max_len_b: int = 50,
+                 device: str | torch.device = "cpu") -> None:
+        if beam_size < 1:
+            raise ValueError(f"beam size must be at least 1, got {beam_size}")
+        self.model = model.to(device).eval()
+        self.subwords = subwords
+        self.beam_size, self.alpha = beam_size, alpha
+        self.max_tokens = max_tokens
+        self.max_len_a, self.max_len_b = max_len_a, max_len_b
+        self.device = torch.device(device)
+        self.truncated = 0  # lines cut to fit, over this translator's life
+
+    def encode(self, line: str) -> list[int]:
+        ids = self.subwords.encode(line)
+        room = self.model.cfg.max_len - 1  # one position for EOS
+        if len(ids) > room:
+            self.truncated += 1
+            warnings.warn(f"a line of {len(ids)} subwords is longer than the model's limit "
+                          f"({room}); translating its first {room} subwords only", stacklevel=3)
+            ids = ids[:room]
+        return ids + [self.model.cfg.eos_id]
+
+    @torch.inference_mode()
+    def translate_nbest(self, lines: list[str], n_best: int = 1) -> list[list[Translation]]:
+        """For each line, its ``n_best`` translations, best first."""
+        if not 1 <= n_best <= self.beam_size:
+            raise ValueError(f"n_best must be between 1 and the beam size ({self.beam_size})")
+        results: list[list[Translation]] = [[] for _ in lines]
+        todo = [(i, self.encode(line)) for i, line in enumerate(lines) if line.strip()]
+        for i, line in enumerate(lines):
+            if not line.strip():
+                results[i] = [Translation("", 0.0, [])] * n_best
+        todo.sort(key=lambda x: len(x[1]))
+        start = 0
+        while start < len(todo):
+            end = start + 1  # grow the batch while its padded size fits the budget
+            while end < len(todo) and (end + 1 - start) * len(todo[end][1]) <= self.max_tokens:
+                end += 1
+            chunk = todo[start:end]
+            src = pad_batch([ids for _, ids in chunk], self.model.cfg.pad_id, self.device)
+            for (i, _), hyps in zip(chunk, self._decode(src, n_best)):
+                results[i] = [self._to_text(h) for h in hyps]
+            start = end
+        return results
+
+    def translate(self, lines: list[str]) -> list[str]:
+        return [r[0].text for r in self.translate_nbest(lines, 1)]
+
+    def _decode(self, src: torch.Tensor, n_best: int) -> list[list[Hypothesis]]:
+        if self.beam_size == 1:
+            return greedy_search(self.model, src, self.max_len_a, self.max_len_b)
+        return beam_search(self.model, src, self.beam_size, self.alpha, n_best, self.max_len_a, self.max_len_b)
+
+    def _to_text(self, h: Hypothesis) -> Translation:
+        ids = [t for t in h.tokens if t != self.model.cfg.eos_id]
+        return Translation(self.subwords.decode(ids), h.score, ids)
+
+
+def load_translator(run_dir: str | Path, **kwargs) -> Translator:
+    """A Translator from a run directory (its subword model and its preferred weights:
+    averaged, else best, else the latest checkpoint) or from a weights file inside one."""
+    from .errors import UserError
+    from .train.checkpoint import load_model
+
+    run_dir = Path(run_dir)
+    model, meta = load_model(run_dir, kwargs.get("device", "cpu"))
+    root = run_dir if run_dir.is_dir() else run_dir.parent
+    for candidate in (root / "subwords.model", root.parent / "subwords.model", root.parent.parent / "subwords.model"):
+        if candidate.is_file():
+            break
+    else:
+        raise UserError(f"{run_dir}: no subwords.model found beside the weights; give the run directory")
+    subwords = Subwords.load(candidate)
+    if subwords.vocab_size != model.cfg.target_vocab_size:
+        raise UserError(f"{candidate}: {subwords.vocab_size} subwords, but the model was built for "
+                        f"{model.cfg.target_vocab_size}; these files belong to different runs")
+    return Translator(model, subwords, **kwargs)

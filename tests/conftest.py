@@ -1,0 +1,75 @@
+"""Shared tiny-config fixtures for the model, decoding and training tests.
+
+Every model here is small enough that a forward pass costs well under a millisecond on a
+CPU; dropout is 0 so that eval and train outputs are deterministic unless a test asks.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pytest
+import torch
+
+from transformer import ModelConfig, Transformer
+
+# ids: pad 0, bos 1, eos 2; real tokens 3 .. vocab_size - 1
+TINY: dict[str, Any] = dict(vocab_size=13, d_model=16, n_heads=2, d_ff=32, n_layers=2, dropout=0.0, max_len=64)
+
+# The model variants whose behaviour must not depend on the option (cache, padding, leaks).
+VARIANTS: dict[str, dict[str, Any]] = {
+    "post-norm": {},
+    "pre-norm": dict(norm_first=True),
+    "swiglu": dict(ffn_activation="swiglu"),
+    "untied": dict(tie_embeddings=False, tgt_vocab_size=11, output_bias=True),
+    "concat-gelu": dict(sinusoid_layout="concat", ffn_activation="gelu"),
+}
+
+
+def tiny_config(**overrides: Any) -> ModelConfig:
+    return ModelConfig(**{**TINY, **overrides})
+
+
+def build_model(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: Any) -> Transformer:
+    """A tiny model in eval mode, seeded; biases and LayerNorm affine parameters are made
+    non-trivial so that a test cannot pass because they happen to be 0 or 1."""
+    torch.manual_seed(seed)
+    model = Transformer(tiny_config(**overrides)).to(dtype)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.add_(0.1 * torch.randn_like(p))
+    return model.eval()
+
+
+@pytest.fixture
+def tiny_cfg() -> ModelConfig:
+    return tiny_config()
+
+
+@pytest.fixture
+def make_model() -> Callable[..., Transformer]:
+    """``make_model(seed=0, dtype=torch.float32, **config_overrides)`` -> tiny eval-mode model."""
+    return build_model
+
+
+@pytest.fixture(params=list(VARIANTS), ids=list(VARIANTS))
+def variant_model(request) -> Transformer:
+    """The tiny model in each configuration of :data:`VARIANTS`."""
+    return build_model(seed=1, **VARIANTS[request.param])
+
+
+@pytest.fixture
+def rand_tokens() -> Callable[..., torch.Tensor]:
+    """``rand_tokens(lengths, vocab=13, width=None)`` -> (len(lengths), width) real-token ids
+    (>= 3, so never pad / bos / eos), right-padded with 0 after each sentence's length.
+    Seeded once per test, so a test's inputs are reproducible."""
+    gen = torch.Generator().manual_seed(1234)
+
+    def make(lengths: list[int], vocab: int = TINY["vocab_size"], width: int | None = None) -> torch.Tensor:
+        width = max(lengths) if width is None else width
+        x = torch.randint(3, vocab, (len(lengths), width), generator=gen)
+        for i, n in enumerate(lengths):
+            x[i, n:] = 0
+        return x
+
+    return make

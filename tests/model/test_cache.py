@@ -1,0 +1,79 @@
+"""KVCache: length, batch size, reordering with one index_select, cross K/V computed once."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from transformer import KVCache
+
+
+def fake_cache(batch=3, layers=2, t=4):
+    def kv(tag, length):
+        k = torch.arange(batch, dtype=torch.float32)[:, None, None, None].expand(batch, 2, length, 5) + tag
+        return k.clone(), -k.clone()
+
+    return KVCache(
+        cross_kv=tuple(kv(10 * i, 6) for i in range(layers)),
+        self_kv=tuple(kv(100 * i, t) for i in range(layers)),
+        memory_mask=torch.arange(batch)[:, None, None, None].expand(batch, 1, 1, 6) > 0,
+    )
+
+
+def test_length_and_batch_size():
+    c = fake_cache(batch=3, t=4)
+    assert (c.length, c.batch_size) == (4, 3)
+    empty = KVCache(c.cross_kv, (None, None), c.memory_mask)
+    assert empty.length == 0
+
+
+def test_index_select_reorders_repeats_and_drops_rows():
+    c = fake_cache(batch=3)
+    idx = torch.tensor([2, 0, 0])
+    r = c.index_select(idx)
+    assert r.batch_size == 3 and r.length == c.length
+    for (k0, v0), (k1, v1) in zip(c.cross_kv + c.self_kv, r.cross_kv + r.self_kv):
+        assert torch.equal(k1, k0[idx]) and torch.equal(v1, v0[idx])
+    assert torch.equal(r.memory_mask, c.memory_mask[idx])
+    assert r.self_kv[1][0][:, 0, 0, 0].tolist() == [102.0, 100.0, 100.0]
+    dropped = c.index_select(torch.tensor([1]))
+    assert dropped.batch_size == 1 and dropped.cross_kv[0][0].size(0) == 1
+
+
+def test_index_select_keeps_empty_self_kv_and_leaves_the_original_alone():
+    c = fake_cache()
+    empty = KVCache(c.cross_kv, (None, None), c.memory_mask)
+    r = empty.index_select(torch.tensor([1, 1]))
+    assert r.self_kv == (None, None) and r.batch_size == 2
+    assert c.self_kv[0][0].size(0) == 3  # a new object; the cache is immutable
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.self_kv = ()  # type: ignore[misc]
+
+
+def test_reordered_cache_decodes_like_reordered_inputs(make_model, rand_tokens):
+    """A cache reordered with index_select gives the logits of the reordered batch."""
+    model = make_model()
+    src = rand_tokens([5, 3, 4], width=6)
+    tgt = torch.cat([torch.ones(3, 1, dtype=torch.long), rand_tokens([3, 3, 3])], 1)
+    cache = model.start_cache(model.encode(src), src)
+    _, cache = model.decode(tgt[:, :3], cache)
+    idx = torch.tensor([2, 2, 0, 1])
+    logits, _ = model.decode(tgt[idx, 3:], cache.index_select(idx))
+    expected = model(src[idx], tgt[idx])[:, 3:]
+    assert (logits - expected).abs().max().item() < 1e-5
+
+
+def test_cross_attention_kv_is_computed_once(make_model, rand_tokens):
+    model = make_model()
+    src = rand_tokens([4, 2])
+    cache = model.start_cache(model.encode(src), src)
+    assert cache.length == 0 and len(cache.cross_kv) == model.cfg.n_layers
+    assert cache.cross_kv[0][0].shape == (2, 2, 4, 8)  # (B, H, S, D)
+    _, grown = model.decode(torch.ones(2, 1, dtype=torch.long), cache)
+    _, grown = model.decode(torch.full((2, 2), 5), grown)
+    assert grown.length == 3 and grown.self_kv[1][0].shape == (2, 2, 3, 8)
+    for before, after in zip(cache.cross_kv, grown.cross_kv):
+        assert after[0] is before[0] and after[1] is before[1]  # the same tensors: never recomputed
+    assert grown.memory_mask is cache.memory_mask
+    assert cache.length == 0  # decode() returns a new cache and leaves its input as it was

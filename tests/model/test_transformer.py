@@ -1,0 +1,247 @@
+"""The full model: tying, causality, padding, cached == full decoding, weights, options, gradients."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call
+
+from transformer import Transformer
+from transformer.model.layers import FeedForward, SublayerConnection
+
+BOS = 1
+
+
+def with_bos(tgt: torch.Tensor) -> torch.Tensor:
+    return torch.cat([torch.full((tgt.size(0), 1), BOS), tgt], dim=1)
+
+
+# ---- tied and untied embeddings -----------------------------------------------------------
+
+def test_tied_embeddings_are_one_tensor(make_model, rand_tokens):
+    model = make_model()
+    w = model.src_embed.weight
+    assert model.tgt_embed.weight is w and model.out_proj is None
+    # the output layer uses it too: logits = h E^T
+    h = torch.randn(2, 3, 16)
+    torch.testing.assert_close(model.project(h), h @ w.T, rtol=0, atol=0)
+    params = list(model.parameters())
+    assert sum(p is w for p in params) == 1
+    assert len({id(p) for p in params}) == len(params)
+    opt = torch.optim.Adam(model.parameters())
+    held = [p for g in opt.param_groups for p in g["params"]]
+    assert sum(p is w for p in held) == 1 and len(held) == len(params)
+    # one gradient collects the source, target and output uses
+    src, tgt = rand_tokens([4, 3]), with_bos(rand_tokens([2, 2]))
+    model(src, tgt).sum().backward()
+    assert w.grad is not None and w.grad[src[0, 0]].abs().sum() > 0
+
+
+def test_untied_embeddings_are_separate(make_model):
+    model = make_model(tie_embeddings=False, tgt_vocab_size=9)
+    src_w, tgt_w, out_w = model.src_embed.weight, model.tgt_embed.weight, model.out_proj.weight
+    assert src_w.shape == (13, 16) and tgt_w.shape == (9, 16) and out_w.shape == (9, 16)
+    ids = {id(src_w), id(tgt_w), id(out_w)}
+    assert len(ids) == 3
+    assert sum(id(p) in ids for p in model.parameters()) == 3
+    logits = model(torch.tensor([[12, 11, 3]]), torch.tensor([[1, 8]]))  # ids valid in each vocabulary
+    assert logits.shape == (1, 2, 9)
+    # an untied model with one vocabulary still keeps three matrices
+    same = make_model(tie_embeddings=False)
+    assert same.src_embed.weight is not same.tgt_embed.weight
+    assert same.num_parameters() == make_model().num_parameters() + 2 * 13 * 16
+
+
+# ---- causality and padding -----------------------------------------------------------------
+
+def test_no_future_target_token_changes_earlier_logits(variant_model, rand_tokens):
+    model = variant_model
+    v = model.cfg.target_vocab_size
+    src = rand_tokens([6, 4])
+    tgt = with_bos(rand_tokens([6, 6], vocab=v))
+    base = model(src, tgt)
+    for t in range(tgt.size(1) - 1):
+        changed = tgt.clone()
+        changed[:, t + 1:] = rand_tokens([7 - t - 1] * 2, vocab=v)[:, : 7 - t - 1]
+        changed[:, t + 1:] = torch.where(changed[:, t + 1:] == tgt[:, t + 1:], 3 + (tgt[:, t + 1:] - 2) % (v - 3),
+                                         changed[:, t + 1:])  # every future token really differs
+        out = model(src, changed)
+        assert (out[:, : t + 1] - base[:, : t + 1]).abs().max().item() < 1e-6, f"leak into position {t}"
+        assert (out[:, t + 1] - base[:, t + 1]).abs().max().item() > 1e-4  # and the change is visible
+
+
+def test_future_positions_get_no_gradient(make_model, rand_tokens):
+    model = make_model()
+    src, tgt = rand_tokens([5]), with_bos(rand_tokens([4]))
+    x = model.positions(model.tgt_embed(tgt)).detach().requires_grad_(True)
+    cache = model.start_cache(model.encode(src), src)
+    h, _, _ = model.decoder(x, cache)
+    h[0, 2].sum().backward()
+    assert (x.grad[0, 3:] == 0).all() and (x.grad[0, :3].abs().sum(-1) > 0).all()
+
+
+def test_extra_source_padding_never_changes_the_logits(variant_model, rand_tokens):
+    model = variant_model
+    src5 = rand_tokens([4], width=5)
+    src12 = F.pad(src5, (0, 7), value=0)
+    tgt = with_bos(rand_tokens([4], vocab=model.cfg.target_vocab_size))
+    diff = (model(src5, tgt) - model(src12, tgt)).abs().max().item()
+    assert diff < 1e-5
+    # and in a batch beside a longer sentence
+    batch = torch.cat([src12, rand_tokens([12])])
+    both = model(batch, tgt.expand(2, -1))
+    assert (both[0] - model(src5, tgt)[0]).abs().max().item() < 1e-5
+    assert (both[1] - both[0]).abs().max().item() > 1e-3  # the other sentence is not ignored
+
+
+def test_extra_target_padding_never_changes_real_positions(make_model, rand_tokens):
+    model = make_model()
+    src, tgt = rand_tokens([5]), with_bos(rand_tokens([3]))
+    padded = F.pad(tgt, (0, 4), value=0)
+    assert (model(src, padded)[:, :4] - model(src, tgt)).abs().max().item() < 1e-5
+
+
+# ---- cached incremental decoding == the full forward ----------------------------------------
+
+def decode_in_chunks(model: Transformer, src, tgt, chunks):
+    cache = model.start_cache(model.encode(src), src)
+    out, pos = [], 0
+    for n in chunks:
+        logits, cache = model.decode(tgt[:, pos:pos + n], cache)
+        out.append(logits)
+        pos += n
+    assert pos == tgt.size(1) and cache.length == pos
+    return torch.cat(out, dim=1)
+
+
+@pytest.mark.parametrize("chunks", [[1] * 9, [2, 3, 2, 2], [3, 1, 2, 3], [9]], ids=["1-by-1", "2-3-2-2", "3-1-2-3", "all"])
+def test_cached_decoding_equals_full_forward(variant_model, rand_tokens, chunks):
+    model = variant_model
+    src = rand_tokens([7, 3, 5])
+    tgt = with_bos(rand_tokens([8, 8, 8], vocab=model.cfg.target_vocab_size))
+    full = model(src, tgt)
+    cached = decode_in_chunks(model, src, tgt, chunks)
+    assert cached.shape == full.shape
+    assert (cached - full).abs().max().item() < 1e-5
+
+
+def test_cached_decoding_in_train_mode_without_dropout(make_model, rand_tokens):
+    """Training mode takes the same path (no eval-only fast path) when dropout is 0."""
+    model = make_model(norm_first=True).train()
+    src, tgt = rand_tokens([6, 2]), with_bos(rand_tokens([5, 5]))
+    assert (decode_in_chunks(model, src, tgt, [1, 2, 3]) - model(src, tgt)).abs().max().item() < 1e-5
+
+
+def test_dropout_is_active_in_train_mode_only(make_model, rand_tokens):
+    model = make_model(dropout=0.3)
+    src, tgt = rand_tokens([6]), with_bos(rand_tokens([5]))
+    torch.testing.assert_close(model(src, tgt), model(src, tgt), rtol=0, atol=0)
+    model.train()
+    torch.manual_seed(0)
+    assert not torch.allclose(model(src, tgt), model(src, tgt))
+
+
+# ---- attention weights on request -----------------------------------------------------------
+
+def test_return_weights_shapes_and_structure(make_model, rand_tokens):
+    model = make_model(n_layers=2, n_heads=2)
+    src = rand_tokens([6, 3])
+    tgt = with_bos(rand_tokens([4, 4]))
+    memory, enc_w = model.encode(src, return_weights=True)
+    torch.testing.assert_close(memory, model.encode(src))  # asking for weights changes nothing
+    assert len(enc_w) == 2 and all(w.shape == (2, 2, 6, 6) for w in enc_w)
+    assert (enc_w[0][1, :, :, 3:] == 0).all()  # padded source keys get no weight
+    cache = model.start_cache(memory, src)
+    logits, _, dec_w = model.decode(tgt, cache, return_weights=True)
+    torch.testing.assert_close(logits, model.decode(tgt, cache)[0])
+    assert len(dec_w) == 2
+    for self_w, cross_w in dec_w:
+        assert self_w.shape == (2, 2, 5, 5) and cross_w.shape == (2, 2, 5, 6)
+        upper = torch.triu(torch.ones(5, 5, dtype=torch.bool), diagonal=1)
+        assert (self_w[..., upper] == 0).all()
+        assert (self_w[..., ~upper] > 0).all()
+        assert (cross_w[1, ..., 3:] == 0).all()
+        torch.testing.assert_close(self_w.sum(-1), torch.ones(2, 2, 5))
+        torch.testing.assert_close(cross_w.sum(-1), torch.ones(2, 2, 5))
+
+
+def test_return_weights_with_a_cache(make_model, rand_tokens):
+    model = make_model()
+    src = rand_tokens([5])
+    tgt = with_bos(rand_tokens([4]))
+    cache = model.start_cache(model.encode(src), src)
+    _, cache, _ = model.decode(tgt[:, :2], cache, return_weights=True)
+    _, _, w = model.decode(tgt[:, 2:], cache, return_weights=True)
+    self_w, cross_w = w[0]
+    assert self_w.shape == (1, 2, 3, 5) and cross_w.shape == (1, 2, 3, 5)
+    full_self = model.decode(tgt, model.start_cache(model.encode(src), src), return_weights=True)[2][0][0]
+    assert (self_w - full_self[:, :, 2:]).abs().max().item() < 1e-6
+
+
+# ---- options change the computation as documented -------------------------------------------
+
+def test_sublayer_connection_post_and_pre_norm(tiny_cfg):
+    x = torch.randn(2, 3, 16)
+    sub = torch.nn.Linear(16, 16)
+    for norm_first in (False, True):
+        block = SublayerConnection(tiny_cfg.replace(norm_first=norm_first))
+        with torch.no_grad():
+            block.norm.weight.uniform_(0.5, 1.5)
+            block.norm.bias.uniform_(-0.5, 0.5)
+        out, extra = block(x, lambda h: (sub(h), "extra"))
+        expected = x + sub(block.norm(x)) if norm_first else block.norm(x + sub(x))
+        torch.testing.assert_close(out, expected)
+        assert extra == "extra"
+
+
+@pytest.mark.parametrize("activation,fn", [("relu", F.relu), ("gelu", F.gelu), ("silu", F.silu)])
+def test_feed_forward_activations(tiny_cfg, activation, fn):
+    ffn = FeedForward(tiny_cfg.replace(ffn_activation=activation))
+    assert ffn.gate is None
+    x = torch.randn(2, 3, 16)
+    torch.testing.assert_close(ffn(x), ffn.fc2(fn(ffn.fc1(x))))
+
+
+def test_swiglu_has_the_gate_matrix(tiny_cfg):
+    ffn = FeedForward(tiny_cfg.replace(ffn_activation="swiglu"))
+    assert ffn.gate.weight.shape == (32, 16)
+    x = torch.randn(2, 3, 16)
+    torch.testing.assert_close(ffn(x), ffn.fc2(ffn.fc1(x) * F.silu(ffn.gate(x))))
+    relu = Transformer(tiny_cfg).num_parameters()
+    swiglu = Transformer(tiny_cfg.replace(ffn_activation="swiglu")).num_parameters()
+    assert swiglu - relu == 2 * 2 * (16 * 32 + 32)  # one gate per FFN, 2 encoder + 2 decoder layers
+
+
+def test_pre_norm_changes_the_model_output(make_model, rand_tokens):
+    post = make_model()
+    pre = make_model(norm_first=True, final_norm=False)  # the same parameter names
+    pre.load_state_dict(post.state_dict())
+    src, tgt = rand_tokens([5]), with_bos(rand_tokens([3]))
+    assert (pre(src, tgt) - post(src, tgt)).abs().max().item() > 1e-3
+    with_final = make_model(norm_first=True)
+    assert with_final.encoder.norm is not None and with_final.decoder.norm is not None
+    assert post.encoder.norm is None
+
+
+# ---- gradients ------------------------------------------------------------------------------
+
+def test_gradcheck_tiny_float64_model():
+    """Back-propagation through the whole model matches finite differences for a few
+    parameters (embedding, attention, FFN, LayerNorm) in float64."""
+    torch.manual_seed(0)
+    cfg = dict(vocab_size=7, d_model=8, n_heads=2, d_ff=12, n_layers=1, dropout=0.0, max_len=16)
+    from transformer import ModelConfig
+    model = Transformer(ModelConfig(**cfg)).double().eval()
+    src = torch.tensor([[3, 4, 5, 2], [6, 2, 0, 0]])
+    tgt = torch.tensor([[1, 5, 3], [1, 4, 0]])
+    names = ["src_embed.weight", "encoder.layers.0.self_attn.q_proj.weight",
+             "decoder.layers.0.cross_attn.v_proj.bias", "decoder.layers.0.ffn.fc1.weight",
+             "decoder.layers.0.self_block.norm.weight"]
+    params = dict(model.named_parameters())
+    inputs = tuple(params[n].detach().clone().requires_grad_(True) for n in names)
+
+    def f(*ps):
+        logits = functional_call(model, {**params, **dict(zip(names, ps))}, (src, tgt))
+        return torch.log_softmax(logits, -1)[..., 3:].sum(-1)  # a non-trivial scalar per position
+
+    assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-5)
