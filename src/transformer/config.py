@@ -70,6 +70,8 @@ class ModelConfig:
             v = getattr(self, name)
             need(0 <= v < min(self.vocab_size, self.target_vocab_size),
                  f"{name}={v} is outside the vocabulary")
+        need(self.pad_id != self.eos_id,
+             "pad_id and eos_id must differ (decoding never generates PAD, so it could never stop)")
 
     @property
     def d_head(self) -> int:

@@ -118,3 +118,14 @@ def test_paper_parameter_counts(name, low, high):
     n = model.num_parameters()
     assert n == analytic_count(cfg)
     assert low <= n <= high, f"{name}: {n / 1e6:.1f}M parameters"
+
+
+def test_pad_id_equal_to_eos_id_is_rejected():
+    with pytest.raises(ValueError, match="pad_id.*eos_id|eos_id.*pad_id"):
+        ModelConfig(vocab_size=10, pad_id=2, eos_id=2)
+
+
+def test_pad_id_may_equal_bos_id():
+    """HF Marian starts decoding from its pad id; that layout must stay valid."""
+    cfg = ModelConfig(vocab_size=10, pad_id=0, bos_id=0, eos_id=2)
+    assert cfg.pad_id == cfg.bos_id == 0

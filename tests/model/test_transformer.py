@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from transformer import Transformer
+from transformer import ModelConfig, Transformer
 from transformer.model.layers import FeedForward, SublayerConnection
 
 BOS = 1
@@ -62,9 +62,8 @@ def test_no_future_target_token_changes_earlier_logits(variant_model, rand_token
     base = model(src, tgt)
     for t in range(tgt.size(1) - 1):
         changed = tgt.clone()
-        changed[:, t + 1:] = rand_tokens([7 - t - 1] * 2, vocab=v)[:, : 7 - t - 1]
-        changed[:, t + 1:] = torch.where(changed[:, t + 1:] == tgt[:, t + 1:], 3 + (tgt[:, t + 1:] - 2) % (v - 3),
-                                         changed[:, t + 1:])  # every future token really differs
+        changed[:, t + 1:] = 3 + (tgt[:, t + 1:] - 2) % (v - 3)  # every later token replaced by another real one
+        assert (changed[:, t + 1:] != tgt[:, t + 1:]).all()
         out = model(src, changed)
         assert (out[:, : t + 1] - base[:, : t + 1]).abs().max().item() < 1e-6, f"leak into position {t}"
         assert (out[:, t + 1] - base[:, t + 1]).abs().max().item() > 1e-4  # and the change is visible
@@ -94,11 +93,39 @@ def test_extra_source_padding_never_changes_the_logits(variant_model, rand_token
     assert (both[1] - both[0]).abs().max().item() > 1e-3  # the other sentence is not ignored
 
 
+def test_forward_with_select_returns_only_the_selected_positions(variant_model, rand_tokens):
+    """Training projects to the vocabulary only where a real target token is."""
+    model = variant_model
+    src = rand_tokens([6, 3, 5])
+    tgt = with_bos(rand_tokens([4, 2, 3], vocab=model.cfg.target_vocab_size))
+    select = torch.zeros_like(tgt, dtype=torch.bool)
+    select[0, :5], select[1, :3], select[2, :4] = True, True, True
+    full = model(src, tgt)
+    picked = model(src, tgt, select)
+    assert picked.shape == (12, model.cfg.target_vocab_size)
+    assert (picked - full[select]).abs().max().item() < 1e-6  # row-major order: sentence 0 first
+
+
 def test_extra_target_padding_never_changes_real_positions(make_model, rand_tokens):
     model = make_model()
     src, tgt = rand_tokens([5]), with_bos(rand_tokens([3]))
     padded = F.pad(tgt, (0, 4), value=0)
     assert (model(src, padded)[:, :4] - model(src, tgt)).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
+def test_all_padding_source_is_finite_forward_and_backward(make_model, rand_tokens, dtype, norm_first):
+    """An empty source line (all padding) in a batch: every attention row over it is fully
+    masked. Nothing may become NaN, in the output or in any gradient."""
+    model = make_model(dtype=dtype, norm_first=norm_first).train()
+    src = rand_tokens([5, 0])  # sentence 1 is all padding
+    tgt = with_bos(rand_tokens([3, 3]))
+    logits = model(src, tgt)
+    assert torch.isfinite(logits).all()
+    logits.float().logsumexp(-1).sum().backward()
+    for name, p in model.named_parameters():
+        assert p.grad is None or torch.isfinite(p.grad).all(), name
 
 
 # ---- cached incremental decoding == the full forward ----------------------------------------
@@ -132,10 +159,12 @@ def test_cached_decoding_in_train_mode_without_dropout(make_model, rand_tokens):
     assert (decode_in_chunks(model, src, tgt, [1, 2, 3]) - model(src, tgt)).abs().max().item() < 1e-5
 
 
-def test_dropout_is_active_in_train_mode_only(make_model, rand_tokens):
-    model = make_model(dropout=0.3)
+@pytest.mark.parametrize("kind", ["dropout", "attn_dropout"])
+def test_dropout_is_active_in_train_mode_only(make_model, rand_tokens, kind):
+    model = make_model(**{kind: 0.3})
     src, tgt = rand_tokens([6]), with_bos(rand_tokens([5]))
-    torch.testing.assert_close(model(src, tgt), model(src, tgt), rtol=0, atol=0)
+    no_dropout = make_model()  # the same seed: the same weights
+    torch.testing.assert_close(model(src, tgt), no_dropout(src, tgt), rtol=0, atol=1e-6)
     model.train()
     torch.manual_seed(0)
     assert not torch.allclose(model(src, tgt), model(src, tgt))
@@ -230,7 +259,6 @@ def test_gradcheck_tiny_float64_model():
     parameters (embedding, attention, FFN, LayerNorm) in float64."""
     torch.manual_seed(0)
     cfg = dict(vocab_size=7, d_model=8, n_heads=2, d_ff=12, n_layers=1, dropout=0.0, max_len=16)
-    from transformer import ModelConfig
     model = Transformer(ModelConfig(**cfg)).double().eval()
     src = torch.tensor([[3, 4, 5, 2], [6, 2, 0, 0]])
     tgt = torch.tensor([[1, 5, 3], [1, 4, 0]])

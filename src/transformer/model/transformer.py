@@ -130,11 +130,18 @@ class Transformer(nn.Module):
         weight = self.tgt_embed.weight if self.out_proj is None else self.out_proj.weight
         return nn.functional.linear(h, weight, self.out_bias)
 
-    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
-        """Teacher forcing: (B, S) source ids, (B, T) target-input ids -> (B, T, V) logits."""
+    def forward(self, src: Tensor, tgt: Tensor, select: Tensor | None = None) -> Tensor:
+        """Teacher forcing: (B, S) source ids, (B, T) target-input ids -> (B, T, V) logits.
+
+        ``select`` (B, T) bool computes logits only where True and returns them as (N, V)
+        in row-major order: training skips the vocabulary projection at padding positions.
+        """
         memory = self.encode(src)
-        logits, _ = self.decode(tgt, self.start_cache(memory, src))
-        return logits
+        x = self.dropout(self.positions(self.tgt_embed(tgt)))
+        h, _, _ = self.decoder(x, self.start_cache(memory, src))
+        if select is not None:
+            h = h[select]  # (N, C)
+        return self.project(h)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

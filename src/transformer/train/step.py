@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .loss import label_smoothed_nll_loss
+from .loss import fused_label_smoothed_nll_loss
+from .schedule import paper_adam_kwargs
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,12 @@ class StepStats:
     grad_norm: float  # before clipping
     lr: float
     skipped: bool  # True when the loss or a gradient was not finite (no update made)
+
+
+def paper_adam(params, weight_decay: float = 0.0) -> torch.optim.Adam:
+    """Adam(beta1 0.9, beta2 0.98, eps 1e-9), the fused implementation (one kernel for all
+    parameters instead of a loop of small ones)."""
+    return torch.optim.Adam(params, lr=0.0, weight_decay=weight_decay, fused=True, **paper_adam_kwargs())
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None):
@@ -51,8 +58,8 @@ def train_step(
         lr: learning rate for this update.
         amp_dtype: torch.bfloat16 / torch.float16 for mixed precision, None for fp32.
         grad_scaler: a GradScaler, for fp16 only.
-        forward: the callable that maps (src, tgt_in) to logits (default: ``model``; pass a
-            DistributedDataParallel or compiled wrapper here).
+        forward: the callable that maps (src, tgt_in, select) to the (N, V) logits of the
+            selected positions (default: ``model``; pass a DistributedDataParallel wrapper here).
     """
     forward = forward or model
     pad_id = model.cfg.pad_id
@@ -63,9 +70,10 @@ def train_step(
     loss_sum = nll_sum = 0.0
     for b in micro_batches:
         device = b.src.device
+        select = b.tgt_out != pad_id  # the vocabulary projection runs on real tokens only
         with autocast(device, amp_dtype):
-            logits = forward(b.src, b.tgt_in)
-        loss, nll, _ = label_smoothed_nll_loss(logits, b.tgt_out, epsilon, pad_id)
+            logits = forward(b.src, b.tgt_in, select)  # (N, V)
+        loss, nll, _ = fused_label_smoothed_nll_loss(logits, b.tgt_out[select], epsilon, pad_id)
         scaled = loss / max(total, 1)
         (grad_scaler.scale(scaled) if grad_scaler is not None else scaled).backward()
         loss_sum += float(loss.detach())

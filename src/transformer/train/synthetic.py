@@ -13,8 +13,8 @@ import torch
 from ..config import ModelConfig
 from ..decode import greedy_search
 from ..model import Transformer
-from .schedule import linear_decay_lr, paper_adam_kwargs
-from .step import train_step
+from .schedule import linear_decay_lr
+from .step import paper_adam, train_step
 
 N_SPECIAL = 4  # pad 0, bos 1, eos 2, unk 3 (the data layer's ids)
 
@@ -64,7 +64,7 @@ def train_synthetic(task: str = "reverse", steps: int = 800, n_symbols: int = 16
     gen = torch.Generator().manual_seed(seed)
     cfg = ModelConfig.preset("toy", vocab_size=N_SPECIAL + n_symbols, dropout=0.0, max_len=max_len + 60)
     model = Transformer(cfg)
-    optimizer = torch.optim.Adam(model.parameters(), lr=peak_lr, **paper_adam_kwargs())
+    optimizer = paper_adam(model.parameters())
     held_out = make_batch(task, 1000, n_symbols, min_len, max_len, torch.Generator().manual_seed(seed + 1))
     start = time.perf_counter()
     for step in range(1, steps + 1):

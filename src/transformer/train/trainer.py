@@ -23,8 +23,8 @@ from . import checkpoint as ckpt
 from .config import TrainConfig
 from .loss import label_smoothed_nll_loss
 from .prepare import prepare_data
-from .schedule import inverse_sqrt_lr, noam_lr, paper_adam_kwargs
-from .step import autocast, train_step
+from .schedule import inverse_sqrt_lr, noam_lr
+from .step import autocast, paper_adam, train_step
 
 # Options that may change when a run is resumed; any other change is refused.
 RESUMABLE_CHANGES = {"max_steps", "max_epochs", "max_minutes", "patience", "eval_every", "save_every",
@@ -59,8 +59,7 @@ class Trainer:
         probe = cfg.model_config(vocab_size=max(cfg.vocab_size, 8))  # only for max_len
         self.data = prepare_data(cfg, self.run_dir, probe.max_len, log)
         self.model = Transformer(cfg.model_config(self.data.subwords.vocab_size)).to(self.device)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.0, weight_decay=cfg.weight_decay,
-                                          **paper_adam_kwargs())
+        self.optimizer = paper_adam(self.model.parameters(), cfg.weight_decay)
         self.amp_dtype = resolve_precision(cfg.precision, self.device)
         self.scaler = torch.amp.GradScaler("cuda") if self.amp_dtype == torch.float16 else None
         self.sampler = TokenBatchSampler(example_lengths(self.data.train), cfg.max_tokens, cfg.seed)

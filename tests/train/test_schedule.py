@@ -1,0 +1,56 @@
+"""Learning-rate schedules at known steps (section 5.3 of the paper)."""
+from __future__ import annotations
+
+import pytest
+
+from transformer.train import inverse_sqrt_lr, linear_decay_lr, noam_lr, paper_adam_kwargs
+
+D, W = 512, 4000
+
+
+def test_noam_at_known_steps():
+    assert noam_lr(1, D, W) == pytest.approx(D ** -0.5 * W ** -1.5)  # 1.747e-7
+    assert noam_lr(1, D, W) == pytest.approx(1.7469e-7, rel=1e-4)
+    assert noam_lr(W, D, W) == pytest.approx(D ** -0.5 * W ** -0.5)  # the peak, 6.988e-4
+    assert noam_lr(W, D, W) == pytest.approx(6.9877e-4, rel=1e-4)
+    assert noam_lr(2 * W, D, W) == pytest.approx(D ** -0.5 * (2 * W) ** -0.5)
+    assert noam_lr(2 * W, D, W) == pytest.approx(noam_lr(W, D, W) / 2 ** 0.5)
+    assert noam_lr(W // 2, D, W) == pytest.approx(noam_lr(W, D, W) / 2)  # linear warmup
+    assert noam_lr(100, D, W, scale=2.0) == pytest.approx(2 * noam_lr(100, D, W))
+
+
+def test_noam_step_zero_is_step_one():
+    assert noam_lr(0, D, W) == noam_lr(1, D, W) > 0
+
+
+def test_noam_peaks_at_warmup():
+    lrs = [noam_lr(s, D, W) for s in range(1, 3 * W)]
+    assert max(range(len(lrs)), key=lrs.__getitem__) + 1 == W
+    assert all(a < b for a, b in zip(lrs[: W - 1], lrs[1:W]))
+    assert all(a > b for a, b in zip(lrs[W - 1:], lrs[W:]))
+
+
+def test_inverse_sqrt():
+    peak = 5e-4
+    assert inverse_sqrt_lr(W, peak, W) == pytest.approx(peak)
+    assert inverse_sqrt_lr(W // 4, peak, W) == pytest.approx(peak / 4)
+    assert inverse_sqrt_lr(4 * W, peak, W) == pytest.approx(peak / 2)
+    assert inverse_sqrt_lr(0, peak, W) == inverse_sqrt_lr(1, peak, W) == pytest.approx(peak / W)
+    # noam is inverse_sqrt with peak d^-0.5 * warmup^-0.5
+    for step in (1, 123, W, 9999):
+        assert noam_lr(step, D, W) == pytest.approx(inverse_sqrt_lr(step, D ** -0.5 * W ** -0.5, W))
+
+
+def test_linear_decay():
+    peak, total = 1e-3, 1000
+    assert linear_decay_lr(0, peak, 100, total) == linear_decay_lr(1, peak, 100, total) == pytest.approx(1e-5)
+    assert linear_decay_lr(50, peak, 100, total) == pytest.approx(peak / 2)
+    assert linear_decay_lr(100, peak, 100, total) == pytest.approx(peak)
+    assert linear_decay_lr(550, peak, 100, total) == pytest.approx(peak / 2)
+    assert linear_decay_lr(total, peak, 100, total) == 0.0
+    assert linear_decay_lr(total + 10, peak, 100, total) == 0.0  # never negative
+    assert linear_decay_lr(5, peak, 10, 10) == pytest.approx(peak / 2)  # total == warmup: no division by zero
+
+
+def test_paper_adam():
+    assert paper_adam_kwargs() == {"betas": (0.9, 0.98), "eps": 1e-9}
