@@ -21,20 +21,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from ..data import read_lines
     from ..errors import UserError
     from ..evaluate import score
-    from ..train.checkpoint import _atomic_write
+    from ..fileio import write_text_atomic
     from ..translator import load_translator
 
     if args.beam < 1:
         raise UserError(f"--beam must be at least 1, got {args.beam}")
     src, ref = read_lines(args.src), read_lines(args.ref)
-    for lines in (src, ref):
-        if lines and lines[-1] == "":
-            lines.pop()
     if len(src) != len(ref):
         raise UserError(f"{args.src} has {len(src)} lines but {args.ref} has {len(ref)}; they must be aligned")
     translator = load_translator(args.model, beam_size=args.beam, alpha=args.alpha,
@@ -44,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - t0
     scores = score(hyps, ref)
     if args.output:
-        _atomic_write(Path(args.output), lambda tmp: Path(tmp).write_text("".join(h + "\n" for h in hyps), encoding="utf-8"))
+        write_text_atomic(args.output, "".join(h + "\n" for h in hyps))
     if args.json:
         print(json.dumps({**scores.to_dict(), "beam": args.beam, "seconds": seconds, "model": args.model}))
     else:

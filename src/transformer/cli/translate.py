@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
-from pathlib import Path
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -33,7 +32,7 @@ def _check(args) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..data import read_lines
-    from ..train.checkpoint import _atomic_write
+    from ..fileio import write_text_atomic
     from ..translator import load_translator
 
     _check(args)
@@ -41,14 +40,7 @@ def run(args: argparse.Namespace) -> int:
                                  max_tokens=args.max_tokens, device=args.device)
     if args.input is None and sys.stdin.isatty():
         return _interactive(translator)
-    if args.input is not None:
-        lines = read_lines(args.input)
-        if lines and lines[-1] == "":
-            lines.pop()
-    else:
-        lines = sys.stdin.read().split("\n")
-        if lines and lines[-1] == "":
-            lines.pop()
+    lines = read_lines(args.input) if args.input is not None else _read_stdin()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         results = translator.translate_nbest(lines, args.n_best)
@@ -62,10 +54,19 @@ def run(args: argparse.Namespace) -> int:
     else:
         text = "".join(f"{i}\t{t.score:.4f}\t{t.text}\n" for i, r in enumerate(results) for t in r)
     if args.output:
-        _atomic_write(Path(args.output), lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+        write_text_atomic(args.output, text)
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _read_stdin() -> list[str]:
+    """Lines of stdin, split and checked exactly as input files are."""
+    from ..data import decode_lines
+
+    stream = getattr(sys.stdin, "buffer", None)  # a text-only stand-in (tests) has no buffer
+    data = stream.read() if stream is not None else sys.stdin.read().encode("utf-8", "surrogateescape")
+    return decode_lines(data, "<stdin>")
 
 
 def _interactive(translator) -> int:

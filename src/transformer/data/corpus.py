@@ -38,25 +38,17 @@ def _read_bytes(path: Path) -> bytes:
         raise UserError(f"{path}: cannot read ({e.strerror or e})") from e
 
 
-def read_lines(path: str | Path) -> list[str]:
-    """Read a UTF-8 text file (gzip if the name ends in ``.gz``) as a list of lines.
-
-    Splits on "\\n" only; the final newline does not start an extra empty line, but
-    empty lines inside the file are kept (they keep the corpus aligned).
-
-    Raises:
-        UserError: the file is missing, is a directory, is not valid gzip, or is not
-            valid UTF-8 (the message gives the 1-based line number).
-    """
-    path = Path(path)
-    data = _read_bytes(path)
+def decode_lines(data: bytes, name: str) -> list[str]:
+    """Split UTF-8 bytes into lines on "\\n" only; the final newline does not start an extra
+    empty line, but empty lines inside are kept (they keep a corpus aligned). ``name``
+    (a path, or "<stdin>") goes into the error message for invalid UTF-8."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
         raise UserError(
-            f"{path}:{line}: invalid UTF-8 (byte 0x{data[e.start]:02x} at byte column {column}); "
+            f"{name}:{line}: invalid UTF-8 (byte 0x{data[e.start]:02x} at byte column {column}); "
             "convert the file to UTF-8, e.g. `iconv -f latin1 -t utf-8`"
         ) from None
     if text.startswith("\ufeff"):
@@ -67,6 +59,18 @@ def read_lines(path: str | Path) -> list[str]:
     if text.endswith("\n"):
         lines.pop()
     return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """Read a UTF-8 text file (gzip if the name ends in ``.gz``) as a list of lines
+    (see :func:`decode_lines`).
+
+    Raises:
+        UserError: the file is missing, is a directory, is not valid gzip, or is not
+            valid UTF-8 (the message gives the 1-based line number).
+    """
+    path = Path(path)
+    return decode_lines(_read_bytes(path), str(path))
 
 
 def read_parallel(src_path: str | Path, tgt_path: str | Path) -> list[tuple[str, str]]:

@@ -28,6 +28,7 @@ from safetensors.torch import load_file, save_file
 
 from ..config import ModelConfig
 from ..errors import UserError
+from ..fileio import atomic_write
 from ..model import Transformer
 
 WEIGHTS = "model.safetensors"
@@ -54,25 +55,11 @@ def unique_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def _atomic_write(path: Path, write) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def save_weights(model: Transformer, path: Path, extra: dict[str, str] | None = None) -> None:
     """Write weights and the model config (in the safetensors metadata) atomically."""
     meta = {"model_config": json.dumps(model.cfg.to_dict()), "format": "transformer-v1", **(extra or {})}
     tensors = unique_state_dict(model)
-    _atomic_write(Path(path), lambda tmp: save_file(tensors, tmp, metadata=meta))
+    atomic_write(Path(path), lambda tmp: save_file(tensors, tmp, metadata=meta))
 
 
 def read_weights(path: Path) -> tuple[ModelConfig, dict[str, torch.Tensor], dict[str, str]]:

@@ -64,6 +64,17 @@ class TrainConfig:
             if not cond:
                 raise UserError(f"config: {msg}")
 
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.type == "float" and isinstance(value, int) and not isinstance(value, bool):
+                object.__setattr__(self, f.name, float(value))  # 1 is a fine float
+            elif not _has_type(value, f.type):
+                raise UserError(f"config: {f.name} must be {_TYPE_NAMES.get(f.type, f.type)}, got {value!r}")
+        need(self.seed >= 0, f"seed must be non-negative, got {self.seed}")
+        for name in ("max_epochs", "max_minutes", "clip_norm", "weight_decay", "patience", "average_last",
+                     "threads", "train_limit", "valid_limit", "lr_scale", "peak_lr"):
+            need(getattr(self, name) >= 0, f"{name} must not be negative, got {getattr(self, name)}")
+
         need(self.dataset in ("multi30k", "files"), f"dataset must be 'multi30k' or 'files', not {self.dataset!r}")
         if self.dataset == "files":
             need(bool(self.train_src and self.train_tgt),
@@ -90,6 +101,26 @@ class TrainConfig:
 
     def replace(self, **changes: Any) -> "TrainConfig":
         return dataclasses.replace(self, **changes)
+
+
+_TYPE_NAMES = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
+               "str | None": "a string", "dict[str, Any]": "a mapping"}
+
+
+def _has_type(value: Any, annotation: str) -> bool:
+    if annotation == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation == "float":
+        return isinstance(value, float)
+    if annotation == "bool":
+        return isinstance(value, bool)
+    if annotation == "str":
+        return isinstance(value, str)
+    if annotation == "str | None":
+        return value is None or isinstance(value, str)
+    if annotation == "dict[str, Any]":
+        return isinstance(value, dict)
+    return True
 
 
 def _parse_value(text: str) -> Any:

@@ -58,6 +58,7 @@ class Trainer:
         np.random.seed(cfg.seed)
         probe = cfg.model_config(vocab_size=max(cfg.vocab_size, 8))  # only for max_len
         self.data = prepare_data(cfg, self.run_dir, probe.max_len, log)
+        self._write_config()
         self.model = Transformer(cfg.model_config(self.data.subwords.vocab_size)).to(self.device)
         self.optimizer = paper_adam(self.model.parameters(), cfg.weight_decay)
         self.amp_dtype = resolve_precision(cfg.precision, self.device)
@@ -70,21 +71,28 @@ class Trainer:
 
     # ---- run directory ----------------------------------------------------------------
     def _check_run_dir(self) -> None:
-        path = self.run_dir / "config.yaml"
+        """Refuse to resume a run under a different config. Only a directory holding a
+        checkpoint holds a run: a failed first attempt leaves nothing that binds."""
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            if path.is_file():
-                saved = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-                changed = sorted(k for k, v in self.cfg.to_dict().items()
-                                 if k not in RESUMABLE_CHANGES and saved.get(k) != v)
-                if changed:
-                    raise UserError(f"{self.run_dir}: holds a run with a different config ({', '.join(changed)}); "
-                                    "use another --out, or the same config to resume")
-            tmp = path.with_suffix(".yaml.tmp")
-            tmp.write_text(yaml.safe_dump(self.cfg.to_dict(), sort_keys=False), encoding="utf-8")
-            tmp.replace(path)
         except OSError as e:
-            raise UserError(f"{self.run_dir}: cannot write the run directory ({e.strerror})") from None
+            raise UserError(f"{self.run_dir}: cannot create the run directory ({e.strerror})") from None
+        path = self.run_dir / "config.yaml"
+        if not (path.is_file() and ckpt.latest_checkpoint(self.run_dir) is not None):
+            return
+        saved = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        new = self.cfg.to_dict()
+        changed = sorted(k for k, v in new.items() if k not in RESUMABLE_CHANGES and k != "model" and saved.get(k) != v)
+        old_model, new_model = saved.get("model") or {}, new["model"]
+        changed += sorted(f"model.{k}" for k in set(old_model) | set(new_model) if old_model.get(k) != new_model.get(k))
+        if changed:
+            raise UserError(f"{self.run_dir}: holds a run with a different config ({', '.join(changed)}); "
+                            "use another --out, or the same config to resume")
+
+    def _write_config(self) -> None:
+        from ..fileio import write_text_atomic
+
+        write_text_atomic(self.run_dir / "config.yaml", yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
 
     def _resume(self) -> None:
         latest = ckpt.latest_checkpoint(self.run_dir)
@@ -168,8 +176,9 @@ class Trainer:
                     self.bad_steps += 1
                     self._metrics({"event": "skipped_step", "step": self.step, "loss": stats.loss})
                     if self.bad_steps >= c.max_bad_steps:
+                        saved = self.save()  # skipped updates leave the weights as they were: good
                         raise UserError(f"{self.bad_steps} consecutive updates had a non-finite loss or "
-                                        f"gradient; stopping. The last good checkpoint is in {self.run_dir}; "
+                                        f"gradient; stopping. The last good checkpoint is {saved}; "
                                         "try a lower learning rate or precision=fp32")
                     continue
                 self.bad_steps = 0

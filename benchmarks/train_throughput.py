@@ -1,0 +1,165 @@
+"""Training throughput: ours vs torch.nn.Transformer vs Hugging Face MarianMTModel.
+
+Same shapes, same loss (label-smoothed cross-entropy, eps 0.1), Adam, one process, the
+implementations interleaved round by round so that machine noise hits all of them alike.
+Reports target tokens/s (median over rounds), the ratio to torch.nn.Transformer, and model
+FLOPs utilisation (MFU) against the matmul peak measured in the same run.
+
+    .venv/bin/python benchmarks/train_throughput.py [--config tiny] [--rounds 5] [--steps 5]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from transformer import ModelConfig, Transformer
+from transformer.train.step import paper_adam, train_step
+
+CONFIGS = {  # name: (layers, d_model, d_ff, heads)
+    "tiny": (4, 128, 256, 4),  # the published Multi30k setting; our multi30k-en-de recipe
+    "small": (3, 256, 1024, 4),
+    "base": (6, 512, 2048, 8),  # the paper's base model
+}
+
+
+def matmul_peak(dtype: torch.dtype, n: int = 2048, reps: int = 5) -> float:
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    a @ b
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t)
+    return 2 * n**3 / statistics.median(times)
+
+
+def model_flops(layers: int, d: int, d_ff: int, vocab: int, s: int, t: int, batch: int) -> float:
+    """Forward + backward FLOPs of one step (3x the forward's matmul FLOPs)."""
+    enc = layers * (4 * d * d + 2 * d * d_ff) * 2 * s + layers * 2 * 2 * s * s * d
+    dec = layers * (8 * d * d + 2 * d * d_ff) * 2 * t + layers * 2 * 2 * (t * t + t * s) * d
+    out = 2 * t * d * vocab
+    return 3 * batch * (enc + dec + out)
+
+
+class Batch:
+    def __init__(self, src, tgt_in, tgt_out):
+        self.src, self.tgt_in, self.tgt_out = src, tgt_in, tgt_out
+        self.n_tgt_tokens = int((tgt_out != 0).sum())
+
+
+class TorchNN(nn.Module):
+    """torch.nn.Transformer with tied embeddings, sinusoid-free (positions don't change cost)."""
+
+    def __init__(self, layers, d, d_ff, heads, vocab):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d, padding_idx=0)
+        self.core = nn.Transformer(d, heads, layers, layers, d_ff, dropout=0.1, batch_first=True)
+        self.scale = math.sqrt(d)
+
+    def forward(self, src, tgt):
+        t = tgt.size(1)
+        causal = torch.triu(torch.ones(t, t, dtype=torch.bool), 1)
+        h = self.core(self.embed(src) * self.scale, self.embed(tgt) * self.scale, tgt_mask=causal,
+                      src_key_padding_mask=src == 0, memory_key_padding_mask=src == 0)
+        return h @ self.embed.weight.T
+
+
+def make_peers(layers, d, d_ff, heads, vocab):
+    torch.manual_seed(0)
+    ours = Transformer(ModelConfig(vocab_size=vocab, d_model=d, n_heads=heads, d_ff=d_ff, n_layers=layers,
+                                   dropout=0.1, max_len=256))
+    peers = {"ours": ours, "torch.nn.Transformer": TorchNN(layers, d, d_ff, heads, vocab)}
+    try:
+        from transformers import MarianConfig, MarianMTModel
+
+        mc = MarianConfig(vocab_size=vocab, d_model=d, encoder_layers=layers, decoder_layers=layers,
+                          encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=d_ff,
+                          decoder_ffn_dim=d_ff, dropout=0.1, activation_function="relu", pad_token_id=0,
+                          decoder_start_token_id=0, eos_token_id=2, max_position_embeddings=256,
+                          scale_embedding=True)
+        peers["HF MarianMTModel"] = MarianMTModel(mc)
+    except ImportError:
+        print("transformers not installed: skipping the Marian peer", file=sys.stderr)
+    return peers
+
+
+def peer_step(model, batch, opt, amp):
+    opt.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+        if isinstance(model, TorchNN):
+            logits = model(batch.src, batch.tgt_in)
+        else:
+            logits = model(input_ids=batch.src, attention_mask=(batch.src != 0).long(),
+                           decoder_input_ids=batch.tgt_in).logits
+    loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), batch.tgt_out.reshape(-1),
+                           ignore_index=0, label_smoothing=0.1, reduction="sum") / batch.n_tgt_tokens
+    loss.backward()
+    opt.step()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", choices=sorted(CONFIGS), default="tiny")
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--src-len", type=int, default=16)
+    ap.add_argument("--tgt-len", type=int, default=16)
+    ap.add_argument("--vocab", type=int, default=10000)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=4, help="timed steps per implementation per round")
+    ap.add_argument("--dtypes", default="fp32,bf16")
+    ap.add_argument("--json", help="append results as JSON lines to this file")
+    args = ap.parse_args()
+    layers, d, d_ff, heads = CONFIGS[args.config]
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(4, args.vocab, (args.batch, args.src_len), generator=g)
+    tgt = torch.randint(4, args.vocab, (args.batch, args.tgt_len + 1), generator=g)
+    batch = Batch(src, tgt[:, :-1], tgt[:, 1:])
+    flops = model_flops(layers, d, d_ff, args.vocab, args.src_len, args.tgt_len, args.batch)
+    tokens = args.batch * args.tgt_len
+    print(f"config {args.config}: {layers}+{layers} layers, d_model {d}, d_ff {d_ff}, {heads} heads, vocab "
+          f"{args.vocab}; batch {args.batch} x {args.src_len}+{args.tgt_len} tokens; torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads")
+    for dt in args.dtypes.split(","):
+        amp = dt == "bf16"
+        peak = matmul_peak(torch.bfloat16 if amp else torch.float32)
+        peers = make_peers(layers, d, d_ff, heads, args.vocab)
+        opts = {k: (paper_adam(m.parameters()) if k == "ours" else
+                    torch.optim.Adam(m.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)) for k, m in peers.items()}
+        times: dict[str, list[float]] = {k: [] for k in peers}
+        for r in range(args.rounds + 1):  # round 0 warms up
+            for name, model in peers.items():
+                model.train()
+                for _ in range(args.steps):
+                    t = time.perf_counter()
+                    if name == "ours":
+                        train_step(model, [batch], opts[name], 1e-4, epsilon=0.1,
+                                   amp_dtype=torch.bfloat16 if amp else None)
+                    else:
+                        peer_step(model, batch, opts[name], amp)
+                    if r:
+                        times[name].append(time.perf_counter() - t)
+        ref = statistics.median(times["torch.nn.Transformer"])
+        print(f"\n{dt}: matmul peak {peak / 1e9:.0f} GFLOP/s (2048^3, same run)")
+        print(f"| implementation | step ms (median) | target tokens/s | vs torch.nn.Transformer | MFU |")
+        print("|---|---|---|---|---|")
+        for name, ts in times.items():
+            med = statistics.median(ts)
+            row = {"config": args.config, "dtype": dt, "impl": name, "step_ms": med * 1e3,
+                   "tokens_per_s": tokens / med, "ratio": ref / med, "mfu": flops / med / peak,
+                   "peak_gflops": peak / 1e9}
+            print(f"| {name} | {med * 1e3:.0f} | {tokens / med:,.0f} | {ref / med:.2f}x | {row['mfu']:.1%} |")
+            if args.json:
+                with open(args.json, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()

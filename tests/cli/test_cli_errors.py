@@ -1,0 +1,197 @@
+"""Bad input everywhere: exit code 2, ONE stderr line ``transformer CMD: error: ...`` naming
+the offending file or option, no traceback; and nothing lost: an existing --output file
+keeps its content and no partial or temporary file appears."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+PRECIOUS = "earlier content\n"
+
+
+@pytest.fixture
+def bad(tmp_path, trained) -> dict[str, Path]:
+    """A folder of broken inputs, plus an --output file that must survive every failure."""
+    d = tmp_path
+    (d / "invalid.yaml").write_text("max_steps: [1, 2\n", encoding="utf-8")
+    (d / "unknown.yaml").write_text(trained.config.read_text() + "max_stepz: 3\n", encoding="utf-8")
+    (d / "list.yaml").write_text("- 1\n- 2\n", encoding="utf-8")
+    (d / "latin1.yaml").write_bytes("# réglages\nmax_steps: 3\n".encode("latin-1"))
+    (d / "latin1.txt").write_bytes(b"red dog runs\nsmall bird\nthe caf\xe9 near the park\n")
+    (d / "corrupt.safetensors").write_bytes((trained.run / "best.safetensors").read_bytes()[:5000])
+    (d / "nosubwords").mkdir()
+    (d / "nosubwords" / "best.safetensors").write_bytes((trained.run / "best.safetensors").read_bytes())
+    (d / "in.txt").write_text("red dog runs\n", encoding="utf-8")
+    (d / "out").mkdir()
+    (d / "out" / "out.txt").write_text(PRECIOUS, encoding="utf-8")
+    return {p.name: p for p in d.iterdir()}
+
+
+def _untouched(out_dir: Path) -> None:
+    assert sorted(p.name for p in out_dir.iterdir()) == ["out.txt"], "a partial or temporary file was left"
+    assert (out_dir / "out.txt").read_text(encoding="utf-8") == PRECIOUS
+
+
+# ---- train --------------------------------------------------------------------------------
+
+TRAIN_CASES = {
+    # id: (config file name or None for the good one, --set overrides, what the message must name)
+    "missing-config": ("missing.yaml", [], ["missing.yaml", "not found"]),
+    "invalid-yaml": ("invalid.yaml", [], ["invalid.yaml", "YAML"]),
+    "unknown-key": ("unknown.yaml", [], ["unknown.yaml", "max_stepz"]),
+    "not-a-mapping": ("list.yaml", [], ["list.yaml"]),
+    "config-not-utf8": ("latin1.yaml", [], ["latin1.yaml"]),
+    "set-without-equals": (None, ["max_steps"], ["--set", "max_steps"]),
+    "set-unknown-key": (None, ["max_stepz=3"], ["max_stepz"]),
+    "set-unknown-model-key": (None, ["model.d_modle=64"], ["model.d_modle"]),
+    "negative-max-steps": (None, ["max_steps=-1"], ["max_steps", "-1"]),
+    "zero-save-every": (None, ["save_every=0"], ["save_every"]),
+    "bad-preset": (None, ["model.preset=huge"], ["model.preset"]),
+    "bad-heads": (None, ["model.n_heads=3"], ["n_heads"]),
+    "bad-schedule": (None, ["lr_schedule=cosine"], ["lr_schedule"]),
+    "bad-dataset": (None, ["dataset=wmt99"], ["dataset"]),
+    "missing-train-file": (None, ["train_src=/nonexistent/train.src"], ["/nonexistent/train.src"]),
+}
+
+
+@pytest.mark.parametrize("case", list(TRAIN_CASES))
+def test_train_bad_input(case, cli, bad, trained, tmp_path, one_line_error):
+    config, sets, mentions = TRAIN_CASES[case]
+    config = bad.get(config, tmp_path / config) if config else trained.config
+    argv = ["train", "--config", config, "--out", tmp_path / "run"]
+    for s in sets:
+        argv += ["--set", s]
+    one_line_error(cli(*argv), "train", *mentions)
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+# Values of the wrong type are not validated by TrainConfig: some end in a traceback deep in
+# the training loop, the others in a UserError that does not say which option was wrong.
+BAD_VALUES = ["max_steps=abc", "label_smoothing=abc", "peak_lr=abc", "clip_norm=abc", "threads=abc", "seed=-1"]
+
+
+@pytest.mark.parametrize("setting", BAD_VALUES)
+def test_train_bad_value_types(setting, cli, trained, tmp_path, one_line_error):
+    r = cli("train", "--config", trained.config, "--out", tmp_path / "run", "--set", setting,
+            "--set", "max_steps=2" if not setting.startswith("max_steps") else "save_every=1")
+    one_line_error(r, "train", setting.split("=")[0])
+
+
+def test_train_out_is_a_file(cli, trained, tmp_path, one_line_error):
+    out = tmp_path / "afile"
+    out.write_text("x")
+    one_line_error(cli("train", "--config", trained.config, "--out", out), "train", str(out))
+    assert out.read_text() == "x"
+
+
+def test_train_error_in_a_real_process(tmp_path, real_cli):
+    """The console script itself: exit 2, one line, nothing else on stderr (no warnings)."""
+    done = real_cli("train", "--config", tmp_path / "nope.yaml", "--out", tmp_path / "r")
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [f"transformer train: error: {tmp_path / 'nope.yaml'}: config file not found"]
+    assert done.stdout == ""
+
+
+# ---- translate ------------------------------------------------------------------------------
+
+TRANSLATE_CASES = {
+    # id: (extra argv, with {name} replaced by the path of bad[name]; what the message must name)
+    "missing-model": (["--model", "{in.txt}.nothere", "--input", "{in.txt}"], ["in.txt.nothere"]),
+    "corrupt-weights": (["--model", "{corrupt.safetensors}", "--input", "{in.txt}"], ["corrupt.safetensors"]),
+    "no-subwords": (["--model", "{nosubwords}", "--input", "{in.txt}"], ["nosubwords", "subwords.model"]),
+    "input-not-utf8": (["--model", "RUN", "--input", "{latin1.txt}"], ["latin1.txt:3:", "UTF-8"]),
+    "missing-input": (["--model", "RUN", "--input", "{in.txt}.nothere"], ["in.txt.nothere"]),
+    "input-is-dir": (["--model", "RUN", "--input", "{nosubwords}"], ["nosubwords"]),
+    "beam-0": (["--model", "RUN", "--beam", "0", "--input", "{in.txt}"], ["--beam"]),
+    "beam-negative": (["--model", "RUN", "--beam", "-2", "--input", "{in.txt}"], ["--beam"]),
+    "nbest-over-beam": (["--model", "RUN", "--n-best", "5", "--beam", "4", "--input", "{in.txt}"], ["--n-best", "4"]),
+    "nbest-0": (["--model", "RUN", "--n-best", "0", "--input", "{in.txt}"], ["--n-best"]),
+    "max-tokens-0": (["--model", "RUN", "--max-tokens", "0", "--input", "{in.txt}"], ["--max-tokens"]),
+}
+
+
+def _argv(template: list[str], bad: dict[str, Path], run: Path) -> list[str]:
+    out = []
+    for a in template:
+        if a == "RUN":
+            a = str(run)
+        for name, path in bad.items():
+            a = a.replace("{" + name + "}", str(path))
+        out.append(a)
+    return out
+
+
+@pytest.mark.parametrize("case", list(TRANSLATE_CASES))
+def test_translate_bad_input(case, cli, bad, trained, one_line_error):
+    template, mentions = TRANSLATE_CASES[case]
+    out = bad["out"] / "out.txt"
+    r = cli("translate", *_argv(template, bad, trained.run), "--output", out)
+    one_line_error(r, "translate", *mentions)
+    _untouched(bad["out"])
+
+
+@pytest.mark.parametrize("case", ["input-not-utf8", "missing-input", "beam-0"])
+def test_translate_failure_creates_no_output(case, cli, bad, trained, tmp_path, one_line_error):
+    out = tmp_path / "new" / "out.txt"
+    r = cli("translate", *_argv(TRANSLATE_CASES[case][0], bad, trained.run), "--output", out)
+    one_line_error(r, "translate")
+    assert not out.exists() and not (out.parent.exists() and any(out.parent.iterdir()))
+
+
+@pytest.mark.parametrize("command", ["translate", "evaluate"])
+def test_unwritable_output(command, cli, bad, trained, one_line_error):
+    if command == "translate":
+        argv = ["translate", "--model", trained.run, "--input", bad["in.txt"]]
+    else:
+        argv = ["evaluate", "--model", trained.run, "--src", bad["in.txt"], "--ref", bad["in.txt"]]
+    one_line_error(cli(*argv, "--output", bad["out"]), command, str(bad["out"]))
+    _untouched(bad["out"])
+
+
+# ---- evaluate and demo ----------------------------------------------------------------------
+
+EVALUATE_CASES = {
+    "missing-src": (["--src", "{in.txt}.nothere", "--ref", "{in.txt}"], ["in.txt.nothere"]),
+    "ref-not-utf8": (["--src", "{latin1.txt}", "--ref", "{latin1.txt}"], ["latin1.txt:3:"]),
+    "beam-0": (["--src", "{in.txt}", "--ref", "{in.txt}", "--beam", "0"], ["--beam"]),
+    "corrupt-weights": (["--src", "{in.txt}", "--ref", "{in.txt}", "--model", "{corrupt.safetensors}"],
+                        ["corrupt.safetensors"]),
+}
+
+
+@pytest.mark.parametrize("case", list(EVALUATE_CASES))
+def test_evaluate_bad_input(case, cli, bad, trained, one_line_error):
+    template, mentions = EVALUATE_CASES[case]
+    argv = ["evaluate", "--model", str(trained.run), *_argv(template, bad, trained.run)]
+    r = cli(*argv, "--output", bad["out"] / "out.txt")
+    one_line_error(r, "evaluate", *mentions)
+    _untouched(bad["out"])
+
+
+def test_demo_bad_steps(cli, one_line_error):
+    one_line_error(cli("demo", "--steps", "0"), "demo", "--steps")
+
+
+# ---- usage errors and help --------------------------------------------------------------------
+
+def test_usage_errors_exit_2(cli):
+    for argv in ([], ["frobnicate"], ["translate"], ["translate", "--model", "x", "--beam", "two"]):
+        r = cli(*argv)
+        assert r.code == 2, argv
+        assert "usage: transformer" in r.err and "Traceback" not in r.err
+
+
+@pytest.mark.parametrize("command", [None, "demo", "train", "translate", "evaluate", "average"])
+def test_help_exits_0(command, cli):
+    r = cli(*([command] if command else []), "--help")
+    assert r.code == 0 and r.err == ""
+    assert r.out.startswith(f"usage: transformer{' ' + command if command else ''}")
+    if command is None:
+        for name in ("demo", "train", "translate", "evaluate", "average"):
+            assert name in r.out
+
+
+def test_help_real_process(real_cli):
+    done = real_cli("--help")
+    assert done.returncode == 0 and done.stdout.startswith("usage: transformer") and done.stderr == ""

@@ -1,0 +1,117 @@
+"""`transformer evaluate` (sacreBLEU / chrF with signatures, --json) and
+`transformer average` (the mean of the last K checkpoints)."""
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+
+import pytest
+import sacrebleu
+import torch
+from safetensors.torch import load_file
+
+from transformer.translator import load_translator
+
+
+@pytest.fixture(scope="module")
+def expected(trained):
+    """The translations of the validation set and their sacreBLEU scores, computed directly."""
+    src = trained.corpus["valid_src"].read_text(encoding="utf-8").splitlines()
+    ref = trained.corpus["valid_tgt"].read_text(encoding="utf-8").splitlines()
+    hyps = load_translator(trained.run, beam_size=4).translate(src)
+    bleu, chrf = sacrebleu.BLEU(), sacrebleu.CHRF()
+    return {
+        "hyps": hyps,
+        "bleu": bleu.corpus_score(hyps, [ref]).score,
+        "chrf": chrf.corpus_score(hyps, [ref]).score,
+        "bleu_lc": sacrebleu.BLEU(lowercase=True).corpus_score(hyps, [ref]).score,
+        "bleu_signature": str(bleu.get_signature()),  # nrefs:1|case:mixed|eff:no|tok:13a|...
+        "chrf_signature": str(chrf.get_signature()),
+    }
+
+
+def test_evaluate_prints_scores_with_signature(trained, cli, expected):
+    r = cli("evaluate", "--model", trained.run, "--src", trained.corpus["valid_src"], "--ref", trained.corpus["valid_tgt"])
+    assert r.code == 0, r.err
+    assert expected["bleu"] > 1  # the toy model learned something; the score is not trivially 0
+    assert f"BLEU {expected['bleu']:.2f}" in r.out
+    assert f"chrF {expected['chrf']:.2f}" in r.out
+    assert expected["bleu_signature"] in r.out and "case:mixed" in r.out and "tok:13a" in r.out
+    assert "20 sentences" in r.out and "beam 4" in r.out
+
+
+def test_evaluate_json(trained, cli, expected, tmp_path):
+    out = tmp_path / "hyps.txt"
+    r = cli("evaluate", "--model", trained.run, "--src", trained.corpus["valid_src"],
+            "--ref", trained.corpus["valid_tgt"], "--json", "--output", out)
+    assert r.code == 0, r.err
+    data = json.loads(r.out)  # stdout is exactly one JSON document
+    assert data["bleu"] == pytest.approx(expected["bleu"])
+    assert data["chrf"] == pytest.approx(expected["chrf"])
+    assert data["bleu_lc"] == pytest.approx(expected["bleu_lc"])
+    assert data["bleu_signature"] == expected["bleu_signature"]
+    assert data["chrf_signature"] == expected["chrf_signature"]
+    assert data["n_sentences"] == 20 and data["beam"] == 4
+    assert out.read_text(encoding="utf-8").splitlines() == expected["hyps"]
+
+
+def test_evaluate_gzip_and_perfect_score(trained, cli, tmp_path, expected):
+    """Gzipped inputs work, and scoring the system's own output as reference gives 100."""
+    src, ref = tmp_path / "src.gz", tmp_path / "ref.gz"
+    src.write_bytes(gzip.compress(trained.corpus["valid_src"].read_bytes()))
+    ref.write_bytes(gzip.compress("".join(h + "\n" for h in expected["hyps"]).encode()))
+    r = cli("evaluate", "--model", trained.run, "--src", src, "--ref", ref, "--json")
+    assert r.code == 0, r.err
+    assert json.loads(r.out)["bleu"] == pytest.approx(100.0)
+
+
+def test_evaluate_mismatched_line_counts(trained, cli, tmp_path, one_line_error):
+    ref = tmp_path / "short.ref"
+    ref.write_text("".join(trained.corpus["valid_tgt"].read_text().splitlines(keepends=True)[:-2]))
+    out = tmp_path / "out.txt"
+    r = cli("evaluate", "--model", trained.run, "--src", trained.corpus["valid_src"], "--ref", ref, "--output", out)
+    one_line_error(r, "evaluate", trained.corpus["valid_src"], ref, "20", "18")
+    assert not out.exists()
+
+
+# ---- average ----------------------------------------------------------------------------
+
+@pytest.fixture
+def run_copy(trained, tmp_path):
+    dst = tmp_path / "run"
+    shutil.copytree(trained.run, dst)
+    return dst
+
+
+def test_average_last_two(run_copy, cli):
+    r = cli("average", "--model", run_copy, "--last", 2)
+    assert r.code == 0, r.err
+    out = run_copy / "averaged.safetensors"
+    assert out.is_file() and "averaged 2 checkpoints" in r.out and str(out) in r.out
+    avg = load_file(str(out))
+    a = load_file(str(run_copy / "checkpoints/step-0000200/model.safetensors"))
+    b = load_file(str(run_copy / "checkpoints/step-0000300/model.safetensors"))
+    for k in avg:
+        torch.testing.assert_close(avg[k], (a[k].double() + b[k].double()).div(2).float())
+    # translate now uses the averaged weights and still works
+    r = cli("translate", "--model", run_copy, stdin="red dog runs\n")
+    assert r.code == 0 and r.out.strip()
+
+
+def test_average_more_than_available_and_out(run_copy, cli, tmp_path):
+    out = tmp_path / "elsewhere" / "avg.safetensors"
+    r = cli("average", "--model", run_copy, "--last", 10, "--out", out)
+    assert r.code == 0, r.err
+    assert "averaged 3 checkpoints" in r.out and "step-0000100" in r.out and out.is_file()
+    assert not (run_copy / "averaged.safetensors").exists()
+
+
+@pytest.mark.parametrize("last", ["0", "-1"])
+def test_average_last_must_be_positive(run_copy, cli, one_line_error, last):
+    one_line_error(cli("average", "--model", run_copy, "--last", last), "average", "--last")
+    assert not (run_copy / "averaged.safetensors").exists()
+
+
+def test_average_without_checkpoints(cli, tmp_path, one_line_error):
+    one_line_error(cli("average", "--model", tmp_path), "average", str(tmp_path), "no checkpoints")

@@ -1,0 +1,48 @@
+"""`transformer train` on the real Multi30k files with configs/demo.yaml (a toy model, a few
+steps), then resume and translate through the CLI."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = ["model.preset=toy", "train_limit=300", "vocab_size=400", "max_tokens=512", "valid_limit=20",
+        "progress=false", "threads=1", "eval_every=3", "save_every=3", "log_every=1"]
+
+
+@pytest.fixture(scope="module")
+def data_dir() -> Path:
+    env = os.environ.get("TRANSFORMER_DATA")
+    if not env or not (Path(env) / "multi30k" / "train.en.gz").is_file():
+        pytest.skip("needs the Multi30k corpus: set TRANSFORMER_DATA to a folder holding multi30k/*.gz")
+    return Path(env)
+
+
+def test_train_resume_translate_multi30k(data_dir, cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the default --out is runs/<config name>, relative to the cwd
+    sets = [a for s in TINY for a in ("--set", s)]
+    r = cli("train", "--config", REPO / "configs/demo.yaml", "--data-dir", data_dir, *sets, "--set", "max_steps=3")
+    assert r.code == 0, r.err
+    run = tmp_path / "runs" / "demo"
+    assert "run directory: runs/demo" in r.out
+    assert "training pairs: 300" in r.out
+    for name in ("config.yaml", "subwords.model", "metrics.jsonl", "best.safetensors", "learning_curve.png",
+                 "checkpoints/step-0000003/model.safetensors", "checkpoints/step-0000003/state.pt"):
+        assert (run / name).is_file(), name
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    assert saved["dataset"] == "multi30k" and saved["src_lang"] == "en" and saved["tgt_lang"] == "de"
+    assert saved["model"] == {"preset": "toy", "dropout": 0.1}  # demo.yaml's dropout, --set's preset
+    assert saved["max_steps"] == 3 and saved["data_dir"] == str(data_dir)
+
+    r = cli("train", "--config", REPO / "configs/demo.yaml", "--data-dir", data_dir, *sets, "--set", "max_steps=4")
+    assert r.code == 0, r.err
+    assert "resumed from" in r.out and "(step 3)" in r.out and "stopped at step 4" in r.out
+    assert (run / "checkpoints/step-0000004/model.safetensors").is_file()
+
+    r = cli("translate", "--model", run, "--beam", 2, stdin="A man is riding a bicycle.\n\nTwo dogs play.\n")
+    assert r.code == 0, r.err
+    out = r.out.split("\n")
+    assert len(out) == 4 and out[1] == "" and out[3] == ""

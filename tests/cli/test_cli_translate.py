@@ -1,0 +1,160 @@
+"""`transformer translate`: stdin to stdout, files, input order, empty and overlong lines,
+n-best lists, greedy decoding."""
+from __future__ import annotations
+
+import os
+import random
+import re
+import stat
+
+import pytest
+
+from transformer.translator import load_translator
+
+LINES = [
+    "red dog runs", "the big cat sits under the tree", "a woman plays with a ball near the house",
+    "small bird", "the man sees a green car", "child eats", "blue water near the park",
+    "a cat and a dog", "big tree", "the woman runs with the child in the street", "green ball", "man sits",
+]
+
+
+@pytest.fixture(scope="module")
+def alone(trained):
+    """line -> its translation when translated on its own (beam 4, the CLI's default)."""
+    tr = load_translator(trained.run, beam_size=4)
+    return {line: tr.translate([line])[0] for line in LINES}
+
+
+def test_stdin_to_stdout_real_process(trained, alone, real_cli):
+    text = "".join(line + "\n" for line in LINES[:3])
+    done = real_cli("translate", "--model", trained.run, input=text)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [alone[line] for line in LINES[:3]]
+    assert "Traceback" not in done.stderr
+
+
+def test_translations_are_plausible(alone, target_words):
+    """The toy model learned the word-for-word mapping at least partly, so the order tests
+    below compare input-dependent outputs, not one constant string."""
+    words = [w for t in alone.values() for w in t.split()]
+    assert sum(w in target_words for w in words) > 0.6 * len(words)
+    assert len(set(alone.values())) >= len(LINES) - 1
+
+
+@pytest.mark.parametrize("max_tokens", [4000, 12])  # one batch / many batches
+def test_output_order_equals_input_order(trained, cli, alone, max_tokens):
+    lines = LINES * 2
+    random.Random(max_tokens).shuffle(lines)
+    r = cli("translate", "--model", trained.run, "--max-tokens", max_tokens, stdin="\n".join(lines) + "\n")
+    assert r.code == 0, r.err
+    assert r.out.splitlines() == [alone[line] for line in lines]
+
+
+def test_input_and_output_files(trained, cli, alone, tmp_path):
+    src, out = tmp_path / "in.txt", tmp_path / "sub" / "out.txt"
+    src.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    r = cli("translate", "--model", trained.run, "--input", src, "--output", out)
+    assert r.code == 0, r.err
+    assert r.out == ""  # everything went to the file
+    assert out.read_text(encoding="utf-8") == "".join(alone[line] + "\n" for line in LINES)
+    assert sorted(p.name for p in out.parent.iterdir()) == ["out.txt"]  # no temporary left behind
+
+
+def test_output_may_overwrite_the_input(trained, cli, alone, tmp_path):
+    path = tmp_path / "text.txt"
+    path.write_text("red dog runs\nsmall bird\n", encoding="utf-8")
+    r = cli("translate", "--model", trained.run, "--input", path, "--output", path)
+    assert r.code == 0, r.err
+    assert path.read_text(encoding="utf-8") == f"{alone['red dog runs']}\n{alone['small bird']}\n"
+
+
+def test_input_file_without_final_newline(trained, cli, alone, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("red dog runs\nsmall bird", encoding="utf-8")
+    r = cli("translate", "--model", trained.run, "--input", src)
+    assert r.out.splitlines() == [alone["red dog runs"], alone["small bird"]]
+
+
+def test_empty_lines_keep_their_position(trained, cli, alone):
+    lines = ["red dog runs", "", "small bird", "   ", "\t", "man sits"]
+    r = cli("translate", "--model", trained.run, stdin="\n".join(lines) + "\n")
+    assert r.code == 0, r.err
+    assert r.out.split("\n") == [alone["red dog runs"], "", alone["small bird"], "", "", alone["man sits"], ""]
+
+
+def test_trailing_empty_line_on_stdin(trained, cli, alone):
+    r = cli("translate", "--model", trained.run, stdin="red dog runs\n\n")
+    assert r.out == alone["red dog runs"] + "\n\n"
+
+
+def test_trailing_empty_line_in_input_file(trained, cli, alone, tmp_path):
+    src = tmp_path / "in.txt"
+    src.write_text("red dog runs\n\n", encoding="utf-8")
+    r = cli("translate", "--model", trained.run, "--input", src)
+    assert r.out == alone["red dog runs"] + "\n\n"
+
+
+def test_overlong_line_warns_and_still_translates(trained, cli, alone):
+    long_line = " ".join(["dog", "cat", "tree", "runs"] * 500)  # 2000 words, far over max_len
+    r = cli("translate", "--model", trained.run, stdin=f"red dog runs\n{long_line}\nsmall bird\n")
+    assert r.code == 0, r.err
+    out = r.out.split("\n")
+    assert len(out) == 4 and out[3] == ""
+    assert out[0] == alone["red dog runs"] and out[2] == alone["small bird"]
+    assert out[1].strip()  # a translation of the line's beginning
+    warnings = [line for line in r.err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "1 line(s) longer than" in warnings[0], r.err
+    assert "Traceback" not in r.err
+
+
+def test_n_best(trained, cli, alone):
+    lines = ["red dog runs", "", "small bird"]
+    r = cli("translate", "--model", trained.run, "--n-best", 3, "--beam", 4, stdin="\n".join(lines) + "\n")
+    assert r.code == 0, r.err
+    rows = [line.split("\t") for line in r.out.splitlines()]
+    assert len(rows) == 9 and all(len(row) == 3 for row in rows)
+    assert [int(row[0]) for row in rows] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    for i in (0, 2):
+        group = rows[3 * i: 3 * i + 3]
+        scores = [float(row[1]) for row in group]
+        assert scores == sorted(scores, reverse=True) and all(s < 0 for s in scores)
+        assert all(re.fullmatch(r"-?\d+\.\d{4}", row[1]) for row in group)
+        assert len({row[2] for row in group}) >= 2  # not one hypothesis repeated
+        assert group[0][2] == alone[lines[i]]  # the best one is the 1-best translation
+    assert rows[3:6] == [["1", "0.0000", ""]] * 3  # an empty line: empty hypotheses
+
+
+def test_greedy(trained, cli):
+    greedy = load_translator(trained.run, beam_size=1)
+    r = cli("translate", "--model", trained.run, "--beam", 1, stdin="\n".join(LINES) + "\n")
+    assert r.code == 0, r.err
+    assert r.out.splitlines() == greedy.translate(LINES)
+    r2 = cli("translate", "--model", trained.run, "--beam", 1, "--n-best", 1, "--input", os.devnull)
+    assert r2.code == 0 and r2.out == ""  # no input, no output
+
+
+def test_model_as_weights_file(trained, cli, alone):
+    r = cli("translate", "--model", trained.run / "best.safetensors", stdin="red dog runs\n")
+    assert r.code == 0, r.err
+    assert r.out == alone["red dog runs"] + "\n"
+
+
+def test_output_file_has_ordinary_permissions(trained, cli, tmp_path):
+    old = os.umask(0o022)
+    try:
+        out = tmp_path / "out.txt"
+        r = cli("translate", "--model", trained.run, "--output", out, stdin="red dog runs\n")
+        assert r.code == 0
+        assert stat.S_IMODE(out.stat().st_mode) == 0o644
+    finally:
+        os.umask(old)
+
+
+def test_invalid_utf8_on_stdin_real_process(trained, real_cli):
+    """Bytes that are not UTF-8 on stdin: a one-line error naming stdin, never a traceback."""
+    done = real_cli("translate", "--model", trained.run, input=b"red dog\n\xff\xfe cat\n",
+                    env={"LC_ALL": "C.UTF-8", "PYTHONIOENCODING": "utf-8"})
+    err = done.stderr.decode("utf-8", "replace")
+    assert "Traceback" not in err and done.returncode == 2, err
+    assert err.startswith("transformer translate: error: ") and len(err.splitlines()) == 1
+    assert "stdin" in err and ":2" in err

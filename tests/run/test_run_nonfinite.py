@@ -1,0 +1,80 @@
+"""Non-finite losses: an update whose loss is NaN is skipped (weights untouched) and logged
+as ``skipped_step``; after ``max_bad_steps`` in a row the run stops with a UserError that
+points at the last good checkpoint."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from transformer.errors import UserError
+from transformer.train.checkpoint import checkpoint_dirs, latest_checkpoint, unique_state_dict
+from transformer.train.trainer import Trainer
+
+
+def nan_on_updates(trainer: Trainer, pred) -> None:
+    """Make the training forward passes of update k (1-based) return NaN logits when pred(k).
+
+    Patches only this trainer's model (its training-mode forward), so validation is untouched
+    and the test does not depend on how train_step computes the loss."""
+    model, real = trainer.model, trainer.model.forward
+    calls = {"n": 0}
+
+    def forward(*args, **kwargs):
+        out = real(*args, **kwargs)
+        if model.training:
+            calls["n"] += 1  # accum_steps=1: one forward per update
+            if pred(calls["n"]):
+                out = out * float("nan")
+        return out
+
+    model.forward = forward
+
+
+def test_isolated_nan_step_is_skipped_and_counted(tmp_path, make_cfg, metrics):
+    trainer = Trainer(make_cfg("max_steps=5"), tmp_path / "run", log=lambda *a: None)
+    nan_on_updates(trainer, lambda k: k == 3)
+    result = trainer.train()
+    assert result["step"] == 5 and result["reason"] == "max_steps"
+    recs = metrics(tmp_path / "run")
+    skipped = [r for r in recs if r.get("event") == "skipped_step"]
+    assert len(skipped) == 1 and skipped[0]["step"] == 2  # the update after step 2 was skipped
+    assert [r["step"] for r in recs if "event" not in r] == [1, 2, 3, 4, 5]
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+
+
+def test_persistent_nan_stops_with_user_error(tmp_path, make_cfg, metrics):
+    run = tmp_path / "run"
+    trainer = Trainer(make_cfg("max_steps=50", "save_every=2", "max_bad_steps=3"), run, log=lambda *a: None)
+    nan_on_updates(trainer, lambda k: k > 4)  # steps 1-4 are fine, every later update is NaN
+    with pytest.raises(UserError) as e:
+        trainer.train()
+    msg = str(e.value)
+    assert "last good checkpoint" in msg and str(run) in msg and "\n" not in msg
+    assert trainer.step == 4
+    skipped = [r for r in metrics(run) if r.get("event") == "skipped_step"]
+    assert len(skipped) == 3 and all(r["step"] == 4 for r in skipped)
+    # The last good checkpoint exists, is complete and finite, and a run resumes from it.
+    latest = latest_checkpoint(run)
+    assert latest is not None and latest.name == "step-0000004"
+    weights = load_file(str(latest / "model.safetensors"))
+    assert all(torch.isfinite(t).all() for t in weights.values())
+    now = unique_state_dict(trainer.model)  # the skipped updates left the weights alone
+    assert all(torch.equal(now[k], weights[k]) for k in weights)
+    resumed = Trainer(make_cfg("max_steps=50", "save_every=2", "max_bad_steps=3", "max_steps=5"), run,
+                      log=lambda *a: None)
+    assert resumed.step == 4
+    assert resumed.train()["step"] == 5
+    recs = [r for r in metrics(run) if "event" not in r]
+    assert math.isfinite(recs[-1]["loss"]) and recs[-1]["step"] == 5
+
+
+def test_nan_stop_before_first_save_leaves_the_promised_checkpoint(tmp_path, make_cfg):
+    run = tmp_path / "run"
+    trainer = Trainer(make_cfg("max_steps=50", "save_every=1000", "max_bad_steps=2"), run, log=lambda *a: None)
+    nan_on_updates(trainer, lambda k: k > 2)
+    with pytest.raises(UserError, match="last good checkpoint"):
+        trainer.train()
+    assert checkpoint_dirs(run), "the error message promises a checkpoint that was never written"
