@@ -30,14 +30,15 @@ def attention(
         q: (B, H, T_q, D); k, v: (B, H, T_k, D)
         mask: bool, broadcastable to (B, H, T_q, T_k), True = may attend.
         dropout_p: dropout on the attention weights (pass 0.0 in eval mode).
-        need_weights: also return the weights. Without it, torch's fused kernel runs.
+        need_weights: also return the weights. Without it, torch's fused kernel runs where
+            it is the faster one (see ``_fused_pays``).
 
     Returns:
         output (B, H, T_q, D) and weights (B, H, T_q, T_k) or None.
         A query whose keys are all masked gets all-zero weights and a zero output
         (finite forward and backward), in both paths.
     """
-    if not need_weights:
+    if not need_weights and _fused_pays(q):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         return out, None
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, T_q, T_k)
@@ -47,7 +48,14 @@ def attention(
     if mask is not None:  # a fully masked row would otherwise be uniform over padding
         weights = weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
     dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
-    return dropped @ v, weights
+    return dropped @ v, (weights if need_weights else None)
+
+
+def _fused_pays(q: Tensor) -> bool:
+    """torch's fused CPU kernel is faster in fp32, but 1.5-7x slower than the explicit
+    matmul-softmax-matmul in bf16 / fp16, forward + backward, at translation-sized shapes
+    (measured with torch 2.13 on an AVX512-BF16 CPU; see benchmarks/README.md)."""
+    return q.device.type != "cpu" or q.dtype not in (torch.bfloat16, torch.float16)
 
 
 class MultiHeadAttention(nn.Module):

@@ -33,9 +33,12 @@ def label_smoothed_nll_loss(
     return loss.sum(), nll.sum(), keep.sum()
 
 
-def _upcast(x: Tensor) -> Tensor:
-    """bf16 / fp16 -> fp32 for the softmax statistics; fp32 and fp64 stay as they are."""
-    return x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
+_CHUNK_ELEMENTS = 1 << 18  # rows are processed in ~1 MB fp32 blocks that stay in cache
+
+
+def _row_chunks(n_rows: int, vocab: int):
+    step = max(1, _CHUNK_ELEMENTS // vocab)
+    return ((i, min(i + step, n_rows)) for i in range(0, n_rows, step))
 
 
 class _LabelSmoothedCE(torch.autograd.Function):
@@ -44,30 +47,41 @@ class _LabelSmoothedCE(torch.autograd.Function):
     With lse = logsumexp(x):  loss = (1 - eps) * (lse - x_y) + eps * (lse - mean(x)),
     and d loss / d x = softmax(x) - (1 - eps) * onehot(y) - eps / V.
     The autograd graph of log_softmax + gather + mean keeps and re-reads several (N, V)
-    tensors; this keeps only the logits and writes the gradient once.
+    fp32 tensors; this keeps only the logits (in their own dtype), works through them in
+    cache-sized blocks of rows, and writes the gradient once.
     """
 
     @staticmethod
     def forward(ctx, logits: Tensor, target: Tensor, epsilon: float):  # noqa: D102
-        x = _upcast(logits)
-        lse = torch.logsumexp(x, dim=-1)  # (N,)
-        nll = lse - x.gather(1, target[:, None]).squeeze(1)
-        smooth = lse - x.mean(dim=-1)
+        n, vocab = logits.shape
+        acc = torch.float64 if logits.dtype == torch.float64 else torch.float32
+        lse = torch.empty(n, dtype=acc, device=logits.device)
+        mean = torch.empty(n, dtype=acc, device=logits.device)
+        for a, b in _row_chunks(n, vocab):
+            x = logits[a:b].to(acc)
+            lse[a:b] = torch.logsumexp(x, dim=-1)
+            mean[a:b] = x.mean(dim=-1)
+        x_y = logits.gather(1, target[:, None]).squeeze(1).to(acc)
+        nll = lse - x_y
+        loss = (1.0 - epsilon) * nll + epsilon * (lse - mean)
         ctx.save_for_backward(logits, target, lse)
         ctx.epsilon = epsilon
-        loss = (1.0 - epsilon) * nll + epsilon * smooth
         return loss.sum(), nll.sum()
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor, grad_nll: Tensor):  # noqa: D102
         logits, target, lse = ctx.saved_tensors
-        eps, vocab = ctx.epsilon, logits.size(-1)
+        eps, (n, vocab) = ctx.epsilon, logits.shape
         # d(loss_sum)/dx and d(nll_sum)/dx share softmax(x); combine both upstream grads.
-        w_onehot = (1.0 - eps) * grad_loss + grad_nll
-        grad = torch.exp(_upcast(logits) - lse[:, None]).mul_(grad_loss + grad_nll)
-        grad.sub_(eps * grad_loss / vocab)
-        grad.scatter_add_(1, target[:, None], (-w_onehot).expand(target.size(0), 1).to(grad.dtype))
-        return grad.to(logits.dtype), None, None
+        g_soft = float(grad_loss + grad_nll)
+        g_uniform = float(eps * grad_loss / vocab)
+        g_onehot = float((1.0 - eps) * grad_loss + grad_nll)
+        grad = torch.empty_like(logits)
+        for a, b in _row_chunks(n, vocab):
+            g = logits[a:b].to(lse.dtype, copy=True).sub_(lse[a:b, None]).exp_().mul_(g_soft).sub_(g_uniform)
+            g.scatter_add_(1, target[a:b, None], g.new_full((b - a, 1), -g_onehot))
+            grad[a:b] = g
+        return grad, None, None
 
 
 def fused_label_smoothed_nll_loss(
