@@ -1,20 +1,28 @@
 """The ``transformer`` command. Each sub-command lives in its own module of this package
-and exposes ``add_parser(subparsers)``, which registers it and sets ``func``."""
+and exposes ``add_parser(subparsers)``, which registers it and sets ``func``; modules are
+found by name, so a new command is a new file here and nothing else."""
 from __future__ import annotations
 
 import argparse
 import importlib
+import pkgutil
 import sys
 
 from ..errors import UserError
 
-COMMANDS = ["demo", "train", "translate", "evaluate", "average"]  # module names in this package, one per sub-command
+# The order in `transformer --help`; any other command module follows alphabetically.
+ORDER = ["demo", "train", "translate", "evaluate", "average"]
+
+
+def command_modules() -> list[str]:
+    found = {m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")}
+    return [n for n in ORDER if n in found] + sorted(found - set(ORDER))
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="transformer", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMANDS:
+    for name in command_modules():
         importlib.import_module(f"{__name__}.{name}").add_parser(sub)
     return parser
 
