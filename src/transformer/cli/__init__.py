@@ -20,7 +20,8 @@ def command_modules() -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="transformer", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="transformer", description="Train, use and look inside a from-scratch Transformer (Vaswani et al., 2017).")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in command_modules():
         importlib.import_module(f"{__name__}.{name}").add_parser(sub)
