@@ -33,6 +33,10 @@ class PrefixCache:
     def index_select(self, index: Tensor) -> "PrefixCache":
         return PrefixCache(self.src.index_select(0, index), self.prefix.index_select(0, index))
 
+    def expand(self, group: int) -> "PrefixCache":
+        """``group`` consecutive rows per sentence, as KVCache.expand."""
+        return self.index_select(torch.arange(self.src.size(0)).repeat_interleave(group))
+
 
 class TableModel:
     """``probs(src, prefix) -> {token: probability}``; tokens left out get probability 0.

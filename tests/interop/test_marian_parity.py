@@ -306,7 +306,6 @@ def test_import_rejects_other_models():
 @pytest.mark.parametrize(
     "overrides, match",
     [
-        (dict(sinusoid_layout="interleaved"), "concat"),
         (dict(norm_first=True), "post-norm"),
         (dict(final_norm=True), "final LayerNorm"),
         (dict(ffn_activation="swiglu"), "swiglu"),

@@ -77,3 +77,37 @@ def test_cross_attention_kv_is_computed_once(make_model, rand_tokens):
         assert after[0] is before[0] and after[1] is before[1]  # the same tensors: never recomputed
     assert grown.memory_mask is cache.memory_mask
     assert cache.length == 0  # decode() returns a new cache and leaves its input as it was
+
+
+def test_grouped_cache_equals_replicated_cross_attention():
+    """Beams of one sentence share its cross-attention K/V (group > 1): the logits and the
+    weights must equal those of a cache that holds one copy per row."""
+    from transformer import ModelConfig, Transformer
+
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=20, d_model=16, n_heads=2, d_ff=32, n_layers=2, dropout=0.0)).eval()
+    src = torch.tensor([[5, 6, 7, 2], [8, 9, 2, 0]])
+    group = 3
+    memory = model.encode(src)
+    grouped = model.start_cache(memory, src).expand(group)
+    rows = torch.arange(2).repeat_interleave(group)
+    replicated = model.start_cache(memory, src).index_select(rows)
+    assert grouped.group == group and grouped.cross_kv[0][0].size(0) == 2
+    assert replicated.group == 1 and replicated.cross_kv[0][0].size(0) == 2 * group
+    tokens = torch.randint(3, 20, (2 * group, 4))
+    for t in range(4):
+        step = tokens[:, t : t + 1]
+        lg, grouped, wg = model.decode(step, grouped, return_weights=True)
+        lr, replicated, wr = model.decode(step, replicated, return_weights=True)
+        assert torch.allclose(lg, lr, atol=1e-6)
+        for (sg, cg), (sr, cr) in zip(wg, wr):
+            assert cg.shape == cr.shape == (2 * group, 2, 1, 4)
+            assert torch.allclose(cg, cr, atol=1e-6) and torch.allclose(sg, sr, atol=1e-6)
+        # a beam reorder that keeps both sentences copies no cross K/V ...
+        order = torch.tensor([2, 0, 0, 4, 5, 3])
+        grouped, replicated = grouped.index_select(order), replicated.index_select(order)
+        assert grouped.cross_kv[0][0].size(0) == 2
+    # ... and pruning the first sentence keeps only the second one's
+    pruned = grouped.index_select(torch.tensor([3, 4, 5]))
+    assert pruned.cross_kv[0][0].size(0) == 1
+    assert torch.equal(pruned.memory_mask, grouped.memory_mask[1:])

@@ -36,6 +36,7 @@ def beam_search(
     n_best: int = 1,
     max_len_a: float = 1.0,
     max_len_b: int = 50,
+    min_length: int = 0,
 ) -> list[list[Hypothesis]]:
     """Decode a batch with beam search.
 
@@ -46,6 +47,8 @@ def beam_search(
         alpha: length-penalty exponent (0.6 in the paper; 0 = raw log-probability).
         n_best: hypotheses returned per sentence (1 <= n_best <= K).
         max_len_a, max_len_b: at most a * src_len + b tokens per sentence (EOS included).
+        min_length: EOS is blocked before this many tokens (EOS included); the length
+            limit wins where the two disagree.
 
     Returns:
         For each sentence, its ``n_best`` hypotheses, best first.
@@ -57,7 +60,7 @@ def beam_search(
     batch, device = src.size(0), src.device
     limits = max_output_lengths(src, cfg, max_len_a, max_len_b)
     cache = model.start_cache(model.encode(src), src)
-    cache = cache.index_select(torch.arange(batch, device=device).repeat_interleave(k))  # row = b*K + j
+    cache = cache.expand(k)  # row = b*K + j; the K rows of a sentence share its cross-attention K/V
 
     alive = torch.arange(batch, device=device)  # sentence index of each group of K rows
     seqs = torch.empty((batch * k, 0), dtype=torch.long, device=device)  # generated ids, no BOS, no EOS
@@ -71,6 +74,8 @@ def beam_search(
         n_alive = alive.numel()
         logits, cache = model.decode(last, cache)
         lp = next_token_logprobs(logits[:, -1], cfg)  # (A*K, V)
+        if step < min_length:
+            lp[:, cfg.eos_id] = float("-inf")
         at_limit = limits[alive] <= step  # (A,)
         force_eos(lp, at_limit.repeat_interleave(k), cfg.eos_id)
 

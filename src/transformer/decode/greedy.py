@@ -8,7 +8,8 @@ from .common import Hypothesis, force_eos, max_output_lengths, next_token_logpro
 
 
 @torch.no_grad()
-def greedy_search(model, src: Tensor, max_len_a: float = 1.0, max_len_b: int = 50) -> list[list[Hypothesis]]:
+def greedy_search(model, src: Tensor, max_len_a: float = 1.0, max_len_b: int = 50,
+                  min_length: int = 0) -> list[list[Hypothesis]]:
     """Decode a batch greedily.
 
     Args:
@@ -16,6 +17,7 @@ def greedy_search(model, src: Tensor, max_len_a: float = 1.0, max_len_b: int = 5
         src: (B, S) source ids, right-padded.
         max_len_a, max_len_b: each sentence generates at most a * src_len + b tokens; EOS
             is forced at the limit.
+        min_length: EOS is blocked until this many tokens (EOS included) could be reached.
 
     Returns:
         For each sentence, a list holding one :class:`Hypothesis`.
@@ -35,6 +37,8 @@ def greedy_search(model, src: Tensor, max_len_a: float = 1.0, max_len_b: int = 5
         step += 1
         logits, cache = model.decode(last, cache)
         lp = next_token_logprobs(logits[:, -1], cfg)
+        if step < min_length:
+            lp[:, cfg.eos_id] = float("-inf")
         force_eos(lp, limits[alive] <= step, cfg.eos_id)
         best_lp, best = lp.max(dim=-1)  # (A,)
         tokens[alive, step - 1] = best

@@ -5,10 +5,12 @@ Hugging Face Marian (import and export).
 when a Marian function is called.
 """
 from .marian import config_from_marian, config_to_marian, from_marian, load_marian, save_marian, to_marian
+from .layout import to_concat_layout
 from .torch_nn import load_from_torch_nn
 
 __all__ = [
     "load_from_torch_nn",
+    "to_concat_layout",
     "from_marian",
     "load_marian",
     "to_marian",

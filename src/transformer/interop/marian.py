@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from ..config import ModelConfig
 from ..model import Transformer
 from ..model.embedding import sinusoid_table
+from .layout import to_concat_layout
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import MarianConfig, MarianMTModel
@@ -252,7 +253,9 @@ def load_marian(path: str | Path) -> Transformer:
 def to_marian(model: Transformer) -> "MarianMTModel":
     """A ``transformers.MarianMTModel`` computing the same logits as ``model``.
 
-    The model needs what HF Marian has: ``sinusoid_layout='concat'``, post-norm, no final
+    A model with the paper's interleaved positions is first converted, exactly, to the
+    [sin | cos] layout (:func:`~transformer.interop.layout.to_concat_layout`).
+    The model needs what HF Marian has: post-norm, no final
     LayerNorm, relu/gelu/silu and layer_norm_eps 1e-5 (ValueError otherwise). A model
     without ``output_bias`` gets a zero ``final_logits_bias``. The generation config blocks
     PAD (and BOS) as next tokens, as our own searches do. Takes the model's dtype, device and
@@ -261,6 +264,7 @@ def to_marian(model: Transformer) -> "MarianMTModel":
     from transformers import MarianMTModel
 
     where = "to_marian"
+    model = to_concat_layout(model)  # the paper's interleaved positions -> Marian's [sin | cos]
     cfg = model.cfg
     hf = MarianMTModel(config_to_marian(cfg))
     _check_positions(model, hf, where)

@@ -1,8 +1,9 @@
 """The decoder's KV cache: an explicit object passed into ``decode()`` and returned by it."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+import torch
 from torch import Tensor
 
 
@@ -11,16 +12,19 @@ class KVCache:
     """State carried between decoding steps, per decoder layer.
 
     Attributes:
-        cross_kv: per layer, cross-attention (K, V), each (B, H, S, D), projected from the
-            encoder output once, when the cache is started.
-        self_kv: per layer, masked self-attention (K, V), each (B, H, T, D) for the T target
-            positions decoded so far (None before the first step).
-        memory_mask: (B, 1, 1, S) source padding mask, True = may attend.
+        cross_kv: per layer, cross-attention (K, V), each (B_src, H, S, D), projected from
+            the encoder output once, when the cache is started.
+        self_kv: per layer, masked self-attention (K, V), each (B_src * group, H, T, D) for
+            the T target positions decoded so far (None before the first step).
+        memory_mask: (B_src, 1, 1, S) source padding mask, True = may attend.
+        group: decoder rows per source sentence (the beam size in beam search). The rows
+            of one sentence share its cross-attention K/V instead of holding copies.
     """
 
     cross_kv: tuple[tuple[Tensor, Tensor], ...]
     self_kv: tuple[tuple[Tensor, Tensor] | None, ...]
     memory_mask: Tensor
+    group: int = 1
 
     @property
     def length(self) -> int:
@@ -30,16 +34,32 @@ class KVCache:
 
     @property
     def batch_size(self) -> int:
-        return self.memory_mask.size(0)
+        """Decoder rows."""
+        return self.memory_mask.size(0) * self.group
+
+    def expand(self, group: int) -> "KVCache":
+        """``group`` decoder rows per sentence (row = sentence * group + j), e.g. for beams."""
+        if self.group != 1:
+            raise ValueError("expand() works on a cache with one row per sentence")
+        self_kv = tuple(None if kv is None else (kv[0].repeat_interleave(group, 0), kv[1].repeat_interleave(group, 0))
+                        for kv in self.self_kv)
+        return replace(self, self_kv=self_kv, group=group)
 
     def index_select(self, index: Tensor) -> "KVCache":
-        """Keep / reorder / repeat batch rows (beam reordering, pruning finished sentences)."""
+        """Keep / reorder / repeat decoder rows (beam reordering, pruning finished sentences).
 
-        def pick(kv):
-            return None if kv is None else (kv[0].index_select(0, index), kv[1].index_select(0, index))
+        With ``group`` > 1, ``index`` must keep rows in groups of ``group``, each group
+        taken from one sentence (as beam search does); the sentences' cross-attention K/V
+        are gathered only when the set of sentences changes.
+        """
 
-        return KVCache(
-            cross_kv=tuple(pick(kv) for kv in self.cross_kv),
-            self_kv=tuple(pick(kv) for kv in self.self_kv),
-            memory_mask=self.memory_mask.index_select(0, index),
-        )
+        def pick(kv, idx):
+            return None if kv is None else (kv[0].index_select(0, idx), kv[1].index_select(0, idx))
+
+        self_kv = tuple(pick(kv, index) for kv in self.self_kv)
+        sources = index.view(-1, self.group)[:, 0] // self.group if self.group > 1 else index
+        n_src = self.memory_mask.size(0)
+        if sources.numel() == n_src and bool((sources == torch.arange(n_src, device=index.device)).all()):
+            return replace(self, self_kv=self_kv)  # same sentences, same order: nothing to copy
+        return KVCache(cross_kv=tuple(pick(kv, sources) for kv in self.cross_kv), self_kv=self_kv,
+                       memory_mask=self.memory_mask.index_select(0, sources), group=self.group)

@@ -96,15 +96,17 @@ class DecoderLayer(nn.Module):
         self_mask: Tensor | None,
         memory_mask: Tensor | None,
         need_weights: bool = False,
+        group: int = 1,
     ):
         """One decoder layer on the new target positions.
 
         Args:
             x: (B, T_new, C) the positions being decoded now.
             past_kv: self-attention K, V (B, H, T_past, D) of earlier positions, or None.
-            cross_kv: K, V (B, H, S, D) projected from the encoder output (computed once).
+            cross_kv: K, V (B / group, H, S, D) projected from the encoder output (computed once).
             self_mask: (1, 1, T_new, T_past + T_new) causal mask, or None when T_new == 1.
-            memory_mask: (B, 1, 1, S) source padding mask.
+            memory_mask: (B / group, 1, 1, S) source padding mask.
+            group: consecutive rows of x that belong to one source sentence (beams).
 
         Returns:
             x (B, T_new, C), the self-attention K, V now covering T_past + T_new
@@ -119,9 +121,21 @@ class DecoderLayer(nn.Module):
             out, w = self.self_attn(h, k, v, self_mask, need_weights)
             return out, (k, v, w)
 
+        def cross_attention(h: Tensor):
+            if group == 1:
+                return self.cross_attn(h, cross_kv[0], cross_kv[1], memory_mask, need_weights)
+            # The `group` rows of a sentence share its K/V: attend as one row with
+            # group * T_new queries (queries are independent), then split the rows again.
+            n, t, c = h.shape
+            out, w = self.cross_attn(h.reshape(n // group, group * t, c), cross_kv[0], cross_kv[1],
+                                     memory_mask, need_weights)
+            if w is not None:  # (B_src, H, group*T, S) -> (B_src*group, H, T, S)
+                b, heads, _, s_len = w.shape
+                w = w.view(b, heads, group, t, s_len).transpose(1, 2).reshape(n, heads, t, s_len)
+            return out.reshape(n, t, c), w
+
         x, (k, v, self_w) = self.self_block(x, masked_self_attention)
-        x, cross_w = self.cross_block(
-            x, lambda h: self.cross_attn(h, cross_kv[0], cross_kv[1], memory_mask, need_weights))
+        x, cross_w = self.cross_block(x, cross_attention)
         x, _ = self.ffn_block(x, lambda h: (self.ffn(h), None))
         return x, (k, v), (self_w, cross_w)
 

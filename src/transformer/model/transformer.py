@@ -50,12 +50,12 @@ class Decoder(nn.Module):
         self_mask = None if t_new == 1 else masks.causal_mask(t_new, t_past + t_new, x.device)
         new_self_kv, weights = [], []
         for layer, past, cross in zip(self.layers, cache.self_kv, cache.cross_kv):
-            x, kv, w = layer(x, past, cross, self_mask, cache.memory_mask, need_weights)
+            x, kv, w = layer(x, past, cross, self_mask, cache.memory_mask, need_weights, cache.group)
             new_self_kv.append(kv)
             weights.append(w)
         if self.norm is not None:
             x = self.norm(x)
-        return x, KVCache(cache.cross_kv, tuple(new_self_kv), cache.memory_mask), weights
+        return x, KVCache(cache.cross_kv, tuple(new_self_kv), cache.memory_mask, cache.group), weights
 
 
 class Transformer(nn.Module):
