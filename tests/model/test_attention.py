@@ -184,3 +184,21 @@ def test_heads_are_independent_slices_of_the_projection():
     per_head = sum(heads[:, i] @ w_o[:, i * d:(i + 1) * d].T for i in range(HEADS))
     out, _ = mha(x, k, v)
     torch.testing.assert_close(out, per_head + mha.out_proj.bias, rtol=0, atol=1e-5)
+
+
+def test_dropout_rate_scale_and_reproducibility():
+    from transformer.model.dropout import Dropout
+
+    d = Dropout(0.1).train()
+    x = torch.ones(400, 500)
+    torch.manual_seed(3)
+    y = d(x)
+    dropped = (y == 0).float().mean().item()
+    assert abs(dropped - 0.1) < 0.005  # 200k draws: the standard error is 0.0007
+    assert torch.allclose(y[y != 0], torch.tensor(1 / 0.9))
+    assert abs(y.mean().item() - 1.0) < 0.01  # inverted dropout keeps the expectation
+    torch.manual_seed(3)
+    assert torch.equal(d(x), y)  # the global generator drives it
+    assert torch.equal(d.eval()(x), x)
+    with pytest.raises(ValueError, match="dropout"):
+        Dropout(1.0)

@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .dropout import dropout_mask
+
 
 def attention(
     q: Tensor,
@@ -47,8 +49,10 @@ def attention(
     weights = scores.softmax(dim=-1)
     if mask is not None:  # a fully masked row would otherwise be uniform over padding
         weights = weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
-    dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
-    return dropped @ v, (weights if need_weights else None)
+    used = weights
+    if dropout_p > 0:
+        used = weights * dropout_mask(weights.shape, dropout_p, weights.device, weights.dtype)
+    return used @ v, (weights if need_weights else None)
 
 
 def _fused_pays(q: Tensor) -> bool:

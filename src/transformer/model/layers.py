@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from ..config import ModelConfig
 from .attention import MultiHeadAttention
+from .dropout import Dropout
 
 
 class FeedForward(nn.Module):
@@ -46,7 +47,7 @@ class SublayerConnection(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
         self.norm_first = cfg.norm_first
 
     def forward(self, x: Tensor, sublayer: Callable[[Tensor], tuple[Tensor, object]]):

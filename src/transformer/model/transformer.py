@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from ..config import ModelConfig
 from . import masks
 from .cache import KVCache
+from .dropout import Dropout
 from .embedding import PositionalEncoding, TokenEmbedding
 from .layers import DecoderLayer, EncoderLayer
 
@@ -75,7 +76,7 @@ class Transformer(nn.Module):
         else:
             self.tgt_embed = TokenEmbedding(cfg.target_vocab_size, cfg.d_model, cfg.pad_id)
         self.positions = PositionalEncoding(cfg.d_model, cfg.max_len, cfg.sinusoid_layout)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
         self.encoder = Encoder(cfg)
         self.decoder = Decoder(cfg)
         if cfg.tie_embeddings:
