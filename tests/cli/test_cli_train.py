@@ -2,10 +2,12 @@
 steps), then resume and translate through the CLI."""
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
+
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,3 +48,13 @@ def test_train_resume_translate_multi30k(data_dir, cli, tmp_path, monkeypatch):
     assert r.code == 0, r.err
     out = r.out.split("\n")
     assert len(out) == 4 and out[1] == "" and out[3] == ""
+
+    # the test split of the run's own dataset and languages, found through the registry
+    r = cli("evaluate", "--model", run, "--split", "test_2016_flickr", "--limit", 20, "--beam", 1, "--json")
+    assert r.code == 0, r.err
+    scores = json.loads(r.out)
+    assert scores["n_sentences"] == 20 and "nrefs:1" in scores["bleu_signature"]
+    r = cli("evaluate", "--model", run, "--split", "test_2016_flickr", "--src", "x.en")
+    assert r.code == 2 and "either --split or --src" in r.err
+    r = cli("evaluate", "--model", run)
+    assert r.code == 2 and "--split" in r.err

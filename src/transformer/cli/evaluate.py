@@ -4,13 +4,18 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("evaluate", help="translate --src and score against --ref (sacreBLEU, chrF)")
     p.add_argument("--model", required=True, help="run directory or .safetensors file")
-    p.add_argument("--src", required=True, help="source file, one sentence a line (.gz allowed)")
-    p.add_argument("--ref", required=True, help="reference translations, untouched (.gz allowed)")
+    p.add_argument("--src", help="source file, one sentence a line (.gz allowed)")
+    p.add_argument("--ref", help="reference translations, untouched (.gz allowed)")
+    p.add_argument("--split", help="instead of --src/--ref: a split of the run's dataset, e.g. test_2016_flickr "
+                                   "(languages from the run's config.yaml)")
+    p.add_argument("--data-dir", help="folder holding multi30k/ (default: $TRANSFORMER_DATA)")
+    p.add_argument("--limit", type=int, default=0, help="score only the first N sentences (0 = all)")
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--alpha", type=float, default=0.6)
     p.add_argument("--max-tokens", type=int, default=4000)
@@ -29,9 +34,21 @@ def run(args: argparse.Namespace) -> int:
 
     if args.beam < 1:
         raise UserError(f"--beam must be at least 1, got {args.beam}")
-    src, ref = read_lines(args.src), read_lines(args.ref)
+    if args.split:
+        if args.src or args.ref:
+            raise UserError("give either --split or --src and --ref, not both")
+        src, ref = _split_pairs(args)
+        args.src, args.ref = f"{args.split}.src", f"{args.split}.ref"
+    elif args.src and args.ref:
+        src, ref = read_lines(args.src), read_lines(args.ref)
+    else:
+        raise UserError("give --src and --ref files, or --split (e.g. --split test_2016_flickr)")
+    if args.limit < 0:
+        raise UserError(f"--limit must not be negative, got {args.limit}")
     if len(src) != len(ref):
         raise UserError(f"{args.src} has {len(src)} lines but {args.ref} has {len(ref)}; they must be aligned")
+    if args.limit:
+        src, ref = src[: args.limit], ref[: args.limit]
     translator = load_translator(args.model, beam_size=args.beam, alpha=args.alpha,
                                  max_tokens=args.max_tokens, device=args.device)
     t0 = time.perf_counter()
@@ -46,3 +63,20 @@ def run(args: argparse.Namespace) -> int:
         print(scores.summary())
         print(f"beam {args.beam}, {len(src)} sentences in {seconds:.1f}s")
     return 0
+
+
+def _split_pairs(args) -> tuple[list[str], list[str]]:
+    """Source and reference lines of a registry split, in the languages of the run."""
+    import yaml
+
+    from ..data import load_multi30k
+    from ..errors import UserError
+
+    config = Path(args.model) / "config.yaml"
+    if not config.is_file():
+        raise UserError(f"{args.model}: --split needs a run directory with config.yaml (to know the languages)")
+    run = yaml.safe_load(config.read_text(encoding="utf-8")) or {}
+    if run.get("dataset") != "multi30k":
+        raise UserError(f"{config}: --split works for dataset multi30k; give --src and --ref for other data")
+    pairs = load_multi30k(args.split, run["src_lang"], run["tgt_lang"], data_dir=args.data_dir or run.get("data_dir"))
+    return [s for s, _ in pairs], [t for _, t in pairs]
