@@ -1,0 +1,94 @@
+"""``transformer serve``: a translation service over HTTP and the attention explorer page."""
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve translations over HTTP (JSON API) and the attention explorer page")
+    p.add_argument("--model", required=True, help="run directory or .safetensors file")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    p.add_argument("--port", type=int, default=8000, help="port (0: any free port; the address is printed)")
+    p.add_argument("--beam", type=int, default=4, help="beam size when a request names none (1 = greedy)")
+    p.add_argument("--alpha", type=float, default=0.6, help="length penalty exponent")
+    p.add_argument("--max-batch", type=int, default=32, help="most texts decoded together")
+    p.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a request waits for others to batch with")
+    p.add_argument("--no-batching", action="store_true", help="decode each request alone (for comparison)")
+    p.add_argument("--max-chars", type=int, default=1000, help="longest text accepted, in characters")
+    p.add_argument("--max-texts", type=int, default=64, help="most texts in one request")
+    p.add_argument("--max-tokens", type=int, default=4000, help="source tokens per decoding batch")
+    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--access-log", action="store_true", help="log every request")
+    p.set_defaults(func=run)
+
+
+def _settings(args: argparse.Namespace):
+    from ..errors import UserError
+    from ..serve import ServeConfig
+
+    if not 0 <= args.port <= 65535:
+        raise UserError(f"--port must be between 0 and 65535, got {args.port}")
+    if args.threads < 0:
+        raise UserError(f"--threads must be at least 0, got {args.threads}")
+    if args.max_tokens < 1:
+        raise UserError(f"--max-tokens must be positive, got {args.max_tokens}")
+    try:
+        return ServeConfig(beam=args.beam, max_beam=max(16, args.beam), max_batch=args.max_batch,
+                           max_wait_ms=args.max_wait_ms, batching=not args.no_batching,
+                           max_chars=args.max_chars, max_texts=args.max_texts)
+    except ValueError as e:  # the message names the setting; give it its option's spelling
+        raise UserError("--" + str(e).replace("_", "-")) from None
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """Bind before loading anything big, so a taken port is a one-line error, not a log."""
+    from ..errors import UserError
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise UserError(f"--host {host}: cannot resolve it ({e.strerror})") from None
+    family, kind, proto, _, addr = infos[0]
+    # proto must say TCP (not 0): asyncio turns Nagle's algorithm off only on sockets that
+    # do, and with it on every keep-alive response waits ~40 ms for a delayed ACK.
+    sock = socket.socket(family, kind, proto or socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        raise UserError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+    import uvicorn
+
+    from ..serve import create_app
+    from ..translator import load_translator
+
+    cfg = _settings(args)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    sock = _listen(args.host, args.port)
+    try:
+        translator = load_translator(args.model, beam_size=args.beam, alpha=args.alpha,
+                                     max_tokens=args.max_tokens, device=args.device)
+        app = create_app(translator, cfg, model_name=str(args.model))
+        host, port = sock.getsockname()[:2]
+        shown = f"[{host}]" if ":" in host else host
+        print(f"transformer serve: http://{shown}:{port}/ (model {args.model}; "
+              f"{'batching up to ' + str(cfg.max_batch) if cfg.batching else 'no batching'})",
+              file=sys.stderr, flush=True)
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=args.access_log,
+                                               timeout_graceful_shutdown=5))
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+    return 0

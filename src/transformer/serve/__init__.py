@@ -1,0 +1,12 @@
+"""The translation service: a JSON API with dynamic batching, and the attention explorer page.
+
+    app = create_app(load_translator("runs/demo"), ServeConfig(max_batch=32))
+    uvicorn.run(app)                    # or: transformer serve --model runs/demo
+
+``app`` builds the routes, ``batching`` collects concurrent requests into one decoding call,
+``attention`` computes the maps the explorer draws, ``static/`` is the page itself.
+"""
+from .app import create_app
+from .config import ServeConfig
+
+__all__ = ["create_app", "ServeConfig"]

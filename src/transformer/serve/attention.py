@@ -1,0 +1,68 @@
+"""Attention maps for one sentence and its translation, as plain lists for JSON.
+
+The translation is decoded first (as ``/translate`` would), then source and translation go
+through the model once more, teacher-forced, asking for the attention weights: the same
+weights the model used for each output token, computed in one pass instead of step by step.
+
+Rows are queries, columns keys:
+
+    encoder_self  [layer][head][S][S]   source token i looks at source token j
+    decoder_self  [layer][head][T][T]   producing target token t, looking at decoder input u
+    cross         [layer][head][T][S]   producing target token t, looking at source token j
+
+``source_tokens`` (S) are the source subwords plus ``</s>``; ``target_tokens`` (T) are the
+produced subwords plus ``</s>``; ``target_input_tokens`` (T) are what the decoder was fed at
+each step: ``<s>`` and then the produced subwords.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..translator import Translator
+
+BOS, EOS = "<s>", "</s>"
+
+
+@torch.inference_mode()
+def attention_maps(translator: Translator, text: str, decimals: int = 3) -> dict[str, Any]:
+    """The translation of ``text`` and every attention weight behind it.
+
+    An empty (or whitespace-only) text gives an empty translation and empty maps. A text
+    longer than the model can take is cut exactly as :class:`Translator` cuts it.
+    """
+    model, cfg = translator.model, translator.model.cfg
+    empty = {"translation": "", "score": 0.0, "source_tokens": [], "target_tokens": [],
+             "target_input_tokens": [], "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
+             "encoder_self": [], "decoder_self": [], "cross": []}
+    if not text.strip():
+        return empty
+    best = translator.translate_nbest([text], 1)[0][0]
+    src_ids = translator.encode(text)  # subwords + EOS, cut to the model's limit
+    tgt_out = best.tokens + [cfg.eos_id]  # what the decoder produced
+    tgt_in = [cfg.bos_id] + best.tokens  # what it was fed
+
+    device = translator.device
+    src = torch.tensor([src_ids], device=device)  # (1, S)
+    tgt = torch.tensor([tgt_in], device=device)  # (1, T)
+    memory, enc_weights = model.encode(src, return_weights=True)
+    _, _, dec_weights = model.decode(tgt, model.start_cache(memory, src), return_weights=True)
+
+    piece = translator.subwords.id_to_piece
+    return {
+        **empty,
+        "translation": best.text,
+        "score": best.score,
+        "source_tokens": [piece(i) for i in src_ids[:-1]] + [EOS],
+        "target_tokens": [piece(i) for i in tgt_out[:-1]] + [EOS],
+        "target_input_tokens": [BOS] + [piece(i) for i in tgt_in[1:]],
+        "encoder_self": [_rounded(w[0], decimals) for w in enc_weights],  # each (H, S, S)
+        "decoder_self": [_rounded(self_w[0], decimals) for self_w, _ in dec_weights],  # (H, T, T)
+        "cross": [_rounded(cross_w[0], decimals) for _, cross_w in dec_weights],  # (H, T, S)
+    }
+
+
+def _rounded(weights: torch.Tensor, decimals: int) -> list:
+    """(H, rows, cols) -> nested lists of floats with ``decimals`` decimals."""
+    return weights.double().cpu().round(decimals=decimals).tolist()  # float64: 0.3, not 0.30000001

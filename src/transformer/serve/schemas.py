@@ -1,0 +1,97 @@
+"""Request and response bodies of the JSON API (they also make the OpenAPI description).
+
+Types are strict (``"beam": "4"`` is an error, not 4) and unknown fields are refused, so a
+typo such as ``"txt"`` gets a clear 422 instead of a silently empty translation. Limits that
+depend on the server's settings (text length, batch size, beam) are checked by the app.
+"""
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+def _valid_unicode(text: str) -> str:
+    """JSON can spell lone UTF-16 surrogates (``"\\ud800"``), which no tokenizer can encode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"contains an unpaired surrogate {text[e.start]!a} at character {e.start}; "
+                         "send valid Unicode") from None
+    return text
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class TranslateRequest(_Strict):
+    """Give ``text`` (one sentence) or ``texts`` (several), not both."""
+
+    text: str | None = Field(None, description="one sentence", examples=["A dog runs in the park."])
+    texts: list[str] | None = Field(None, description="several sentences, translated in order")
+    beam: int | None = Field(None, ge=1, description="beam size (1 = greedy); default: the server's")
+    n_best: int = Field(1, ge=1, description="translations per sentence, best first (at most the beam size)")
+
+    @field_validator("text")
+    @classmethod
+    def _text_unicode(cls, v: str | None) -> str | None:
+        return None if v is None else _valid_unicode(v)
+
+    @field_validator("texts")
+    @classmethod
+    def _texts_unicode(cls, v: list[str] | None) -> list[str] | None:
+        return None if v is None else [_valid_unicode(t) for t in v]
+
+    @model_validator(mode="after")
+    def _one_of(self) -> TranslateRequest:
+        if (self.text is None) == (self.texts is None):
+            raise ValueError('give exactly one of "text" (a string) or "texts" (a list of strings)')
+        return self
+
+    def lines(self) -> list[str]:
+        return [self.text] if self.text is not None else list(self.texts or [])
+
+
+class Candidate(BaseModel):
+    text: str
+    score: float = Field(description="length-normalised log-probability (higher is better)")
+
+
+class TranslateResponse(BaseModel):
+    translation: str | None = Field(None, description='the best translation, when "text" was given')
+    translations: list[str] = Field(description="the best translation of each text, in input order")
+    n_best: list[list[Candidate]] = Field(description="for each text, its n_best translations, best first")
+    beam: int
+    truncated: list[int] = Field(description="indices of texts longer than the model's limit, "
+                                             "translated from their beginning only")
+
+
+class AttentionRequest(_Strict):
+    text: str = Field(description="one sentence", examples=["A dog runs in the park."])
+    beam: int | None = Field(None, ge=1, description="beam size for the translation; default: the server's")
+
+    @field_validator("text")
+    @classmethod
+    def _text_unicode(cls, v: str) -> str:
+        return _valid_unicode(v)
+
+
+Maps = list[list[list[list[float]]]]  # [layer][head][query][key]
+
+
+class AttentionResponse(BaseModel):
+    translation: str
+    score: float
+    source_tokens: list[str] = Field(description="source subwords and </s> (S)")
+    target_tokens: list[str] = Field(description="produced subwords and </s> (T): the query rows of the decoder maps")
+    target_input_tokens: list[str] = Field(description="<s> and the produced subwords (T): the key columns "
+                                                       "of decoder_self")
+    n_layers: int
+    n_heads: int
+    encoder_self: Maps = Field(description="[layer][head][S][S]")
+    decoder_self: Maps = Field(description="[layer][head][T][T]")
+    cross: Maps = Field(description="[layer][head][T][S]")
+    truncated: bool = Field(False, description="the text was longer than the model's limit and was cut")
+
+
+class ErrorResponse(BaseModel):
+    error: str

@@ -1,0 +1,224 @@
+// The attention explorer: translate a sentence through the JSON API, then draw one
+// attention map (which attention, layer, head or the heads' average) as a table heatmap.
+//
+// Data comes from POST /attention (see transformer/serve/attention.py): maps are
+// [layer][head][query][key]; rows are queries (the token being processed or produced),
+// columns are keys (the tokens attended to). No framework, no build step, no external URLs.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+
+const KINDS = {
+  cross: {
+    maps: "cross", rows: "target_tokens", cols: "source_tokens",
+    axes: "Rows: the target token being produced. Columns: the source tokens it attends to.",
+  },
+  encoder: {
+    maps: "encoder_self", rows: "source_tokens", cols: "source_tokens",
+    axes: "Rows: each source token. Columns: the source tokens it attends to.",
+  },
+  decoder: {
+    maps: "decoder_self", rows: "target_tokens", cols: "target_input_tokens",
+    axes: "Rows: the target token being produced. Columns: the decoder's inputs so far (<s> first).",
+  },
+};
+
+// What is on screen; tests read it through window.explorer.
+const state = { data: null, kind: "cross", layer: 0, head: "avg", values: [], rows: [], cols: [] };
+
+// ---- talking to the service ----------------------------------------------------------
+async function postJSON(path, body) {
+  const response = await fetch(path, {
+    method: "POST",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify(body),
+  });
+  const data = await response.json().catch(() => ({}));
+  if (!response.ok) throw new Error(data.error || `the server answered ${response.status}`);
+  return data;
+}
+
+async function showModelInfo() {
+  try {
+    const health = await (await fetch("/health")).json();
+    $("model-info").textContent =
+      `Model ${health.model || ""}: ${health.n_layers} layers, ${health.n_heads} heads, d_model ${health.d_model}`;
+  } catch (error) {
+    $("model-info").textContent = "The service does not answer.";
+  }
+}
+
+async function translate(event) {
+  event.preventDefault();
+  const text = $("source").value;
+  const beam = Number($("beam").value);
+  const nBest = Math.min(Math.max(Number($("n-best").value) || 1, 1), beam);
+  setStatus("Translating…");
+  $("translate").disabled = true;
+  try {
+    const [translation, attention] = await Promise.all([
+      postJSON("/translate", { text, beam, n_best: nBest }),
+      postJSON("/attention", { text, beam }),
+    ]);
+    showTranslation(translation);
+    showAttention(attention);
+    setStatus(translation.truncated.length ? "The sentence was too long for the model and was cut." : "");
+  } catch (error) {
+    setStatus(error.message, true);
+  } finally {
+    $("translate").disabled = false;
+  }
+}
+
+function setStatus(message, isError = false) {
+  $("status").textContent = message;
+  $("status").classList.toggle("error", isError);
+}
+
+// ---- the translation -----------------------------------------------------------------
+function showTranslation(response) {
+  $("result").hidden = false;
+  $("translation").textContent = response.translation;
+  const list = $("nbest");
+  list.replaceChildren(...response.n_best[0].map((candidate) => {
+    const item = document.createElement("li");
+    const score = document.createElement("span");
+    score.className = "score";
+    score.textContent = candidate.score.toFixed(3);
+    item.append(candidate.text || "(empty)", " ", score);
+    return item;
+  }));
+  list.hidden = response.n_best[0].length < 2;
+}
+
+// ---- the heatmap ---------------------------------------------------------------------
+function showAttention(data) {
+  state.data = data;
+  $("attention").hidden = data.source_tokens.length === 0;
+  // Options are numbered from 1, as people count; state holds indices from 0.
+  fillSelect($("layer"), range(data.n_layers).map((i) => [i + 1, `${i + 1} of ${data.n_layers}`]), state.layer + 1);
+  fillSelect($("head"), [["avg", "average"], ...range(data.n_heads).map((i) => [i + 1, `${i + 1}`])],
+    state.head === "avg" ? "avg" : state.head + 1);
+  readControls();
+  draw();
+}
+
+function fillSelect(select, options, keep) {
+  select.replaceChildren(...options.map(([value, label]) => new Option(label, value)));
+  const values = options.map(([value]) => String(value));
+  select.value = values.includes(String(keep)) ? String(keep) : values[0];
+}
+
+function readControls() {
+  state.kind = document.querySelector('input[name="kind"]:checked').value;
+  state.layer = Number($("layer").value) - 1;
+  state.head = $("head").value === "avg" ? "avg" : Number($("head").value) - 1;
+}
+
+function draw() {
+  const data = state.data;
+  if (!data || data.source_tokens.length === 0) return;
+  const kind = KINDS[state.kind];
+  const perHead = data[kind.maps][state.layer]; // [head][row][col]
+  state.values = state.head === "avg" ? averageHeads(perHead) : perHead[state.head];
+  state.rows = data[kind.rows];
+  state.cols = data[kind.cols];
+  $("axes").textContent = kind.axes;
+
+  const table = $("heatmap");
+  const header = document.createElement("tr");
+  header.append(document.createElement("th"));
+  state.cols.forEach((token, j) => header.append(tokenCell("th", token, { col: j }, "col")));
+  const body = state.values.map((row, i) => {
+    const tr = document.createElement("tr");
+    tr.append(tokenCell("th", state.rows[i], { row: i }, "row"));
+    row.forEach((weight, j) => {
+      const td = document.createElement("td");
+      td.dataset.row = i;
+      td.dataset.col = j;
+      td.dataset.w = weight.toFixed(3);
+      td.style.backgroundColor = heat(weight);
+      td.title = `${state.rows[i]} → ${state.cols[j]}: ${weight.toFixed(3)}`;
+      tr.append(td);
+    });
+    return tr;
+  });
+  table.replaceChildren(header, ...body);
+  table.dataset.kind = state.kind;
+  table.dataset.layer = $("layer").value; // as shown: from 1
+  table.dataset.head = $("head").value;
+  showHover(null);
+}
+
+function tokenCell(tag, token, indices, className) {
+  const cell = document.createElement(tag);
+  cell.className = className;
+  Object.assign(cell.dataset, indices);
+  const label = document.createElement("span");
+  label.textContent = token;
+  cell.append(label);
+  return cell;
+}
+
+function averageHeads(perHead) {
+  const heads = perHead.length;
+  return perHead[0].map((row, i) => row.map((_, j) => perHead.reduce((sum, h) => sum + h[i][j], 0) / heads));
+}
+
+// Weight 0 is white, 1 is the darkest blue.
+function heat(weight) {
+  const w = Math.min(Math.max(weight, 0), 1);
+  return `rgba(25, 80, 160, ${(0.05 + 0.95 * w).toFixed(3)})`;
+}
+
+// ---- hovering: what attends to a token -----------------------------------------------
+function onHover(event) {
+  const cell = event.target.closest("th.col, td");
+  showHover(cell ? Number(cell.dataset.col) : null);
+}
+
+function showHover(col) {
+  const table = $("heatmap");
+  table.querySelectorAll(".hover").forEach((el) => el.classList.remove("hover"));
+  table.querySelectorAll("th.row").forEach((th) => { th.style.backgroundColor = ""; });
+  state.hoverCol = col;
+  if (col === null || Number.isNaN(col)) {
+    $("hover-info").textContent = "Hover over a column's token to see what attends to it.";
+    return;
+  }
+  table.querySelectorAll(`[data-col="${col}"]`).forEach((el) => el.classList.add("hover"));
+  const column = state.values.map((row) => row[col]);
+  table.querySelectorAll("th.row").forEach((th) => {
+    th.style.backgroundColor = heat(column[Number(th.dataset.row)]);
+  });
+  const top = column
+    .map((weight, i) => [weight, state.rows[i]])
+    .sort((a, b) => b[0] - a[0])
+    .slice(0, 3)
+    .map(([weight, token]) => `${token} (${weight.toFixed(2)})`);
+  $("hover-info").textContent = `“${state.cols[col]}” is attended to most by ${top.join(", ")}.`;
+}
+
+function range(n) {
+  return Array.from({ length: n }, (_, i) => i);
+}
+
+// ---- wiring --------------------------------------------------------------------------
+function redraw() {
+  readControls();
+  draw();
+}
+
+function start() {
+  $("translate-form").addEventListener("submit", translate);
+  $("kind").addEventListener("change", redraw);
+  $("layer").addEventListener("change", redraw);
+  $("head").addEventListener("change", redraw);
+  $("beam").addEventListener("change", () => { $("n-best").max = $("beam").value; });
+  $("heatmap").addEventListener("mouseover", onHover);
+  $("heatmap").addEventListener("mouseleave", () => showHover(null));
+  showModelInfo();
+}
+
+window.explorer = { state };
+document.addEventListener("DOMContentLoaded", start);

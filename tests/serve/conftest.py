@@ -1,0 +1,167 @@
+"""Fixtures for the service tests: one small trained run directory per session (trained
+once by the real ``transformer train`` and shared by the xdist workers under a file lock),
+and the real server (``transformer serve`` in a subprocess on a free loopback port).
+
+The run is a toy model trained for 200 steps on a synthetic word-for-word "language pair"
+(as in tests/cli), enough for its translations to depend on the input.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+torch.set_num_threads(1)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+TRANSFORMER = str(Path(sys.executable).with_name("transformer"))
+
+SRC_WORDS = ("red blue green small big dog cat bird man woman child runs sits eats sees plays "
+             "with near under the a ball tree house car water park street").split()
+TGT_OF = {w: "x" + w[::-1] for w in SRC_WORDS}
+
+# Inputs the tests translate: ordinary sentences, one with an unseen word and punctuation.
+SENTENCES = [
+    "the dog runs", "a small cat sits near the tree", "red ball", "the big man eats",
+    "a child plays with the ball", "green bird", "the woman sees a car near the house",
+    "blue water", "a cat under the car", "the dog sees the cat", "zebra runs!", "big red house",
+]
+
+
+def subprocess_env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def write_corpus(folder: Path, n_train: int = 400, n_valid: int = 20, seed: int = 0) -> dict[str, Path]:
+    rng = random.Random(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for split, n in (("train", n_train), ("valid", n_valid)):
+        sents = [[rng.choice(SRC_WORDS) for _ in range(rng.randint(2, 8))] for _ in range(n)]
+        for side, text in (("src", [" ".join(s) for s in sents]),
+                           ("tgt", [" ".join(TGT_OF[w] for w in s) for s in sents])):
+            path = folder / f"{split}.{side}"
+            path.write_text("".join(t + "\n" for t in text), encoding="utf-8")
+            paths[f"{split}_{side}"] = path
+    return paths
+
+
+@pytest.fixture(scope="session")
+def run_dir(tmp_path_factory) -> Path:
+    """A trained run directory (subwords.model, best.safetensors, checkpoints)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # shared by all workers
+    base = root / "serve-trained"
+    with open(root / "serve-trained.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the first worker trains, the others wait and reuse
+        run = base / "run"
+        if not (base / "done").exists():
+            corpus = write_corpus(base / "corpus")
+            config = base / "tiny.yaml"
+            config.write_text(yaml.safe_dump({
+                "dataset": "files", **{k: str(v) for k, v in corpus.items()},
+                "vocab_size": 120, "model": {"preset": "toy"}, "max_tokens": 512,
+                "lr_schedule": "inverse_sqrt", "peak_lr": 0.005, "warmup": 40,
+                "max_steps": 200, "eval_every": 200, "save_every": 200, "keep_last": 1, "log_every": 100,
+                "progress": False, "threads": 1, "precision": "fp32",
+            }), encoding="utf-8")
+            done = subprocess.run([TRANSFORMER, "train", "--config", str(config), "--out", str(run)],
+                                  capture_output=True, text=True, env=subprocess_env(), timeout=300)
+            assert done.returncode == 0, done.stderr[-3000:]
+            (base / "done").write_text("ok")
+    return run
+
+
+@pytest.fixture(scope="session")
+def sentences() -> list[str]:
+    return list(SENTENCES)
+
+
+@pytest.fixture(scope="session")
+def translator(run_dir):
+    """The reference: the same model loaded in-process, default settings (beam 4)."""
+    from transformer.translator import load_translator
+
+    return load_translator(run_dir, beam_size=4)
+
+
+@dataclass
+class Server:
+    url: str  # http://127.0.0.1:PORT
+    process: subprocess.Popen
+    log: Path
+
+    def get(self, path: str) -> tuple[int, dict]:
+        return request(self.url + path)
+
+    def post(self, path: str, body: object = None, *, data: bytes | None = None,
+             headers: dict[str, str] | None = None) -> tuple[int, dict]:
+        if data is None:
+            data = json.dumps(body).encode()
+        return request(self.url + path, data, {"Content-Type": "application/json", **(headers or {})})
+
+
+def request(url: str, data: bytes | None = None, headers: dict[str, str] | None = None,
+            timeout: float = 60) -> tuple[int, dict]:
+    """(status, parsed JSON body) of a GET (no data) or POST, errors included."""
+    req = urllib.request.Request(url, data=data, headers=headers or {}, method="POST" if data is not None else "GET")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def start_server(run_dir: Path, log: Path, *args: str, timeout: float = 90) -> Server:
+    """``transformer serve --port 0 ...`` in a subprocess; returns once it answers /health."""
+    with open(log, "wb") as out:
+        process = subprocess.Popen([TRANSFORMER, "serve", "--model", str(run_dir), "--port", "0", *args],
+                                   stdout=out, stderr=subprocess.STDOUT, env=subprocess_env())
+    deadline = time.monotonic() + timeout
+    url = None
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"server exited with {process.returncode}:\n{log.read_text()}")
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith("transformer serve: http://"):
+                url = line.split()[2].rstrip("/")
+        if url:
+            try:
+                if request(url + "/health", timeout=5)[0] == 200:
+                    return Server(url, process, log)
+            except OSError:
+                pass
+        time.sleep(0.1)
+    process.kill()
+    raise AssertionError(f"server did not start in {timeout} s:\n{log.read_text()}")
+
+
+def stop_server(server: Server) -> None:
+    server.process.terminate()
+    try:
+        server.process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
+        server.process.wait()
+
+
+@pytest.fixture(scope="session")
+def server(run_dir, tmp_path_factory):
+    """The real service, with dynamic batching (default settings, beam 4)."""
+    s = start_server(run_dir, tmp_path_factory.mktemp("serve") / "server.log",
+                     "--max-chars", "600", "--max-texts", "16")
+    yield s
+    stop_server(s)

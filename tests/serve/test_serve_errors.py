@@ -1,0 +1,164 @@
+"""Bad input never gets a 500: every refusal is a 4xx with one clear JSON ``{"error": ...}``;
+and the command's own errors (model, options, port) are one line and exit code 2."""
+from __future__ import annotations
+
+import http.client
+import json
+import subprocess
+from urllib.parse import urlsplit
+
+import pytest
+
+OK = {"text": "the dog runs"}
+
+# id: (path, body: JSON-able object or raw bytes, content type, status, words the error must contain)
+CASES = {
+    "malformed-json": ("/translate", b'{"text": "a",', "application/json", 422, ["malformed JSON"]),
+    "not-utf8": ("/translate", b'{"text": "caf\xe9"}', "application/json", 400, ["UTF-8", "0xe9"]),
+    "empty-body": ("/translate", b"", "application/json", 422, ["JSON object"]),
+    "array-body": ("/translate", [], "application/json", 422, ["JSON object"]),
+    "string-body": ("/translate", "hello", "application/json", 422, ["JSON object"]),
+    "text-not-string": ("/translate", {"text": 5}, "application/json", 422, ["text", "string"]),
+    "texts-not-list": ("/translate", {"texts": "a b"}, "application/json", 422, ["texts", "list"]),
+    "texts-item-not-string": ("/translate", {"texts": ["a", None]}, "application/json", 422, ["texts[1]", "string"]),
+    "text-and-texts": ("/translate", {"text": "a", "texts": ["b"]}, "application/json", 422, ["exactly one"]),
+    "neither": ("/translate", {}, "application/json", 422, ["exactly one"]),
+    "unknown-field": ("/translate", {"txt": "a"}, "application/json", 422, ["txt", "not permitted"]),
+    "beam-as-string": ("/translate", {**OK, "beam": "4"}, "application/json", 422, ["beam", "integer"]),
+    "beam-zero": ("/translate", {**OK, "beam": 0}, "application/json", 422, ["beam", "greater than or equal to 1"]),
+    "beam-too-big": ("/translate", {**OK, "beam": 1000}, "application/json", 422, ["beam", "at most 16"]),
+    "n-best-over-beam": ("/translate", {**OK, "beam": 2, "n_best": 3}, "application/json", 422, ["n_best", "beam"]),
+    "n-best-float": ("/translate", {**OK, "n_best": 1.5}, "application/json", 422, ["n_best", "integer"]),
+    "lone-surrogate": ("/translate", b'{"text": "a \\ud800 b"}', "application/json", 422, ["surrogate"]),
+    "text-too-long": ("/translate", {"text": "a" * 601}, "application/json", 413, ["601 characters", "600"]),
+    "one-of-texts-too-long": ("/translate", {"texts": ["a", "b" * 700]}, "application/json", 413, ["text 1", "700"]),
+    "too-many-texts": ("/translate", {"texts": ["a"] * 17}, "application/json", 413, ["17 texts", "16"]),
+    "body-too-big": ("/translate", {"text": "a" * (2 << 20)}, "application/json", 413, ["bytes"]),
+    "form-content-type": ("/translate", OK, "application/x-www-form-urlencoded", 415,
+                          ["Content-Type: application/json"]),
+    "attention-texts": ("/attention", {"texts": ["a"]}, "application/json", 422, ["text"]),
+    "attention-too-long": ("/attention", {"text": "a" * 601}, "application/json", 413, ["601 characters"]),
+    "attention-bad-beam": ("/attention", {**OK, "beam": -1}, "application/json", 422, ["beam"]),
+}
+
+
+def send(url: str, method: str, path: str, body: bytes = b"", content_type: str | None = None):
+    """(status, headers, raw body) over one plain HTTP/1.1 connection."""
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    try:
+        headers = {"Content-Type": content_type} if content_type else {}
+        conn.request(method, path, body=body if method == "POST" else None, headers=headers)
+        resp = conn.getresponse()
+        return resp.status, resp.headers, resp.read()
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_bad_requests_get_a_clear_json_error(server, case):
+    path, body, content_type, status, mentions = CASES[case]
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    code, headers, raw = send(server.url, "POST", path, data, content_type)
+    assert code == status, raw[:300]
+    assert headers["Content-Type"].startswith("application/json")
+    error = json.loads(raw)
+    assert set(error) == {"error"} and isinstance(error["error"], str)
+    assert "\n" not in error["error"]
+    for m in mentions:
+        assert m in error["error"], (m, error["error"])
+
+
+def test_wrong_method_and_unknown_path_are_json_too(server):
+    for method, path, status in (("GET", "/translate", 405), ("GET", "/nowhere", 404), ("POST", "/health", 405)):
+        code, _, raw = send(server.url, method, path)
+        assert code == status, (method, path)
+        assert "error" in json.loads(raw)
+
+
+def test_the_server_still_works_after_bad_requests(server):
+    code, body = server.post("/translate", OK)
+    assert code == 200 and body["translation"]
+    assert "Traceback" not in server.log.read_text()
+
+
+# ---- the command -----------------------------------------------------------------------
+
+@pytest.fixture
+def serve_cmd(capsys, monkeypatch):
+    """``serve_cmd(*args)`` -> (exit code, stderr) of ``transformer serve ARGS`` run in-process;
+    every case here must be refused before the server starts, so starting it fails the test."""
+    import uvicorn
+
+    from transformer.cli import main
+
+    def started(*args, **kwargs):
+        raise AssertionError("the server started")
+
+    monkeypatch.setattr(uvicorn.Server, "run", started)
+
+    def run(*args):
+        capsys.readouterr()
+        try:
+            code = main(["serve", *map(str, args)])
+        except SystemExit as e:
+            code = e.code
+        return code, capsys.readouterr().err
+
+    return run
+
+
+def assert_one_line_error(code, err, *mentions):
+    assert code == 2, (code, err)
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("transformer serve: error: "), lines[0]
+    for m in mentions:
+        assert str(m) in lines[0], (m, lines[0])
+
+
+def test_missing_model_dir_from_the_console_script(server, tmp_path):
+    done = subprocess.run([server.process.args[0], "serve", "--model", str(tmp_path / "missing"), "--port", "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert_one_line_error(done.returncode, done.stderr, "missing")
+
+
+def test_corrupt_model(serve_cmd, run_dir, tmp_path):
+    bad = tmp_path / "run"
+    bad.mkdir()
+    (bad / "subwords.model").write_bytes((run_dir / "subwords.model").read_bytes())
+    (bad / "best.safetensors").write_bytes((run_dir / "best.safetensors").read_bytes()[:4000])
+    assert_one_line_error(*serve_cmd("--model", bad, "--port", 0), "best.safetensors")
+
+
+def test_model_without_subwords(serve_cmd, run_dir, tmp_path):
+    bad = tmp_path / "run"
+    bad.mkdir()
+    (bad / "best.safetensors").write_bytes((run_dir / "best.safetensors").read_bytes())
+    assert_one_line_error(*serve_cmd("--model", bad, "--port", 0), "subwords.model")
+
+
+def test_port_in_use(serve_cmd, run_dir, server):
+    taken = urlsplit(server.url).port
+    assert_one_line_error(*serve_cmd("--model", run_dir, "--port", taken), f"127.0.0.1:{taken}")
+
+
+@pytest.mark.parametrize("args, mentions", [
+    (["--port", "70000"], ["--port"]),
+    (["--beam", "0"], ["--beam"]),
+    (["--max-batch", "0"], ["--max-batch"]),
+    (["--max-wait-ms", "-1"], ["--max-wait-ms"]),
+    (["--max-chars", "0"], ["--max-chars"]),
+    (["--threads", "-1"], ["--threads"]),
+    (["--host", "no.such.host.invalid"], ["--host"]),
+], ids=["port", "beam", "max-batch", "max-wait", "max-chars", "threads", "host"])
+def test_bad_options(serve_cmd, run_dir, args, mentions):
+    assert_one_line_error(*serve_cmd("--model", run_dir, *args), *mentions)
+
+
+def test_binds_loopback_by_default(server):
+    from transformer.cli import build_parser
+
+    assert urlsplit(server.url).hostname == "127.0.0.1"
+    assert build_parser().parse_args(["serve", "--model", "x"]).host == "127.0.0.1"
