@@ -30,7 +30,7 @@ class Translator:
 
     def __init__(self, model: Transformer, subwords: Subwords, beam_size: int = 4, alpha: float = 0.6,
                  max_tokens: int = 4000, max_len_a: float = 1.0, max_len_b: int = 50,
-                 device: str | torch.device = "cpu") -> None:
+                 device: str | torch.device = "cpu", warn: bool = True) -> None:
         if beam_size < 1:
             raise ValueError(f"beam size must be at least 1, got {beam_size}")
         self.model = model.to(device).eval()
@@ -40,14 +40,16 @@ class Translator:
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
         self.device = torch.device(device)
         self.truncated = 0  # lines cut to fit, over this translator's life
+        self.warn = warn  # False: only count them (the CLI prints one summary line)
 
     def encode(self, line: str) -> list[int]:
         ids = self.subwords.encode(line)
         room = self.model.cfg.max_len - 1  # one position for EOS
         if len(ids) > room:
             self.truncated += 1
-            warnings.warn(f"a line of {len(ids)} subwords is longer than the model's limit "
-                          f"({room}); translating its first {room} subwords only", stacklevel=3)
+            if self.warn:
+                warnings.warn(f"a line of {len(ids)} subwords is longer than the model's limit "
+                              f"({room}); translating its first {room} subwords only", stacklevel=3)
             ids = ids[:room]
         return ids + [self.model.cfg.eos_id]
 

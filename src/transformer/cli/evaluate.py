@@ -31,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from ..evaluate import score
     from ..fileio import write_text_atomic
     from ..translator import load_translator
+    from .translate import report_truncated
 
     if args.beam < 1:
         raise UserError(f"--beam must be at least 1, got {args.beam}")
@@ -49,10 +50,13 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"{args.src} has {len(src)} lines but {args.ref} has {len(ref)}; they must be aligned")
     if args.limit:
         src, ref = src[: args.limit], ref[: args.limit]
+    if not src:
+        raise UserError(f"{args.src}: no sentences to score (the files are empty)")
     translator = load_translator(args.model, beam_size=args.beam, alpha=args.alpha,
-                                 max_tokens=args.max_tokens, device=args.device)
+                                 max_tokens=args.max_tokens, device=args.device, warn=False)
     t0 = time.perf_counter()
     hyps = translator.translate(src)
+    report_truncated(translator)
     seconds = time.perf_counter() - t0
     scores = score(hyps, ref)
     if args.output:

@@ -1,4 +1,7 @@
-"""``transformer train``: train a translation model from a YAML config."""
+"""``transformer train``: train a translation model from a YAML config.
+
+On several processes: ``torchrun --nproc_per_node N -m transformer train ...`` (one process
+per GPU with ``--device cuda``; gloo on CPUs otherwise). See docs/distributed.md."""
 from __future__ import annotations
 
 import argparse
@@ -12,11 +15,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="override a config key, e.g. --set max_steps=200 --set model.dropout=0.1")
     p.add_argument("--out", help="run directory (default: runs/<config name>)")
     p.add_argument("--data-dir", help="folder holding multi30k/ (default: $TRANSFORMER_DATA)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    p.add_argument("--device", default="cpu",
+                   help="cpu or cuda[:N]; under torchrun, cuda means cuda:LOCAL_RANK for each process")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..train import distributed
     from ..train.config import load_config
     from ..train.trainer import Trainer
 
@@ -25,6 +30,11 @@ def run(args: argparse.Namespace) -> int:
         overrides.append(f"data_dir={args.data_dir}")
     cfg = load_config(args.config, overrides)
     out = Path(args.out) if args.out else Path("runs") / Path(args.config).stem
-    result = Trainer(cfg, out, device=args.device).train()
-    print(f"run directory: {out}")
+    group = distributed.from_env(args.device)  # a single process unless started by torchrun
+    try:
+        result = Trainer(cfg, out, dist=group).train()
+    finally:
+        distributed.shutdown()
+    if group.is_main:
+        print(f"run directory: {out}")
     return 0 if result["reason"] not in ("SIGINT", "SIGTERM") else 130

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import warnings
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -37,18 +36,12 @@ def run(args: argparse.Namespace) -> int:
 
     _check(args)
     translator = load_translator(args.model, beam_size=args.beam, alpha=args.alpha,
-                                 max_tokens=args.max_tokens, device=args.device)
+                                 max_tokens=args.max_tokens, device=args.device, warn=False)
     if args.input is None and sys.stdin.isatty():
         return _interactive(translator)
     lines = read_lines(args.input) if args.input is not None else _read_stdin()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        results = translator.translate_nbest(lines, args.n_best)
-    if translator.truncated:
-        print(f"warning: {translator.truncated} line(s) longer than the model's limit "
-              f"({translator.model.cfg.max_len - 1} subwords) were translated from their beginning only",
-              file=sys.stderr)
-    del caught
+    results = translator.translate_nbest(lines, args.n_best)
+    report_truncated(translator)
     if args.n_best == 1:
         text = "".join(r[0].text + "\n" for r in results)
     else:
@@ -58,6 +51,14 @@ def run(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def report_truncated(translator) -> None:
+    """One line on stderr when input lines were cut to the model's limit."""
+    if translator.truncated:
+        print(f"warning: {translator.truncated} line(s) longer than the model's limit "
+              f"({translator.model.cfg.max_len - 1} subwords) were translated from their beginning only",
+              file=sys.stderr)
 
 
 def _read_stdin() -> list[str]:

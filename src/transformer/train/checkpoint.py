@@ -10,18 +10,24 @@ Run directory layout::
     RUN_DIR/averaged.safetensors      the average of the last K checkpoints (``transformer average``)
 
 A checkpoint directory is written under a temporary name and renamed when complete, so
-a crash at any moment leaves either the whole checkpoint or none of it.
+a crash at any moment leaves either the whole checkpoint or none of it; an old one is
+renamed away before it is deleted, so no ``step-*`` directory is ever half-deleted. Every
+other file is replaced atomically (config, best/averaged weights, subwords) or appended a
+line at a time (metrics.jsonl, whose torn last line a resume removes, see
+:func:`repair_metrics`). :func:`remove_stale_files` clears what a crash leaves behind.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import random
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
@@ -163,18 +169,119 @@ def save_checkpoint(run_dir: Path, model: Transformer, state: dict[str, Any], st
         for f in tmp.iterdir():
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
-        if final.exists():
-            shutil.rmtree(final)
+        if final.exists():  # the same step saved again (e.g. a resumed run that stops at once)
+            _discard(final)
         os.replace(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    _fsync_dir(root)
     for old in checkpoint_dirs(run_dir)[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
-    for stale in root.glob(".step-*"):  # leftovers of a crash during an earlier write
+        _discard(old)
+    for stale in [*root.glob(".step-*"), *root.glob(".old-*")]:  # leftovers of a crash
         if stale != tmp:
             shutil.rmtree(stale, ignore_errors=True)
     return final
+
+
+def _discard(path: Path) -> None:
+    """Delete a checkpoint directory: first renamed out of the ``step-*`` namespace (atomic),
+    then removed, so a crash midway never leaves a half-deleted checkpoint that looks whole."""
+    trash = path.with_name(f".old-{path.name}")
+    try:
+        if trash.exists():
+            shutil.rmtree(trash, ignore_errors=True)
+        os.replace(path, trash)
+    except OSError:
+        return
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a rename inside ``path`` durable (a power cut, not only a crash)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def set_aside(ckpt: Path) -> Path:
+    """Move an unreadable checkpoint to ``checkpoints/corrupt-step-*`` (kept for inspection,
+    out of the way of resume, translation and keep_last)."""
+    target = ckpt.with_name(f"corrupt-{ckpt.name}")
+    if target.exists():
+        shutil.rmtree(target, ignore_errors=True)
+    os.replace(ckpt, target)
+    return target
+
+
+# Temporary names a crash can leave in a run directory (atomic_write, plots, _prepare).
+STALE_PATTERNS = (".config.yaml.*.tmp", ".best.safetensors.*.tmp", ".averaged.safetensors.*.tmp",
+                  ".metrics.jsonl.*.tmp", "learning_curve.tmp.png", ".prepare.*")
+
+
+def remove_stale_files(run_dir: Path) -> None:
+    """Delete the temporary files and folders a crash left in ``run_dir``."""
+    run_dir = Path(run_dir)
+    stale = [p for pattern in STALE_PATTERNS for p in run_dir.glob(pattern)]
+    root = run_dir / CKPT_DIR
+    if root.is_dir():
+        stale += [*root.glob(".step-*"), *root.glob(".old-*")]
+    for p in stale:
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+
+
+def repair_metrics(path: Path, step: int) -> tuple[int, bool]:
+    """Make ``metrics.jsonl`` the history of the run that continues from ``step``: remove a
+    torn last line (a crash in mid-write) and the records of later steps, which the resumed
+    run repeats (training resumes exactly, so it logs them again). Returns
+    ``(records removed, whether the last line was torn)``; the file is rewritten atomically."""
+    path = Path(path)
+    if not path.is_file():
+        return 0, False
+    lines = path.read_bytes().split(b"\n")
+    torn = lines.pop() != b""  # the bytes after the last newline
+    keep, dropped = [], 0
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            dropped += 1
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] > step:
+            dropped += 1
+            continue
+        keep.append(line)
+    if dropped or torn:
+        atomic_write(path, lambda tmp: Path(tmp).write_bytes(b"".join(line + b"\n" for line in keep)))
+    return dropped, torn
+
+
+def rng_state(device: torch.device) -> dict[str, Any]:
+    """Every random number generator training draws from (dropout, data noise), to save."""
+    rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+    if device.type == "cuda":
+        rng["cuda"] = torch.cuda.get_rng_state(device)
+    return rng
+
+
+def set_rng_state(rng: dict[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(rng["torch"])
+    random.setstate(rng["python"])
+    np.random.set_state(rng["numpy"])
+    if device.type == "cuda" and "cuda" in rng:
+        torch.cuda.set_rng_state(rng["cuda"], device)
 
 
 def load_training_state(ckpt: Path) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from .loss import fused_label_smoothed_nll_loss
 from .schedule import paper_adam_kwargs
@@ -60,29 +61,45 @@ def train_step(
         grad_scaler: a GradScaler, for fp16 only.
         forward: the callable that maps (src, tgt_in, select) to the (N, V) logits of the
             selected positions (default: ``model``; pass a DistributedDataParallel wrapper here).
+
+    Under DistributedDataParallel (``forward`` is the wrapper) the token count is summed over
+    all ranks before the backward passes and each rank's loss is multiplied by the world
+    size, so DDP's gradient *average* equals the gradient of one process that saw every
+    rank's micro-batches; gradients are synchronised on the last micro-batch only
+    (``no_sync`` before). The returned loss and token count are the global ones, and the
+    skip decision is all-reduced, so every rank skips the same updates.
     """
     forward = forward or model
+    ddp = isinstance(forward, DistributedDataParallel)
+    world = torch.distributed.get_world_size(forward.process_group) if ddp else 1
     pad_id = model.cfg.pad_id
     for group in optimizer.param_groups:
         group["lr"] = lr
     total = sum(int(b.n_tgt_tokens) for b in micro_batches)
+    if world > 1:
+        total = int(_all_reduce_sum([total], micro_batches[0].src.device, forward.process_group)[0])
     optimizer.zero_grad(set_to_none=True)
     loss_sum = nll_sum = 0.0
-    for b in micro_batches:
+    for i, b in enumerate(micro_batches):
         device = b.src.device
         select = b.tgt_out != pad_id  # the vocabulary projection runs on real tokens only
-        with autocast(device, amp_dtype):
-            logits = forward(b.src, b.tgt_in, select)  # (N, V)
-        loss, nll, _ = fused_label_smoothed_nll_loss(logits, b.tgt_out[select], epsilon, pad_id)
-        scaled = loss / max(total, 1)
-        (grad_scaler.scale(scaled) if grad_scaler is not None else scaled).backward()
+        last = i == len(micro_batches) - 1
+        with forward.no_sync() if ddp and not last else contextlib.nullcontext():
+            with autocast(device, amp_dtype):
+                logits = forward(b.src, b.tgt_in, select)  # (N, V)
+            loss, nll, _ = fused_label_smoothed_nll_loss(logits, b.tgt_out[select], epsilon, pad_id)
+            scaled = loss * world / max(total, 1)
+            (grad_scaler.scale(scaled) if grad_scaler is not None else scaled).backward()
         loss_sum += float(loss.detach())
         nll_sum += float(nll.detach())
     if grad_scaler is not None:
         grad_scaler.unscale_(optimizer)
     params = [p for p in model.parameters() if p.grad is not None]
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip_norm if clip_norm else math.inf))
-    skipped = not (math.isfinite(grad_norm) and math.isfinite(loss_sum))
+    bad = float(not (math.isfinite(grad_norm) and math.isfinite(loss_sum)))
+    if world > 1:  # a NaN on any rank skips the update on all of them
+        loss_sum, nll_sum, bad = _all_reduce_sum([loss_sum, nll_sum, bad], device, forward.process_group)
+    skipped = bad > 0 or not math.isfinite(loss_sum)
     if grad_scaler is not None:
         grad_scaler.step(optimizer)  # skips the update itself on inf/nan
         grad_scaler.update()
@@ -92,3 +109,9 @@ def train_step(
         optimizer.zero_grad(set_to_none=True)
     denom = max(total, 1)
     return StepStats(loss_sum / denom, nll_sum / denom, total, grad_norm, lr, skipped)
+
+
+def _all_reduce_sum(values: list[float], device: torch.device, group) -> list[float]:
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    torch.distributed.all_reduce(t, group=group)
+    return t.tolist()

@@ -1,0 +1,88 @@
+"""Fixtures for the fault tests: a tiny synthetic corpus, TINY configs (``make_cfg``) and a
+YAML config for real ``transformer train`` processes (the run-directory check is in
+fault_helpers.py)."""
+from __future__ import annotations
+
+import fcntl
+import os
+import random
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+import yaml
+
+from transformer.train.config import TrainConfig, apply_overrides, load_config
+
+torch.set_num_threads(1)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+SRC_WORDS = ("red blue green small big dog cat bird man woman child runs sits eats sees plays "
+             "with near under the a ball tree house car water park street").split()
+TGT_OF = {w: "x" + w[::-1] for w in SRC_WORDS}
+
+
+def write_corpus(folder: Path, n_train: int = 400, n_valid: int = 20, seed: int = 0) -> dict[str, Path]:
+    rng = random.Random(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for split, n in (("train", n_train), ("valid", n_valid)):
+        sents = [[rng.choice(SRC_WORDS) for _ in range(rng.randint(2, 8))] for _ in range(n)]
+        for side, text in (("src", [" ".join(s) for s in sents]),
+                           ("tgt", [" ".join(TGT_OF[w] for w in s) for s in sents])):
+            path = folder / f"{split}.{side}"
+            path.write_text("".join(t + "\n" for t in text), encoding="utf-8")
+            paths[f"{split}_{side}"] = path
+    return paths
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.getbasetemp()
+    root = root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
+    with open(root / "faults-corpus.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return write_corpus(root / "faults-corpus")
+
+
+def base_overrides(corpus: dict[str, Path]) -> list[str]:
+    return [
+        "dataset=files",
+        f"train_src={corpus['train_src']}", f"train_tgt={corpus['train_tgt']}",
+        f"valid_src={corpus['valid_src']}", f"valid_tgt={corpus['valid_tgt']}",
+        "vocab_size=120", "model.preset=toy", "max_tokens=256", "precision=fp32",
+        "lr_schedule=inverse_sqrt", "peak_lr=0.002", "warmup=8",
+        "progress=false", "threads=1", "log_every=1", "eval_every=1000", "save_every=1000",
+    ]
+
+
+@pytest.fixture(scope="session")
+def make_cfg(corpus) -> Callable[..., TrainConfig]:
+    """``make_cfg("max_steps=4", ...)`` -> TrainConfig on the synthetic corpus."""
+    return lambda *overrides: load_config(None, base_overrides(corpus) + list(overrides))
+
+
+@pytest.fixture(scope="session")
+def write_config(corpus) -> Callable[..., Path]:
+    """``write_config(path, "max_steps=4", ...)`` -> a YAML file for ``transformer train --config``."""
+    def write(path: Path, *overrides: str) -> Path:
+        path.write_text(yaml.safe_dump(apply_overrides({}, base_overrides(corpus) + list(overrides))))
+        return path
+
+    return write
+
+
+class Log(list):
+    """A ``log=`` callback for Trainer that keeps the lines."""
+
+    def __call__(self, *parts) -> None:
+        self.append(" ".join(str(p) for p in parts))
+
+    def text(self) -> str:
+        return "\n".join(self)
+
+
+@pytest.fixture
+def log() -> Log:
+    return Log()

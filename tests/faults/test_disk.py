@@ -1,0 +1,120 @@
+"""A full disk or an unwritable run directory while saving: a clear one-line UserError, the
+previous checkpoint intact and loadable, no temporary left behind, and the run resumes
+from that checkpoint once the disk has room again."""
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from transformer.errors import UserError
+from transformer.train import checkpoint as ckpt
+from transformer.train.trainer import Trainer
+
+
+@pytest.fixture(scope="module")
+def two_steps(tmp_path_factory, make_cfg) -> Path:
+    """A run with one checkpoint, at step 2 (and best.safetensors from the final evaluation)."""
+    run = tmp_path_factory.mktemp("disk") / "run"
+    Trainer(make_cfg("max_steps=2", "save_every=2"), run, log=lambda *a: None).train()
+    return run
+
+
+@pytest.fixture
+def run(two_steps, tmp_path) -> Path:
+    dst = tmp_path / "run"
+    shutil.copytree(two_steps, dst)
+    return dst
+
+
+def _snapshot(path: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
+
+
+def _assert_intact(run: Path, before: dict[str, bytes]) -> None:
+    assert [p.name for p in ckpt.checkpoint_dirs(run)] == ["step-0000002"]
+    assert _snapshot(run / "checkpoints/step-0000002") == before
+    ckpt.read_weights(run / "checkpoints/step-0000002/model.safetensors")
+    ckpt.load_training_state(run / "checkpoints/step-0000002")
+    assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".")], "temporary left behind"
+
+
+def _enospc(*args, **kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+@pytest.mark.parametrize("where", ["weights", "state"])
+def test_disk_full_in_mid_checkpoint(run, make_cfg, monkeypatch, where):
+    before = _snapshot(run / "checkpoints/step-0000002")
+    trainer = Trainer(make_cfg("max_steps=4", "save_every=2"), run, log=lambda *a: None)
+    if where == "weights":  # the weights file half-written, then the disk is full
+        real = ckpt.save_file
+
+        def save_file(tensors, path, metadata=None):
+            real(tensors, path, metadata=metadata)
+            Path(path).write_bytes(Path(path).read_bytes()[:1000])
+            _enospc()
+
+        monkeypatch.setattr(ckpt, "save_file", save_file)
+    else:
+        monkeypatch.setattr(ckpt.torch, "save", _enospc)
+    with pytest.raises(UserError) as e:
+        trainer.train()
+    msg = str(e.value)
+    assert "No space left on device" in msg and "previous checkpoint is intact" in msg and "\n" not in msg
+    _assert_intact(run, before)
+    monkeypatch.undo()  # room again: the run resumes from step 2
+    resumed = Trainer(make_cfg("max_steps=4", "save_every=2"), run, log=lambda *a: None)
+    assert resumed.step == 2
+    assert resumed.train()["step"] == 4
+
+
+def test_unwritable_run_dir_while_saving(run, make_cfg, monkeypatch):
+    """Permission denied on the checkpoint folder (as root chmod does not block writes, so
+    the refusal is simulated where the checkpoint's temporary folder is created)."""
+    before = _snapshot(run / "checkpoints/step-0000002")
+    trainer = Trainer(make_cfg("max_steps=3", "save_every=1"), run, log=lambda *a: None)
+
+    def mkdtemp(*args, **kwargs):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(run / "checkpoints"))
+
+    monkeypatch.setattr(ckpt.tempfile, "mkdtemp", mkdtemp)
+    with pytest.raises(UserError, match="could not save a checkpoint .Permission denied.; the previous"):
+        trainer.train()
+    _assert_intact(run, before)
+
+
+def test_disk_full_writing_metrics_or_best_weights(run, make_cfg, monkeypatch):
+    trainer = Trainer(make_cfg("max_steps=3", "eval_every=3"), run, log=lambda *a: None)
+    best = (run / "best.safetensors").read_bytes()
+    real_open = open
+
+    def full_open(path, mode="r", *args, **kwargs):
+        if str(path).endswith("metrics.jsonl") and "a" in mode:
+            _enospc()
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", full_open)
+    with pytest.raises(UserError, match="metrics.jsonl: cannot write .No space left on device."):
+        trainer.train()
+    monkeypatch.undo()
+
+    trainer = Trainer(make_cfg("max_steps=3", "eval_every=3"), run, log=lambda *a: None)
+    trainer.best_bleu = -1.0  # so that the evaluation at step 3 writes best.safetensors
+    import safetensors.torch
+
+    real = safetensors.torch.save_file
+
+    def half_then_full(tensors, path, metadata=None):
+        real(tensors, path, metadata=metadata)
+        Path(path).write_bytes(Path(path).read_bytes()[:500])
+        _enospc()
+
+    monkeypatch.setattr(ckpt, "save_file", half_then_full)  # best.safetensors goes through atomic_write
+    with pytest.raises(UserError, match="best.safetensors: cannot write .No space left on device.; any earlier"):
+        trainer.train()
+    assert (run / "best.safetensors").read_bytes() == best
+    assert not list(run.glob(".best.safetensors.*"))
