@@ -1,0 +1,81 @@
+"""``transformer attention``: heatmaps of every attention weight for one sentence, and the
+encoder heads that link one word to another (the seed's "it" -> "animal")."""
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("attention", help="draw the attention weights of one sentence and its translation")
+    p.add_argument("sentence", help="the source sentence")
+    p.add_argument("--model", required=True, help="run directory or .safetensors file")
+    p.add_argument("--out", help="picture to write: PNG, or HTML with --html (or a .html name)")
+    p.add_argument("--html", action="store_true", help="write a self-contained HTML page instead of a PNG")
+    p.add_argument("--layer", type=int, help="layer of the enlarged head, from 1 (default: the last)")
+    p.add_argument("--head", type=int, default=1, help="the enlarged head, from 1 (default: 1)")
+    p.add_argument("--kind", choices=["all", "encoder", "decoder", "cross"], default="all",
+                   help="which attention to draw in the PNG (default: all three)")
+    p.add_argument("--beam", type=int, default=4, help="beam size of the translation (1 = greedy)")
+    p.add_argument("--target", help="use this translation instead of the model's own")
+    p.add_argument("--focus", metavar="WORD", help="rank the encoder heads by attention from WORD ...")
+    p.add_argument("--to", metavar="WORD", help="... to this WORD (e.g. --focus it --to animal)")
+    p.add_argument("--vs", metavar="WORD", help="... and show the attention to this WORD beside it (e.g. --vs street)")
+    p.add_argument("--device", default="cpu")
+    p.set_defaults(func=run)
+
+
+def _check(args) -> None:
+    from ..errors import UserError
+
+    if not args.sentence.strip():
+        raise UserError("the sentence is empty; give some text to look at")
+    if args.out is None and args.focus is None:
+        raise UserError("nothing to do: give --out FILE (a picture) and/or --focus WORD --to WORD (a table)")
+    if (args.focus is None) != (args.to is None):
+        raise UserError("--focus and --to go together, e.g. --focus it --to animal")
+    if args.vs is not None and args.focus is None:
+        raise UserError("--vs needs --focus and --to, e.g. --focus it --to animal --vs street")
+    if args.html and args.out is None:
+        raise UserError("--html needs --out FILE")
+    if args.beam < 1:
+        raise UserError(f"--beam must be at least 1, got {args.beam}")
+
+
+def _check_head(args, cfg) -> tuple[int, int]:
+    """The enlarged head's (layer, head), from 0."""
+    from ..errors import UserError
+
+    layer = cfg.n_layers if args.layer is None else args.layer
+    if not 1 <= layer <= cfg.n_layers:
+        raise UserError(f"--layer {layer} is out of range: the model has {cfg.n_layers} layers (1..{cfg.n_layers})")
+    if not 1 <= args.head <= cfg.n_heads:
+        raise UserError(f"--head {args.head} is out of range: the model has {cfg.n_heads} heads (1..{cfg.n_heads})")
+    return layer - 1, args.head - 1
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..translator import load_translator
+    from ..viz.maps import KINDS, collect_attention, format_links, prepare_pair, rank_heads
+
+    _check(args)
+    translator = load_translator(args.model, beam_size=args.beam, device=args.device)
+    layer, head = _check_head(args, translator.model.cfg)
+    pair = prepare_pair(translator, args.sentence, args.target)
+    maps = collect_attention(translator.model, pair, translator.subwords.id_to_piece)
+    print(f"translation: {pair.translation}")
+    if args.focus is not None:
+        links = rank_heads(maps, args.focus, args.to, args.vs)
+        print(format_links(links, args.focus, args.to, len(maps.src_pieces), args.vs))
+    if args.out is None:
+        return 0
+    if args.html or args.out.lower().endswith((".html", ".htm")):
+        from ..viz.html import write_html
+
+        write_html(maps, args.out)
+    else:
+        from ..viz.heatmap import draw_attention, save_png
+
+        kinds = KINDS if args.kind == "all" else (args.kind,)
+        save_png(draw_attention(maps, layer, head, kinds), args.out)
+    print(f"wrote {args.out}")
+    return 0

@@ -1,0 +1,6 @@
+"""Looking inside a trained model: attention heatmaps (PNG and HTML), the heads that link
+one word to another, and the forward pass step by step in the seed article's ten steps."""
+from .maps import KINDS, AttentionMaps, Pair, collect_attention, prepare_pair, rank_heads
+from .walkthrough import Walkthrough, walk
+
+__all__ = ["KINDS", "AttentionMaps", "Pair", "collect_attention", "prepare_pair", "rank_heads", "Walkthrough", "walk"]

@@ -1,0 +1,188 @@
+"""The attention weights of one sentence pair, taken from the real model.
+
+The sentence is translated first; the model is then re-run with teacher forcing on
+(sentence, translation) with ``return_weights=True``, so the weights are exactly the ones
+the model used to produce that translation's probabilities.
+
+Shape legend (one sentence, the batch dimension dropped)
+    L  layers    H  heads    S  source subwords + </s>    T  <s> + target subwords
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..errors import UserError
+
+KINDS = ("encoder", "decoder", "cross")
+KIND_TITLES = {
+    "encoder": "encoder self-attention",
+    "decoder": "decoder masked self-attention",
+    "cross": "encoder-decoder (cross) attention",
+}
+WORD_START = "\u2581"  # sentencepiece's word-start marker
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A source sentence and its translation as ids, ready for teacher forcing."""
+
+    source: str
+    translation: str
+    src_ids: list[int]  # subwords + EOS: exactly what the encoder saw when translating
+    tgt_ids: list[int]  # the translation's subwords, without BOS / EOS
+
+
+@dataclass(frozen=True)
+class AttentionMaps:
+    """Per-layer, per-head attention weights of one sentence pair (float32, on the CPU)."""
+
+    source: str
+    translation: str
+    src_pieces: list[str]  # S column / row labels of the encoder
+    tgt_in_pieces: list[str]  # T: <s> + translation, what each decoder position reads
+    tgt_out_pieces: list[str]  # T: translation + </s>, what each decoder position predicts
+    encoder: Tensor  # (L, H, S, S)
+    decoder: Tensor  # (L, H, T, T), zero above the diagonal
+    cross: Tensor  # (L, H, T, S)
+
+    @property
+    def n_layers(self) -> int:
+        return self.encoder.size(0)
+
+    @property
+    def n_heads(self) -> int:
+        return self.encoder.size(1)
+
+    def weights(self, kind: str) -> Tensor:
+        """(L, H, rows, cols) weights of ``kind`` (one of :data:`KINDS`)."""
+        return {"encoder": self.encoder, "decoder": self.decoder, "cross": self.cross}[kind]
+
+    def labels(self, kind: str) -> tuple[list[str], list[str]]:
+        """(row labels, column labels) of ``kind``: queries down, keys across.
+
+        Cross-attention rows are labelled with the token each position *predicts*, the
+        usual way to read an alignment; decoder self-attention rows and columns with the
+        tokens the positions read.
+        """
+        if kind == "encoder":
+            return self.src_pieces, self.src_pieces
+        if kind == "decoder":
+            return self.tgt_in_pieces, self.tgt_in_pieces
+        return self.tgt_out_pieces, self.src_pieces
+
+
+def prepare_pair(translator, sentence: str, target: str | None = None) -> Pair:
+    """Translate ``sentence`` with ``translator`` (or take ``target`` as the translation)
+    and return the ids to teacher-force. Raises UserError for an empty sentence."""
+    if not sentence.strip():
+        raise UserError("the sentence is empty; give some text to look at")
+    if "\n" in sentence:
+        raise UserError("give one sentence (the text holds a line break)")
+    src_ids = translator.encode(sentence)
+    room = translator.model.cfg.max_len - 1  # one position for BOS
+    if target is None:
+        best = translator.translate_nbest([sentence], 1)[0][0]
+        tgt_ids, translation = best.tokens[:room], best.text
+    else:
+        tgt_ids, translation = translator.subwords.encode(target)[:room], target
+    return Pair(sentence, translation, src_ids, list(tgt_ids))
+
+
+@torch.inference_mode()
+def collect_attention(model, pair: Pair, id_to_piece) -> AttentionMaps:
+    """Teacher-force ``pair`` through ``model`` (in eval mode) and gather every weight.
+
+    Args:
+        model: a :class:`~transformer.Transformer`.
+        pair: from :func:`prepare_pair`.
+        id_to_piece: id -> subword string, for the labels.
+    """
+    cfg = model.cfg
+    device = next(model.parameters()).device
+    src = torch.tensor([pair.src_ids], device=device)  # (1, S)
+    tgt_in = torch.tensor([[cfg.bos_id, *pair.tgt_ids]], device=device)  # (1, T)
+    memory, enc_w = model.encode(src, return_weights=True)
+    _, _, dec_w = model.decode(tgt_in, model.start_cache(memory, src), return_weights=True)
+    stack = lambda ws: torch.stack([w[0].float().cpu() for w in ws])  # noqa: E731  (L, H, ., .)
+    return AttentionMaps(
+        source=pair.source,
+        translation=pair.translation,
+        src_pieces=[id_to_piece(i) for i in pair.src_ids],
+        tgt_in_pieces=[id_to_piece(i) for i in tgt_in[0].tolist()],
+        tgt_out_pieces=[id_to_piece(i) for i in [*pair.tgt_ids, cfg.eos_id]],
+        encoder=stack(enc_w),
+        decoder=stack([s for s, _ in dec_w]),
+        cross=stack([c for _, c in dec_w]),
+    )
+
+
+# ---- "which heads link 'it' to 'animal'?" --------------------------------------------------
+
+def words(pieces: list[str]) -> list[tuple[str, list[int]]]:
+    """Group subword pieces into words: [(word, [piece indices])]. A piece that starts
+    with "▁" or is a special token (<s>, </s>) starts a new word."""
+    out: list[tuple[str, list[int]]] = []
+    for i, p in enumerate(pieces):
+        if not out or p.startswith(WORD_START) or _is_special(p) or _is_special(out[-1][0]):
+            out.append((p.removeprefix(WORD_START), [i]))
+        else:
+            out[-1] = (out[-1][0] + p, out[-1][1] + [i])
+    return out
+
+
+def _is_special(word: str) -> bool:
+    return word.startswith("<") and word.endswith(">") and len(word) > 2
+
+
+def find_word(pieces: list[str], word: str) -> list[int]:
+    """Piece indices of the first word equal to ``word`` (case-insensitive)."""
+    for w, idx in words(pieces):
+        if w.lower() == word.strip().lower():
+            return idx
+    known = " ".join(w for w, _ in words(pieces))
+    raise UserError(f"{word!r} is not a word of the source sentence (its words: {known})")
+
+
+@dataclass(frozen=True)
+class HeadLink:
+    """How much one encoder head makes ``word`` attend to ``target``."""
+
+    layer: int  # counted from 1
+    head: int  # counted from 1
+    weight: float  # attention from word to target, summed over target pieces, mean over word pieces
+    top_word: str  # the word this head makes ``word`` attend to most (itself included)
+    top_weight: float
+    contrast: float | None = None  # the same weight towards a contrasting word, if one was given
+
+
+def rank_heads(maps: AttentionMaps, word: str, target: str, contrast: str | None = None) -> list[HeadLink]:
+    """Every encoder head, ranked by how strongly ``word`` attends to ``target`` (and, for
+    comparison, to ``contrast``: "it" -> "animal" rather than "street")."""
+    rows, cols = find_word(maps.src_pieces, word), find_word(maps.src_pieces, target)
+    other = find_word(maps.src_pieces, contrast) if contrast is not None else None
+    w = maps.encoder[:, :, rows, :].mean(dim=2)  # (L, H, S): the word's attention row
+    groups = words(maps.src_pieces)
+    per_word = torch.stack([w[..., idx].sum(-1) for _, idx in groups], dim=-1)  # (L, H, n_words)
+    links = []
+    for layer in range(maps.n_layers):
+        for head in range(maps.n_heads):
+            top = int(per_word[layer, head].argmax())
+            links.append(HeadLink(layer + 1, head + 1, float(w[layer, head, cols].sum()),
+                                  groups[top][0], float(per_word[layer, head, top]),
+                                  None if other is None else float(w[layer, head, other].sum())))
+    return sorted(links, key=lambda h: -h.weight)
+
+
+def format_links(links: list[HeadLink], word: str, target: str, n_src: int, contrast: str | None = None) -> str:
+    """The ranked table ``transformer attention --focus`` prints."""
+    extra = f"  {word + '->' + contrast:>14}" if contrast else ""
+    lines = [f"encoder heads ranked by attention from {word!r} to {target!r} "
+             f"(layers and heads counted from 1; uniform attention would give about {1 / n_src:.3f} per piece)",
+             f"{'rank':>4}  {'layer':>5}  {'head':>4}  {word + '->' + target:>14}{extra}  {word}'s strongest link"]
+    for rank, h in enumerate(links, 1):
+        more = f"  {h.contrast:>14.3f}" if h.contrast is not None else ""
+        lines.append(f"{rank:>4}  {h.layer:>5}  {h.head:>4}  {h.weight:>14.3f}{more}  {h.top_word} ({h.top_weight:.3f})")
+    return "\n".join(lines)
