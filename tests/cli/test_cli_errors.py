@@ -182,13 +182,14 @@ def test_usage_errors_exit_2(cli):
         assert "usage: transformer" in r.err and "Traceback" not in r.err
 
 
-@pytest.mark.parametrize("command", [None, "demo", "train", "translate", "evaluate", "average"])
+@pytest.mark.parametrize("command", [None, "demo", "train", "translate", "evaluate", "average", "attention",
+                                     "explain", "serve", "export"])
 def test_help_exits_0(command, cli):
     r = cli(*([command] if command else []), "--help")
     assert r.code == 0 and r.err == ""
     assert r.out.startswith(f"usage: transformer{' ' + command if command else ''}")
     if command is None:
-        for name in ("demo", "train", "translate", "evaluate", "average"):
+        for name in ("demo", "train", "translate", "evaluate", "average", "attention", "explain", "serve", "export"):
             assert name in r.out
 
 

@@ -5,12 +5,19 @@ Hugging Face Marian (import and export).
 when a Marian function is called.
 """
 from .marian import config_from_marian, config_to_marian, from_marian, load_marian, save_marian, to_marian
+from .ctranslate2 import save_ctranslate2, to_ctranslate2_spec
 from .layout import to_concat_layout
+from .onnx import check_onnx, export_onnx, greedy_onnx
 from .torch_nn import load_from_torch_nn
 
 __all__ = [
     "load_from_torch_nn",
     "to_concat_layout",
+    "save_ctranslate2",
+    "to_ctranslate2_spec",
+    "export_onnx",
+    "check_onnx",
+    "greedy_onnx",
     "from_marian",
     "load_marian",
     "to_marian",

@@ -1,0 +1,199 @@
+"""Export to CTranslate2, built directly from our weights with ``ctranslate2.specs``.
+
+CTranslate2 runs the same post-norm (or pre-norm) Transformer in C++, with its own beam
+search and optional int8 weights. The spec is filled from our modules:
+
+    encoder.embeddings[0] / decoder.embeddings  <- src_embed / tgt_embed (scaled by sqrt(d_model))
+    */position_encodings.encodings              <- our sinusoid table, registered explicitly
+    decoder.projection (weight, bias)           <- out_proj (or the tied embedding), out_bias
+    self_attention.linear[0] / linear[1]        <- [q_proj; k_proj; v_proj] fused / out_proj
+    attention.linear[0] / [1] / [2]             <- cross_attn q_proj / [k_proj; v_proj] / out_proj
+    ffn.linear_0 / linear_1 (/ linear_0_noact)  <- fc1 / fc2 (swiglu: gate / fc2 / fc1)
+    *.layer_norm                                <- the LayerNorm of that sub-layer's block
+
+Positions. CTranslate2 builds its own sinusoid table ([sin | cos], our ``"concat"``)
+only when a spec gives none. We register ours, so a model with the paper's interleaved
+layout exports exactly, without a permutation, and positions past ``max_len`` are refused
+there as here.
+
+Tokens. The vocabulary is the subword pieces in id order: ``<pad>`` 0, ``<s>`` 1, ``</s>``
+2, ``<unk>`` 3 for models trained here. The decoder starts from the piece of ``bos_id``,
+stops on the piece of ``eos_id``, and EOS is appended to the source (``add_source_eos``),
+as :class:`~transformer.translator.Translator` does. Feed CTranslate2 the pieces of
+``Subwords.pieces(text)``.
+
+Decoding differences to know (see ``tests/export/test_ctranslate2.py``):
+  * CTranslate2's ``length_penalty`` divides by ``len ** alpha`` (len without EOS); ours by
+    GNMT's ``((5 + len) / 6) ** alpha`` (len with EOS). They agree at 0:
+    ``length_penalty=0`` here is ``alpha=0`` in :func:`~transformer.decode.beam_search`.
+  * At ``max_decoding_length`` CTranslate2 keeps the unfinished hypotheses; ours forces EOS.
+  * Our searches never emit PAD or BOS: their log-probabilities are set to -inf after the
+    softmax. CTranslate2's ``suppress_sequences=[["<pad>"], ["<s>"]]`` masks them before its
+    softmax instead, which renormalises each step and can reorder close beam hypotheses;
+    without it the searches agree token for token (a trained model does not pick PAD/BOS).
+  * ``min_decoding_length=m`` there is ``min_length=m + 1`` here (ours counts EOS).
+
+Quantisation. ``quantization="int8"`` stores int8 weights (a quarter of the size);
+CTranslate2 can also quantise an fp32 model when loading it:
+``ctranslate2.Translator(path, compute_type="int8")``.
+
+``ctranslate2`` is an optional dependency (the ``export`` extra), imported inside the functions.
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from ..model import Transformer
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ctranslate2.specs import TransformerSpec
+
+SPECIALS = ("pad_id", "bos_id", "eos_id")
+QUANTIZATIONS = ("int8", "int8_float32", "int16", "float16", "bfloat16", "float32")
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(f"to_ctranslate2: {msg}")
+
+
+def _np(t: Tensor) -> np.ndarray:
+    return t.detach().to(device="cpu", dtype=torch.float32).numpy().copy()
+
+
+def _linear(spec, *layers: nn.Linear) -> None:
+    """Fill a LinearSpec with one Linear, or several fused along the output axis."""
+    spec.weight = np.concatenate([_np(m.weight) for m in layers], axis=0)
+    spec.bias = np.concatenate([_np(m.bias) for m in layers], axis=0)
+
+
+def _norm(spec, norm: nn.LayerNorm) -> None:
+    spec.gamma = _np(norm.weight)
+    spec.beta = _np(norm.bias)
+
+
+def _ffn(spec, block, ffn) -> None:
+    _norm(spec.layer_norm, block.norm)
+    if ffn.gate is not None:  # swiglu: CT2 computes act(linear_0 x) * linear_0_noact x
+        _linear(spec.linear_0, ffn.gate)
+        _linear(spec.linear_0_noact, ffn.fc1)
+    else:
+        _linear(spec.linear_0, ffn.fc1)
+    _linear(spec.linear_1, ffn.fc2)
+
+
+def _activation(name: str):
+    from ctranslate2.specs import common_spec
+
+    act = common_spec.Activation
+    # F.gelu is the exact (erf) GELU, CT2's GELU; swiglu is silu-gated (SWISH with a GLU)
+    return {"relu": act.RELU, "gelu": act.GELU, "silu": act.SWISH, "swiglu": act.SWISH}[name]
+
+
+@torch.no_grad()
+def to_ctranslate2_spec(model: Transformer, vocab: list[str]) -> "TransformerSpec":
+    """A validated ``ctranslate2.specs.TransformerSpec`` computing what ``model`` computes.
+
+    Args:
+        model: our Transformer (any dtype; weights are written as float32).
+        vocab: the token strings in id order (``Subwords.vocab()``), one per id of the
+            source and target vocabularies (one joint vocabulary).
+
+    Raises:
+        ValueError: for what CTranslate2 cannot express (a final LayerNorm on a post-norm
+            model) or a vocabulary that does not fit the model.
+    """
+    from ctranslate2.specs import transformer_spec
+
+    cfg = model.cfg
+    _check(not (cfg.use_final_norm and not cfg.norm_first),
+           "CTranslate2 has a final LayerNorm only in pre-norm models; this post-norm model has one")
+    _check(len(vocab) == cfg.vocab_size == cfg.target_vocab_size,
+           f"{len(vocab)} vocabulary entries, but the model has {cfg.vocab_size} source and "
+           f"{cfg.target_vocab_size} target ids; one joint vocabulary is needed")
+    _check(len(set(vocab)) == len(vocab), "the vocabulary has duplicate entries")
+    for name in SPECIALS:
+        _check(getattr(cfg, name) < len(vocab), f"{name} is outside the vocabulary")
+
+    common = dict(pre_norm=cfg.norm_first, no_final_norm=not cfg.use_final_norm,
+                  activation=_activation(cfg.ffn_activation), ffn_glu=cfg.ffn_activation == "swiglu")
+    spec = transformer_spec.TransformerSpec(
+        transformer_spec.TransformerEncoderSpec(cfg.n_layers, cfg.n_heads, **common),
+        transformer_spec.TransformerDecoderSpec(cfg.n_layers, cfg.n_heads, **common))
+    positions = _np(model.positions.pe)  # (max_len, C), whatever the layout
+
+    enc = spec.encoder
+    enc.embeddings[0].weight = _np(model.src_embed.weight)
+    enc.scale_embeddings = True  # x sqrt(d_model), as TokenEmbedding does
+    enc.position_encodings.encodings = positions
+    if model.encoder.norm is not None:
+        _norm(enc.layer_norm, model.encoder.norm)
+    for ls, layer in zip(enc.layer, model.encoder.layers):
+        att = layer.self_attn
+        _linear(ls.self_attention.linear[0], att.q_proj, att.k_proj, att.v_proj)
+        _linear(ls.self_attention.linear[1], att.out_proj)
+        _norm(ls.self_attention.layer_norm, layer.attn_block.norm)
+        _ffn(ls.ffn, layer.ffn_block, layer.ffn)
+
+    dec = spec.decoder
+    dec.embeddings.weight = _np(model.tgt_embed.weight)
+    dec.scale_embeddings = True
+    dec.position_encodings.encodings = positions
+    dec.start_from_zero_embedding = False  # the decoder starts from BOS's embedding
+    if model.decoder.norm is not None:
+        _norm(dec.layer_norm, model.decoder.norm)
+    for ls, layer in zip(dec.layer, model.decoder.layers):
+        att, cross = layer.self_attn, layer.cross_attn
+        _linear(ls.self_attention.linear[0], att.q_proj, att.k_proj, att.v_proj)
+        _linear(ls.self_attention.linear[1], att.out_proj)
+        _norm(ls.self_attention.layer_norm, layer.self_block.norm)
+        _linear(ls.attention.linear[0], cross.q_proj)
+        _linear(ls.attention.linear[1], cross.k_proj, cross.v_proj)
+        _linear(ls.attention.linear[2], cross.out_proj)
+        _norm(ls.attention.layer_norm, layer.cross_block.norm)
+        _ffn(ls.ffn, layer.ffn_block, layer.ffn)
+    out_weight = model.tgt_embed.weight if model.out_proj is None else model.out_proj.weight
+    dec.projection.weight = _np(out_weight)  # tied: equal arrays are stored once (aliases)
+    if model.out_bias is not None:
+        dec.projection.bias = _np(model.out_bias)
+
+    c = spec.config
+    c.unk_token = "<unk>" if "<unk>" in vocab else vocab[cfg.pad_id]
+    c.bos_token = vocab[cfg.bos_id]
+    c.eos_token = vocab[cfg.eos_id]
+    c.decoder_start_token = vocab[cfg.bos_id]
+    c.add_source_bos = False
+    c.add_source_eos = True  # the Translator feeds `ids + [eos]`
+    c.layer_norm_epsilon = float(cfg.layer_norm_eps)
+    spec.register_source_vocabulary(list(vocab))
+    spec.register_target_vocabulary(list(vocab))
+    spec.validate()
+    return spec
+
+
+def save_ctranslate2(model: Transformer, out_dir: str | Path, vocab: list[str],
+                     subwords_model: str | Path | None = None, quantization: str | None = None) -> Path:
+    """Write a CTranslate2 model directory (``model.bin``, ``config.json``,
+    ``shared_vocabulary.json``, and a copy of ``subwords_model`` when given).
+
+    ``out_dir`` must not exist or be empty. ``quantization`` is one of :data:`QUANTIZATIONS`
+    or None (float32). Returns the directory.
+    """
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
+    spec = to_ctranslate2_spec(model, vocab)
+    spec.optimize(quantization=quantization)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if any(out_dir.iterdir()):
+        raise ValueError(f"{out_dir}: not empty")
+    spec.save(str(out_dir))
+    if subwords_model is not None:
+        shutil.copyfile(subwords_model, out_dir / "subwords.model")
+    return out_dir

@@ -1,0 +1,225 @@
+"""Export to ONNX: the encoder and one decoder step, with the KV cache as explicit tensors.
+
+Two graphs, exported with torch's TorchScript-based exporter (``dynamo=False``; the newer
+exporter needs ``onnxscript``, which the project does not install), opset 17:
+
+    encoder.onnx
+        in:  src        (B, S) int64, right-padded with pad_id, each sentence ending in EOS
+        out: memory     (B, S, C) float32
+             cross_k_i, cross_v_i   (B, H, S, D) per decoder layer i: the cross-attention
+                                    K/V, projected once (``Transformer.start_cache``)
+    decoder_step.onnx
+        in:  tokens     (B, 1) int64, the token at position T_past (BOS first)
+             src_mask   (B, S) bool, True = real source token (``src != pad_id``)
+             cross_k_i, cross_v_i   from the encoder
+             past_k_i, past_v_i     (B, H, T_past, D) self-attention K/V of the earlier
+                                    positions; T_past = 0 at the first step
+        out: logits     (B, V) float32, for the next token
+             present_k_i, present_v_i   (B, H, T_past + 1, D): feed them back as past_*
+
+All of B, S and T_past are dynamic. The position of ``tokens`` is T_past, read from the
+shape of ``past_k_0``. :func:`check_onnx` runs both graphs with onnxruntime against the
+model; :func:`greedy_onnx` is a reference decoding loop on them.
+
+``onnx`` and ``onnxruntime`` are optional dependencies (the ``export`` extra).
+"""
+from __future__ import annotations
+
+import copy
+import json
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from ..model import KVCache, Transformer
+
+OPSET = 17
+ENCODER, DECODER = "encoder.onnx", "decoder_step.onnx"
+
+
+def _fp32(model: Transformer) -> Transformer:
+    """The model in float32 eval mode (a copy when it is in another dtype or training)."""
+    if model.training or next(model.parameters()).dtype != torch.float32:
+        model = copy.deepcopy(model).float().eval()
+    return model
+
+
+def _kv_names(prefix: str, n_layers: int) -> list[str]:
+    return [f"{prefix}_{kind}_{i}" for i in range(n_layers) for kind in ("k", "v")]
+
+
+class _EncoderGraph(nn.Module):
+    def __init__(self, model: Transformer) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, src: Tensor) -> tuple[Tensor, ...]:
+        memory = self.model.encode(src)
+        cache = self.model.start_cache(memory, src)
+        return (memory, *[t for kv in cache.cross_kv for t in kv])
+
+
+class _DecoderStepGraph(nn.Module):
+    def __init__(self, model: Transformer) -> None:
+        super().__init__()
+        self.model = model
+        self.n_layers = model.cfg.n_layers
+
+    def forward(self, tokens: Tensor, src_mask: Tensor, *kv: Tensor) -> tuple[Tensor, ...]:
+        n = self.n_layers
+        cross = tuple((kv[2 * i], kv[2 * i + 1]) for i in range(n))
+        past = tuple((kv[2 * n + 2 * i], kv[2 * n + 2 * i + 1]) for i in range(n))
+        cache = KVCache(cross_kv=cross, self_kv=past, memory_mask=src_mask[:, None, None, :])
+        logits, cache = self.model.decode(tokens, cache)
+        return (logits[:, -1], *[t for kv_ in cache.self_kv for t in kv_])
+
+
+def _example_inputs(model: Transformer, batch: int = 2, src_len: int = 5, past: int = 3):
+    cfg = model.cfg
+    g = torch.Generator().manual_seed(0)
+    low = max(cfg.pad_id, cfg.bos_id, cfg.eos_id) + 1
+    src = torch.randint(low, max(cfg.vocab_size, low + 1), (batch, src_len), generator=g)
+    src[:, -1] = cfg.eos_id
+    src[1:, -2:] = torch.tensor([cfg.eos_id, cfg.pad_id])  # the second row is padded
+    tokens = torch.randint(low, max(cfg.target_vocab_size, low + 1), (batch, 1), generator=g)
+    with torch.no_grad():
+        enc = _EncoderGraph(model)(src)
+        cache = model.start_cache(enc[0], src)
+        prefix = torch.full((batch, past), cfg.bos_id, dtype=torch.long)
+        prefix[:, 1:] = torch.randint(low, max(cfg.target_vocab_size, low + 1), (batch, past - 1), generator=g)
+        _, cache = model.decode(prefix, cache)
+    past_kv = [t for kv in cache.self_kv for t in kv]
+    return src, tokens, src != cfg.pad_id, list(enc[1:]), past_kv
+
+
+@torch.no_grad()
+def export_onnx(model: Transformer, out_dir: str | Path) -> Path:
+    """Write ``encoder.onnx``, ``decoder_step.onnx`` and ``onnx_config.json`` (the model
+    config and the graphs' input/output names) into ``out_dir``. Returns the directory."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model = _fp32(model)
+    src, tokens, src_mask, cross, past = _example_inputs(model)
+
+    with warnings.catch_warnings():
+        # The tracer warns where a shape becomes a Python int: the max_len check, and the
+        # causal mask that a one-token step never builds. Both are right for one-token steps.
+        # The other warning says the TorchScript exporter is the older one (see the docstring).
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        _export(model, out_dir, src, tokens, src_mask, cross, past)
+    return out_dir
+
+
+def _export(model, out_dir, src, tokens, src_mask, cross, past) -> None:
+    n = model.cfg.n_layers
+    cross_names, past_names, present_names = _kv_names("cross", n), _kv_names("past", n), _kv_names("present", n)
+    enc_out = ["memory", *cross_names]
+    enc_axes = {"src": {0: "batch", 1: "src_len"}, "memory": {0: "batch", 1: "src_len"},
+                **{name: {0: "batch", 2: "src_len"} for name in cross_names}}
+    torch.onnx.export(_EncoderGraph(model), (src,), str(out_dir / ENCODER), dynamo=False,
+                      input_names=["src"], output_names=enc_out, dynamic_axes=enc_axes, opset_version=OPSET)
+
+    dec_in = ["tokens", "src_mask", *cross_names, *past_names]
+    dec_out = ["logits", *present_names]
+    dec_axes = {"tokens": {0: "batch"}, "src_mask": {0: "batch", 1: "src_len"}, "logits": {0: "batch"},
+                **{name: {0: "batch", 2: "src_len"} for name in cross_names},
+                **{name: {0: "batch", 2: "past_len"} for name in past_names},
+                **{name: {0: "batch", 2: "total_len"} for name in present_names}}
+    torch.onnx.export(_DecoderStepGraph(model), (tokens, src_mask, *cross, *past), str(out_dir / DECODER),
+                      dynamo=False, input_names=dec_in, output_names=dec_out, dynamic_axes=dec_axes,
+                      opset_version=OPSET)
+    info = {"model_config": model.cfg.to_dict(), "opset": OPSET,
+            "encoder": {"inputs": ["src"], "outputs": enc_out},
+            "decoder_step": {"inputs": dec_in, "outputs": dec_out}}
+    (out_dir / "onnx_config.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+
+
+def _sessions(out_dir: Path):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = torch.get_num_threads()
+    opts.log_severity_level = 3
+    make = lambda name: ort.InferenceSession(str(out_dir / name), opts, providers=["CPUExecutionProvider"])  # noqa: E731
+    return make(ENCODER), make(DECODER)
+
+
+@torch.no_grad()
+def check_onnx(model: Transformer, out_dir: str | Path, src: Tensor | None = None,
+               past_lengths: tuple[int, ...] = (0, 1, 4)) -> dict[str, float]:
+    """Run the exported graphs with onnxruntime and compare with ``model``.
+
+    Checks the encoder output and the one-step logits (and the grown cache) after
+    ``past_lengths`` earlier target positions, on ``src`` (default: a padded random batch).
+    Returns the largest absolute differences {"memory": .., "logits": .., "present": ..}.
+    """
+    out_dir = Path(out_dir)
+    model = _fp32(model)
+    cfg = model.cfg
+    if src is None:
+        src = _example_inputs(model, batch=3, src_len=7)[0]
+    enc, dec = _sessions(out_dir)
+    outs = enc.run(None, {"src": src.numpy()})
+    memory = model.encode(src)
+    diffs = {"memory": float(np.abs(outs[0] - memory.numpy()).max()), "logits": 0.0, "present": 0.0}
+    src_mask = (src != cfg.pad_id).numpy()
+    g = torch.Generator().manual_seed(1)
+    for past in past_lengths:
+        tgt = torch.randint(cfg.eos_id + 1, cfg.target_vocab_size, (src.size(0), past + 1), generator=g)
+        tgt[:, 0] = cfg.bos_id
+        cache = model.start_cache(memory, src)
+        if past:
+            _, cache = model.decode(tgt[:, :past], cache)
+        feed = {"tokens": tgt[:, past:].numpy(), "src_mask": src_mask}
+        feed.update(zip(_kv_names("cross", cfg.n_layers), outs[1:]))
+        feed.update(zip(_kv_names("past", cfg.n_layers), _past_arrays(cache, src.size(0), model)))
+        got = dec.run(None, feed)
+        logits, cache = model.decode(tgt[:, past:], cache)
+        diffs["logits"] = max(diffs["logits"], float(np.abs(got[0] - logits[:, -1].numpy()).max()))
+        ours = [t.numpy() for kv in cache.self_kv for t in kv]
+        diffs["present"] = max(diffs["present"], max(float(np.abs(a - b).max()) for a, b in zip(got[1:], ours)))
+    return diffs
+
+
+def _past_arrays(cache: KVCache, batch: int, model: Transformer) -> list[np.ndarray]:
+    if cache.self_kv[0] is None:
+        empty = np.zeros((batch, model.cfg.n_heads, 0, model.cfg.d_head), dtype=np.float32)
+        return [empty] * (2 * model.cfg.n_layers)
+    return [t.numpy() for kv in cache.self_kv for t in kv]
+
+
+def greedy_onnx(out_dir: str | Path, src: Tensor, max_len: int, sessions=None) -> list[list[int]]:
+    """Greedy decoding on the exported graphs (a reference loop, not tuned): for each
+    sentence of ``src`` (B, S), its tokens up to and including EOS, at most ``max_len``
+    (EOS forced there, as in :func:`~transformer.decode.greedy_search`). PAD and BOS are
+    never chosen. Reads the config from ``onnx_config.json``."""
+    out_dir = Path(out_dir)
+    info = json.loads((out_dir / "onnx_config.json").read_text(encoding="utf-8"))
+    cfg = info["model_config"]
+    n, heads, d_head = cfg["n_layers"], cfg["n_heads"], cfg["d_model"] // cfg["n_heads"]
+    enc, dec = sessions or _sessions(out_dir)
+    batch = src.size(0)
+    outs = enc.run(None, {"src": src.numpy()})
+    feed = {"src_mask": (src != cfg["pad_id"]).numpy(), **dict(zip(_kv_names("cross", n), outs[1:]))}
+    feed.update({name: np.zeros((batch, heads, 0, d_head), np.float32) for name in _kv_names("past", n)})
+    tokens = np.full((batch, 1), cfg["bos_id"], dtype=np.int64)
+    result: list[list[int]] = [[] for _ in range(batch)]
+    done = np.zeros(batch, dtype=bool)
+    for step in range(1, max_len + 1):
+        got = dec.run(None, {**feed, "tokens": tokens})
+        logits = got[0]
+        logits[:, cfg["pad_id"]] = -np.inf
+        logits[:, cfg["bos_id"]] = -np.inf
+        best = logits.argmax(axis=-1) if step < max_len else np.full(batch, cfg["eos_id"])
+        for b in np.flatnonzero(~done):
+            result[b].append(int(best[b]))
+        done |= best == cfg["eos_id"]
+        if done.all():
+            break
+        feed.update(zip(_kv_names("past", n), got[1:]))
+        tokens = best[:, None].astype(np.int64)
+    return result
