@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The full CPU recipe end to end: train (at most 60 training minutes), average the last 10
+# checkpoints, beam-search the test set, score.   Usage: bash benchmarks/multi30k_recipe.sh en de
+set -euo pipefail
+cd "$(dirname "$0")/.."
+src=${1:-en}; tgt=${2:-de}
+config=configs/multi30k-$src-$tgt.yaml
+run=runs/multi30k-$src-$tgt
+[ -f "$config" ] || { echo "no recipe $config" >&2; exit 2; }
+export TRANSFORMER_DATA=${TRANSFORMER_DATA:-$(cd .. && pwd)/shared/data}
+make setup
+.venv/bin/transformer train --config "$config" --out "$run" --set progress=false
+.venv/bin/transformer average --model "$run" --last 10
+.venv/bin/transformer evaluate --model "$run" --split test_2016_flickr --beam 4 --output "$run/test.hyp" --json \
+  | tee "$run/test_scores.json"
+grep '"event": "stop"' "$run/metrics.jsonl" | tail -1
