@@ -28,17 +28,19 @@ class FeedForward(nn.Module):
         self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model)
         self.gate = nn.Linear(cfg.d_model, cfg.d_ff) if cfg.ffn_activation == "swiglu" else None
 
-    def forward(self, x: Tensor) -> Tensor:
-        h = self.fc1(x)  # (B, T, d_ff)
+    def hidden(self, x: Tensor) -> Tensor:
+        """The inner layer after its activation: (B, T, C) -> (B, T, d_ff)."""
+        h = self.fc1(x)
         if self.gate is not None:
-            h = h * F.silu(self.gate(x))
-        elif self.activation == "relu":
-            h = F.relu(h)
-        elif self.activation == "gelu":
-            h = F.gelu(h)
-        else:
-            h = F.silu(h)
-        return self.fc2(h)
+            return h * F.silu(self.gate(x))
+        if self.activation == "relu":
+            return F.relu(h)
+        if self.activation == "gelu":
+            return F.gelu(h)
+        return F.silu(h)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.hidden(x))
 
 
 class SublayerConnection(nn.Module):

@@ -82,15 +82,7 @@ def sublayer(block, x: Tensor, run: Callable[[Tensor], Tensor]) -> tuple[Tensor,
 
 def ffn_parts(ffn, x: Tensor) -> tuple[Tensor, Tensor]:
     """FeedForward.forward: (hidden after the activation (1, T, d_ff), output (1, T, C))."""
-    h = ffn.fc1(x)
-    if ffn.gate is not None:
-        h = h * F.silu(ffn.gate(x))
-    elif ffn.activation == "relu":
-        h = F.relu(h)
-    elif ffn.activation == "gelu":
-        h = F.gelu(h)
-    else:
-        h = F.silu(h)
+    h = ffn.hidden(x)
     return h, ffn.fc2(h)
 
 
