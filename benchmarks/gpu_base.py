@@ -1,0 +1,143 @@
+"""The paper's base model on one GPU: train on Multi30k-shaped batches, then decode.
+
+    .venv/bin/python benchmarks/gpu_base.py --minutes 3            # on a GPU machine
+    .venv/bin/python benchmarks/gpu_base.py --device cpu --steps 3 --decode 8   # smoke test
+
+Records training target tokens/s (bf16 autocast), MFU against both the bf16 matmul rate
+measured in the same run and the nominal peak (--peak-tflops, 790 for an H200), peak
+memory, and beam-4 / greedy decoding throughput over the test set's source sentences
+(random weights, so the output length is forced to 20 tokens as in ../shared/ANCHORS.md).
+Prints a Markdown table and, with --json, writes the figures to a file.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from transformer import ModelConfig, Transformer
+from transformer.decode import beam_search, greedy_search, pad_batch
+from transformer.train.step import paper_adam, train_step
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_tflops(device: torch.device, dtype: torch.dtype, n: int = 8192) -> float:
+    n = n if device.type == "cuda" else 2048
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    a @ b
+    sync(device)
+    times = []
+    for _ in range(5):
+        t = time.perf_counter()
+        a @ b
+        sync(device)
+        times.append(time.perf_counter() - t)
+    return 2 * n**3 / statistics.median(times) / 1e12
+
+
+def step_flops(cfg: ModelConfig, batch: int, s: int, t: int) -> float:
+    """Forward + backward matmul FLOPs of one update (3x the forward)."""
+    d, f, n = cfg.d_model, cfg.d_ff, cfg.n_layers
+    enc = n * (4 * d * d + 2 * d * f) * 2 * s + n * 4 * s * s * d
+    dec = n * (8 * d * d + 2 * d * f) * 2 * t + n * 4 * (t * t + t * s) * d
+    return 3 * batch * (enc + dec + 2 * t * d * cfg.vocab_size)
+
+
+class Batch:
+    def __init__(self, src, tgt):
+        self.src, self.tgt_in, self.tgt_out = src, tgt[:, :-1], tgt[:, 1:]
+        self.n_tgt_tokens = int((self.tgt_out != 0).sum())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--minutes", type=float, default=3.0, help="training time to measure")
+    ap.add_argument("--steps", type=int, default=0, help="stop after this many updates instead (0 = by time)")
+    ap.add_argument("--batch", type=int, default=512, help="sentence pairs per update")
+    ap.add_argument("--length", type=int, default=16, help="source and target tokens per sentence (Multi30k: ~14)")
+    ap.add_argument("--vocab", type=int, default=10000)
+    ap.add_argument("--decode", type=int, default=1000, help="test-set sentences to decode (0 = skip)")
+    ap.add_argument("--peak-tflops", type=float, default=790.0, help="nominal bf16 peak (H200: ~790)")
+    ap.add_argument("--json", help="write the figures here")
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("gpu_base.py: no CUDA device here; use --device cpu for a smoke test")
+    torch.manual_seed(0)
+    cfg = ModelConfig.preset("base", vocab_size=args.vocab, max_len=256)
+    model = Transformer(cfg).to(device)
+    opt = paper_adam(model.parameters())
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(4, args.vocab, (args.batch, args.length), generator=g).to(device)
+    tgt = torch.randint(4, args.vocab, (args.batch, args.length + 1), generator=g).to(device)
+    batch = Batch(src, tgt)
+    measured = matmul_tflops(device, torch.bfloat16)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+    times, start = [], time.perf_counter()
+    while True:
+        t = time.perf_counter()
+        train_step(model, [batch], opt, 1e-4, amp_dtype=torch.bfloat16)
+        sync(device)
+        times.append(time.perf_counter() - t)
+        if args.steps and len(times) >= args.steps:
+            break
+        if not args.steps and time.perf_counter() - start > args.minutes * 60:
+            break
+    steady = times[min(3, len(times) - 1):]  # the first updates include warm-up
+    step = statistics.median(steady)
+    flops = step_flops(cfg, args.batch, args.length, args.length) / step / 1e12
+    train_mem = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
+    out = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+           "params_M": model.num_parameters() / 1e6, "updates": len(times), "step_ms": step * 1e3,
+           "train_tgt_tokens_per_s": args.batch * args.length / step, "model_tflops": flops,
+           "matmul_tflops_measured": measured, "mfu_vs_measured": flops / measured,
+           "mfu_vs_nominal": flops / args.peak_tflops, "train_peak_mem_GiB": train_mem}
+
+    if args.decode:
+        from transformer.data import load_multi30k
+        from transformer.data.subwords import train_subwords
+
+        pairs = load_multi30k("test_2016_flickr", "en", "de")
+        with tempfile.TemporaryDirectory() as tmp:  # a small BPE gives realistic source lengths
+            sw = train_subwords([s for s, _ in pairs], Path(tmp) / "sw", vocab_size=min(1000, args.vocab))
+            ids = sorted((sw.encode(s)[:100] + [cfg.eos_id] for s, _ in pairs[: args.decode]), key=len)
+        model.eval()
+        for name, search in (("beam4", lambda x: beam_search(model, x, 4, 0.6, max_len_a=0, max_len_b=20, min_length=20)),
+                             ("greedy", lambda x: greedy_search(model, x, max_len_a=0, max_len_b=20, min_length=20))):
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            sync(device)
+            t = time.perf_counter()
+            n_tokens = 0
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                for i in range(0, len(ids), 128):
+                    hyps = search(pad_batch(ids[i:i + 128], cfg.pad_id, device))
+                    n_tokens += sum(len(h[0].tokens) for h in hyps)
+            sync(device)
+            secs = time.perf_counter() - t
+            out[f"decode_{name}_tokens_per_s"] = n_tokens / secs
+            out[f"decode_{name}_sentences_per_s"] = len(ids) / secs
+            out[f"decode_{name}_peak_mem_GiB"] = (torch.cuda.max_memory_allocated(device) / 2**30
+                                                  if device.type == "cuda" else float("nan"))
+    print("| figure | value |\n|---|---|")
+    for k, v in out.items():
+        print(f"| {k} | {v:,.3f} |" if isinstance(v, float) else f"| {k} | {v} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
