@@ -10,7 +10,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import random
 import subprocess
 import sys
 import time
@@ -28,9 +27,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 TRANSFORMER = str(Path(sys.executable).with_name("transformer"))
 
-SRC_WORDS = ("red blue green small big dog cat bird man woman child runs sits eats sees plays "
-             "with near under the a ball tree house car water park street").split()
-TGT_OF = {w: "x" + w[::-1] for w in SRC_WORDS}
+from tiny_corpus import SRC_WORDS, TGT_OF, write_corpus  # noqa: E402,F401  (shared by the test folders)
 
 # Inputs the tests translate: ordinary sentences, one with an unseen word and punctuation.
 SENTENCES = [
@@ -42,20 +39,6 @@ SENTENCES = [
 
 def subprocess_env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-
-
-def write_corpus(folder: Path, n_train: int = 400, n_valid: int = 20, seed: int = 0) -> dict[str, Path]:
-    rng = random.Random(seed)
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = {}
-    for split, n in (("train", n_train), ("valid", n_valid)):
-        sents = [[rng.choice(SRC_WORDS) for _ in range(rng.randint(2, 8))] for _ in range(n)]
-        for side, text in (("src", [" ".join(s) for s in sents]),
-                           ("tgt", [" ".join(TGT_OF[w] for w in s) for s in sents])):
-            path = folder / f"{split}.{side}"
-            path.write_text("".join(t + "\n" for t in text), encoding="utf-8")
-            paths[f"{split}_{side}"] = path
-    return paths
 
 
 @pytest.fixture(scope="session")
