@@ -5,6 +5,9 @@ CPU; dropout is 0 so that eval and train outputs are deterministic unless a test
 """
 from __future__ import annotations
 
+import io
+import sys
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import pytest
@@ -77,3 +80,47 @@ def rand_tokens() -> Callable[..., torch.Tensor]:
         return x
 
     return make
+
+
+# ---- the command line, in-process (used by the cli, export and viz tests) ----------------
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+
+@pytest.fixture
+def cli(capsys, monkeypatch):
+    """``cli(*argv, stdin=None)`` -> Result(code, out, err) from ``transformer.cli.main``."""
+    from transformer.cli import main
+
+    def run(*argv, stdin: str | None = None) -> Result:
+        capsys.readouterr()
+        if stdin is not None:
+            monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as e:  # argparse (--help, usage errors)
+            code = e.code if isinstance(e.code, int) else 1
+        captured = capsys.readouterr()
+        return Result(code, captured.out, captured.err)
+
+    return run
+
+
+def assert_one_line_error(r: Result, command: str, *mentions) -> None:
+    """Exit code 2 and exactly one stderr line ``transformer COMMAND: error: ...`` naming ``mentions``."""
+    assert r.code == 2, (r.code, r.err)
+    assert "Traceback" not in r.err + r.out
+    lines = r.err.splitlines()
+    assert len(lines) == 1, r.err
+    assert lines[0].startswith(f"transformer {command}: error: "), lines[0]
+    for m in mentions:
+        assert str(m) in lines[0], (m, lines[0])
+
+
+@pytest.fixture
+def one_line_error():
+    """``one_line_error(result, command, *mentions)``: see :func:`assert_one_line_error`."""
+    return assert_one_line_error

@@ -25,3 +25,39 @@ def write_corpus(folder: Path, n_train: int = 400, n_valid: int = 20, seed: int 
             path.write_text("".join(t + "\n" for t in text), encoding="utf-8")
             paths[f"{split}_{side}"] = path
     return paths
+
+
+def train_tiny_run(tmp_path_factory, name: str, **config) -> tuple[Path, dict[str, Path], Path]:
+    """Train one toy run per test session with the real ``transformer train`` command, shared
+    by the xdist workers (the first trains under a file lock, the others wait and reuse it).
+    ``config`` overrides the defaults below. Returns (run directory, corpus paths, config file)."""
+    import fcntl
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # shared by all workers
+    base = root / f"{name}-trained"
+    with open(root / f"{name}-trained.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        corpus = write_corpus(base / "corpus")
+        run, cfg_path = base / "run", base / "tiny.yaml"
+        if not (base / "done").exists():
+            cfg_path.write_text(yaml.safe_dump({
+                "dataset": "files", **{k: str(v) for k, v in corpus.items()},
+                "vocab_size": 120, "model": {"preset": "toy"}, "max_tokens": 512,
+                "lr_schedule": "inverse_sqrt", "peak_lr": 0.005, "warmup": 40,
+                "max_steps": 300, "eval_every": 300, "save_every": 300, "keep_last": 1, "log_every": 100,
+                "progress": False, "threads": 1, "precision": "fp32", **config,
+            }), encoding="utf-8")
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+            done = subprocess.run([str(Path(sys.executable).with_name("transformer")), "train",
+                                   "--config", str(cfg_path), "--out", str(run)],
+                                  capture_output=True, text=True, env=env, timeout=300)
+            assert done.returncode == 0, done.stderr[-3000:]
+            (base / "done").write_text("ok")
+    return run, corpus, cfg_path

@@ -17,7 +17,7 @@ from transformer.train.config import TrainConfig, apply_overrides, load_config
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from tiny_corpus import SRC_WORDS, TGT_OF, write_corpus  # noqa: E402,F401  (shared by the test folders)
+from tiny_corpus import write_corpus  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,6 @@ The run is a toy model trained for 200 steps on a synthetic word-for-word "langu
 """
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import subprocess
@@ -20,14 +19,13 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 TRANSFORMER = str(Path(sys.executable).with_name("transformer"))
 
-from tiny_corpus import SRC_WORDS, TGT_OF, write_corpus  # noqa: E402,F401  (shared by the test folders)
+from tiny_corpus import train_tiny_run  # noqa: E402
 
 # Inputs the tests translate: ordinary sentences, one with an unseen word and punctuation.
 SENTENCES = [
@@ -44,27 +42,7 @@ def subprocess_env() -> dict[str, str]:
 @pytest.fixture(scope="session")
 def run_dir(tmp_path_factory) -> Path:
     """A trained run directory (subwords.model, best.safetensors, checkpoints)."""
-    root = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        root = root.parent  # shared by all workers
-    base = root / "serve-trained"
-    with open(root / "serve-trained.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # the first worker trains, the others wait and reuse
-        run = base / "run"
-        if not (base / "done").exists():
-            corpus = write_corpus(base / "corpus")
-            config = base / "tiny.yaml"
-            config.write_text(yaml.safe_dump({
-                "dataset": "files", **{k: str(v) for k, v in corpus.items()},
-                "vocab_size": 120, "model": {"preset": "toy"}, "max_tokens": 512,
-                "lr_schedule": "inverse_sqrt", "peak_lr": 0.005, "warmup": 40,
-                "max_steps": 200, "eval_every": 200, "save_every": 200, "keep_last": 1, "log_every": 100,
-                "progress": False, "threads": 1, "precision": "fp32",
-            }), encoding="utf-8")
-            done = subprocess.run([TRANSFORMER, "train", "--config", str(config), "--out", str(run)],
-                                  capture_output=True, text=True, env=subprocess_env(), timeout=300)
-            assert done.returncode == 0, done.stderr[-3000:]
-            (base / "done").write_text("ok")
+    run, _, _ = train_tiny_run(tmp_path_factory, "serve", max_steps=200, eval_every=200, save_every=200)
     return run
 
 

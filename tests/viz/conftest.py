@@ -3,7 +3,6 @@ attention pictures and the walkthrough. The weights are random: these tests chec
 drawn and computed, not what a trained model attends to."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -44,41 +43,3 @@ def run_dir(tmp_path_factory) -> Path:
     return root
 
 
-@dataclass
-class Result:
-    code: int
-    out: str
-    err: str
-
-
-@pytest.fixture
-def cli(capsys):
-    """``cli(*argv)`` -> Result(code, stdout, stderr) from ``transformer.cli.main`` in-process."""
-    from transformer.cli import main
-
-    def run(*argv) -> Result:
-        capsys.readouterr()
-        try:
-            code = main([str(a) for a in argv])
-        except SystemExit as e:  # argparse usage errors
-            code = e.code if isinstance(e.code, int) else 1
-        captured = capsys.readouterr()
-        return Result(code, captured.out, captured.err)
-
-    return run
-
-
-@pytest.fixture
-def one_line_error():
-    """``one_line_error(result, command, *mentions)``: exit 2, one stderr line naming ``mentions``."""
-    return _one_line_error
-
-
-def _one_line_error(r: Result, command: str, *mentions: str) -> None:
-    assert r.code == 2, (r.code, r.err)
-    assert "Traceback" not in r.err + r.out
-    lines = r.err.splitlines()
-    assert len(lines) == 1, r.err
-    assert lines[0].startswith(f"transformer {command}: error: "), lines[0]
-    for m in mentions:
-        assert str(m) in lines[0], (m, lines[0])
