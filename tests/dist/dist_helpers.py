@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -12,23 +11,8 @@ from pathlib import Path
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 WORKER = str(Path(__file__).with_name("ddp_worker.py"))
 
-SRC_WORDS = ("red blue green small big dog cat bird man woman child runs sits eats sees plays "
-             "with near under the a ball tree house car water park street").split()
-TGT_OF = {w: "x" + w[::-1] for w in SRC_WORDS}
-
-
-def write_corpus(folder: Path, n_train: int = 400, n_valid: int = 20, seed: int = 0) -> dict[str, Path]:
-    rng = random.Random(seed)
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = {}
-    for split, n in (("train", n_train), ("valid", n_valid)):
-        sents = [[rng.choice(SRC_WORDS) for _ in range(rng.randint(2, 8))] for _ in range(n)]
-        for side, text in (("src", [" ".join(s) for s in sents]),
-                           ("tgt", [" ".join(TGT_OF[w] for w in s) for s in sents])):
-            path = folder / f"{split}.{side}"
-            path.write_text("".join(t + "\n" for t in text), encoding="utf-8")
-            paths[f"{split}_{side}"] = path
-    return paths
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, also for the torchrun workers
+from tiny_corpus import write_corpus  # noqa: E402,F401  (the corpus every test folder shares)
 
 
 def shared_dir(tmp_path_factory) -> Path:
