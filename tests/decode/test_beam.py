@@ -219,3 +219,22 @@ def test_extra_padding_never_changes_the_beam(decoder_model, ragged_src):
     assert [[h.tokens for h in hs] for hs in a] == [[h.tokens for h in hs] for hs in b]
     for ha, hb in zip(a, b):
         assert [h.score for h in ha] == pytest.approx([h.score for h in hb], abs=1e-5)
+
+
+@pytest.mark.parametrize("eos_bias", [-0.5, 2.0])
+@pytest.mark.parametrize("k, n_best, alpha, min_length", [(4, 1, 0.6, 0), (4, 3, 0.6, 0), (3, 2, 0.0, 0),
+                                                          (5, 5, 1.0, 3), (2, 1, 0.6, 0)])
+def test_beam_fast_equals_reference(make_model, rand_tokens, eos_bias, k, n_best, alpha, min_length):
+    """The vectorised stopping rule returns exactly what the per-sentence loop returns:
+    same tokens, same scores, same order, for sentences that stop early and at the limit."""
+    from reference_beam import reference_beam_search
+
+    model = make_model(seed=2, output_bias=True)
+    with torch.no_grad():
+        model.out_bias[model.cfg.eos_id] = eos_bias
+    src = rand_tokens([7, 2, 5, 1, 4, 9, 3, 6], width=9)
+    args = dict(beam_size=k, n_best=n_best, alpha=alpha, min_length=min_length, max_len_b=12)
+    fast = beam_search(model, src, **args)
+    slow = reference_beam_search(model, src, **args)
+    assert [as_tuples(h) for h in fast] == [as_tuples(h) for h in slow]
+    assert any(len(h[0].tokens) < 10 for h in fast)  # some sentences stop before their limit

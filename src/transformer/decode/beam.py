@@ -19,12 +19,11 @@ from torch import Tensor
 from .common import Hypothesis, force_eos, length_penalty, max_output_lengths, next_token_logprobs
 
 
-def _best_reachable(raw: float, step: int, limit: int, alpha: float) -> float:
-    """The highest normalised score a live hypothesis with log-prob ``raw`` (which can only
-    fall) could reach by finishing at some length in (step, limit]."""
-    if raw == float("-inf"):
-        return raw
-    return max(raw / length_penalty(step + 1, alpha), raw / length_penalty(limit, alpha))
+def _best_reachable(raw: Tensor, step: int, limit_lp: Tensor, alpha: float) -> Tensor:
+    """The highest normalised score each live hypothesis with log-prob ``raw`` (which can only
+    fall) could reach by finishing at some length in (step, limit]; ``limit_lp`` is the
+    length penalty at each one's limit. All float64, so the ranking matches Python floats."""
+    return torch.maximum(raw / length_penalty(step + 1, alpha), raw / limit_lp)
 
 
 @torch.no_grad()
@@ -68,6 +67,10 @@ def beam_search(
     scores[:, 0] = 0.0  # only one beam starts: the K start rows are identical
     last = torch.full((batch * k, 1), cfg.bos_id, dtype=torch.long, device=device)
     finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
+    # The n-th best finished score of each sentence (-inf until it has n_best), float64, and
+    # the length penalty at each sentence's limit, from Python floats like the scores.
+    nth_best = torch.full((batch,), float("-inf"), dtype=torch.float64, device=device)
+    limit_lp = torch.tensor([length_penalty(n, alpha) for n in limits.tolist()], dtype=torch.float64, device=device)
     step = 0
     while alive.numel() > 0:
         step += 1
@@ -86,11 +89,17 @@ def beam_search(
 
         # EOS among the K best candidates: a finished hypothesis.
         new_final = is_eos[:, :k] & torch.isfinite(top_scores[:, :k])
-        for a, j in new_final.nonzero().tolist():
-            row = a * k + int(top_beam[a, j])
-            raw = float(top_scores[a, j])
-            finished[int(alive[a])].append(Hypothesis(
-                seqs[row].tolist() + [cfg.eos_id], raw / length_penalty(step, alpha), raw))
+        if bool(new_final.any()):
+            touched = set()
+            for a, j in new_final.nonzero().tolist():
+                row = a * k + int(top_beam[a, j])
+                raw = float(top_scores[a, j])
+                b = int(alive[a])
+                finished[b].append(Hypothesis(seqs[row].tolist() + [cfg.eos_id], raw / length_penalty(step, alpha), raw))
+                touched.add(b)
+            for b in touched:
+                if len(finished[b]) >= n_best:
+                    nth_best[b] = sorted((h.score for h in finished[b]), reverse=True)[n_best - 1]
 
         # The K best non-EOS candidates stay live (a stable sort keeps score order).
         pick = torch.sort(is_eos.to(torch.uint8), dim=1, stable=True).indices[:, :k]
@@ -98,16 +107,11 @@ def beam_search(
         beam_of = top_beam.gather(1, pick)
         tok = top_tok.gather(1, pick)
 
-        keep = []
-        for a in range(n_alive):
-            b = int(alive[a])
-            done = bool(at_limit[a])
-            if not done and len(finished[b]) >= n_best:
-                nth = sorted((h.score for h in finished[b]), reverse=True)[n_best - 1]
-                best_live = _best_reachable(float(scores[a, 0]), step, int(limits[b]), alpha)
-                done = best_live <= nth
-            keep.append(not done)
-        keep_t = torch.tensor(keep, dtype=torch.bool, device=device)
+        # A sentence is done at its limit, or when its best live hypothesis cannot beat its
+        # n-th best finished one (never while it has fewer than n_best: nth_best is -inf).
+        best_live = _best_reachable(scores[:, 0].double(), step, limit_lp[alive], alpha)
+        nth = nth_best[alive]
+        keep_t = ~(at_limit | (torch.isfinite(nth) & (best_live <= nth)))
 
         rows = (torch.arange(n_alive, device=device)[:, None] * k + beam_of)  # (A, K) source rows
         rows, tok, scores = rows[keep_t].view(-1), tok[keep_t].view(-1, 1), scores[keep_t]
