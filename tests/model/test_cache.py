@@ -111,3 +111,23 @@ def test_grouped_cache_equals_replicated_cross_attention():
     pruned = grouped.index_select(torch.tensor([3, 4, 5]))
     assert pruned.cross_kv[0][0].size(0) == 1
     assert torch.equal(pruned.memory_mask, grouped.memory_mask[1:])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_unpadded_batches_skip_the_mask_with_the_same_numbers(make_model, rand_tokens, dtype):
+    """Without padding, encoder and cross-attention run maskless: bit for bit what the
+    all-True mask gives, on both attention paths (fused in fp32, explicit in bf16)."""
+    model = make_model(seed=3, dtype=dtype)
+    src = rand_tokens([6, 6, 6])
+    tgt = rand_tokens([4, 4, 4])
+    mask = model.src_mask(src)
+    assert bool(mask.all())
+    with torch.no_grad():
+        x = model.positions(model.src_embed(src))
+        assert torch.equal(model.encode(src), model.encoder(x, mask)[0])
+        cache = model.start_cache(model.encode(src), src)
+        assert not cache.padded and cache.attend_mask is None
+        masked = dataclasses.replace(cache, padded=True)
+        assert torch.equal(model.decode(tgt, cache)[0], model.decode(tgt, masked)[0])
+    padded = model.start_cache(model.encode(rand_tokens([6, 3])), rand_tokens([6, 3]))
+    assert padded.padded and padded.attend_mask is padded.memory_mask

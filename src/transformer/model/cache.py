@@ -19,12 +19,20 @@ class KVCache:
         memory_mask: (B_src, 1, 1, S) source padding mask, True = may attend.
         group: decoder rows per source sentence (the beam size in beam search). The rows
             of one sentence share its cross-attention K/V instead of holding copies.
+        padded: False when no source holds padding; cross-attention then skips the mask
+            (the same result, fewer operations).
     """
 
     cross_kv: tuple[tuple[Tensor, Tensor], ...]
     self_kv: tuple[tuple[Tensor, Tensor] | None, ...]
     memory_mask: Tensor
     group: int = 1
+    padded: bool = True
+
+    @property
+    def attend_mask(self) -> Tensor | None:
+        """The mask cross-attention needs: ``memory_mask``, or None when nothing is padding."""
+        return self.memory_mask if self.padded else None
 
     @property
     def length(self) -> int:
@@ -61,5 +69,5 @@ class KVCache:
         n_src = self.memory_mask.size(0)
         if sources.numel() == n_src and bool((sources == torch.arange(n_src, device=index.device)).all()):
             return replace(self, self_kv=self_kv)  # same sentences, same order: nothing to copy
-        return KVCache(cross_kv=tuple(pick(kv, sources) for kv in self.cross_kv), self_kv=self_kv,
-                       memory_mask=self.memory_mask.index_select(0, sources), group=self.group)
+        return replace(self, cross_kv=tuple(pick(kv, sources) for kv in self.cross_kv), self_kv=self_kv,
+                       memory_mask=self.memory_mask.index_select(0, sources))
