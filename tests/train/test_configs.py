@@ -23,7 +23,8 @@ def test_recipe_loads_and_builds_its_model(path):
     if path.name.startswith("multi30k-"):
         src, tgt = path.stem.split("-")[1:]
         assert (cfg.src_lang, cfg.tgt_lang) == (src, tgt)
-        assert (model.n_layers, model.d_model, model.d_ff, model.n_heads, model.dropout) == (4, 128, 256, 4, 0.3)
-        assert cfg.max_minutes == 60 and cfg.average_last == 10
+        # the published architecture; dropout 0.1, not 0.3 (see the configs' comments)
+        assert (model.n_layers, model.d_model, model.d_ff, model.n_heads, model.dropout) == (4, 128, 256, 4, 0.1)
+        assert cfg.max_minutes <= 60 and cfg.average_last == 10  # the issue's 60-minute CPU budget
     if path.name.startswith("wmt14-"):
         assert cfg.model["preset"] in ("base", "big") and cfg.vocab_size == 37000
