@@ -82,6 +82,22 @@ def rand_tokens() -> Callable[..., torch.Tensor]:
     return make
 
 
+# ---- a log= callback for Trainer (used by the run and faults tests) ---------------------
+class Log(list):
+    """A ``log=`` callback for Trainer that keeps the lines."""
+
+    def __call__(self, *parts) -> None:
+        self.append(" ".join(str(p) for p in parts))
+
+    def text(self) -> str:
+        return "\n".join(self)
+
+
+@pytest.fixture
+def log() -> Log:
+    return Log()
+
+
 # ---- the command line, in-process (used by the cli, export and viz tests) ----------------
 @dataclass
 class Result:

@@ -54,18 +54,3 @@ def write_config(corpus) -> Callable[..., Path]:
         return path
 
     return write
-
-
-class Log(list):
-    """A ``log=`` callback for Trainer that keeps the lines."""
-
-    def __call__(self, *parts) -> None:
-        self.append(" ".join(str(p) for p in parts))
-
-    def text(self) -> str:
-        return "\n".join(self)
-
-
-@pytest.fixture
-def log() -> Log:
-    return Log()

@@ -62,21 +62,6 @@ def run_overrides(corpus) -> list[str]:
     return base_overrides(corpus)
 
 
-class Log(list):
-    """A ``log=`` callback for Trainer that keeps the lines."""
-
-    def __call__(self, *parts) -> None:
-        self.append(" ".join(str(p) for p in parts))
-
-    def text(self) -> str:
-        return "\n".join(self)
-
-
-@pytest.fixture
-def log() -> Log:
-    return Log()
-
-
 def read_metrics(run_dir: Path) -> list[dict]:
     import json
 
