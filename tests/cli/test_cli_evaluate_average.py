@@ -11,6 +11,7 @@ import sacrebleu
 import torch
 from safetensors.torch import load_file
 
+from transformer.evaluate import tokenized_lc_bleu
 from transformer.translator import load_translator
 
 
@@ -26,6 +27,7 @@ def expected(trained):
         "bleu": bleu.corpus_score(hyps, [ref]).score,
         "chrf": chrf.corpus_score(hyps, [ref]).score,
         "bleu_lc": sacrebleu.BLEU(lowercase=True).corpus_score(hyps, [ref]).score,
+        "bleu_tok_lc": tokenized_lc_bleu(hyps, ref, "de")[0],  # tgt_lang of the run's config
         "bleu_signature": str(bleu.get_signature()),  # nrefs:1|case:mixed|eff:no|tok:13a|...
         "chrf_signature": str(chrf.get_signature()),
     }
@@ -50,6 +52,8 @@ def test_evaluate_json(trained, cli, expected, tmp_path):
     assert data["bleu"] == pytest.approx(expected["bleu"])
     assert data["chrf"] == pytest.approx(expected["chrf"])
     assert data["bleu_lc"] == pytest.approx(expected["bleu_lc"])
+    assert data["bleu_tok_lc"] == pytest.approx(expected["bleu_tok_lc"])
+    assert data["tok_lc_signature"].startswith("moses-lc:de|")
     assert data["bleu_signature"] == expected["bleu_signature"]
     assert data["chrf_signature"] == expected["chrf_signature"]
     assert data["n_sentences"] == 20 and data["beam"] == 4

@@ -14,6 +14,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ref", help="reference translations, untouched (.gz allowed)")
     p.add_argument("--split", help="instead of --src/--ref: a split of the run's dataset, e.g. test_2016_flickr "
                                    "(languages from the run's config.yaml)")
+    p.add_argument("--tgt-lang", help="target language for the lower-cased Moses-tokenised BLEU "
+                                      "(default: tgt_lang of the run's config.yaml; none: not computed)")
     p.add_argument("--data-dir", help="folder holding multi30k/ (default: $TRANSFORMER_DATA)")
     p.add_argument("--limit", type=int, default=0, help="score only the first N sentences (0 = all)")
     p.add_argument("--beam", type=int, default=4)
@@ -58,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     hyps = translator.translate(src)
     report_truncated(translator)
     seconds = time.perf_counter() - t0
-    scores = score(hyps, ref)
+    scores = score(hyps, ref, lang=args.tgt_lang or _run_config(args.model).get("tgt_lang"))
     if args.output:
         write_text_atomic(args.output, "".join(h + "\n" for h in hyps))
     if args.json:
@@ -79,8 +81,20 @@ def _split_pairs(args) -> tuple[list[str], list[str]]:
     config = Path(args.model) / "config.yaml"
     if not config.is_file():
         raise UserError(f"{args.model}: --split needs a run directory with config.yaml (to know the languages)")
-    run = yaml.safe_load(config.read_text(encoding="utf-8")) or {}
+    run = _run_config(args.model)
     if run.get("dataset") != "multi30k":
         raise UserError(f"{config}: --split works for dataset multi30k; give --src and --ref for other data")
     pairs = load_multi30k(args.split, run["src_lang"], run["tgt_lang"], data_dir=args.data_dir or run.get("data_dir"))
     return [s for s, _ in pairs], [t for _, t in pairs]
+
+
+def _run_config(model: str) -> dict:
+    """The config.yaml of the run that ``--model`` (a run directory or a weights file in one,
+    as deep as checkpoints/step-N/model.safetensors) belongs to; {} when there is none."""
+    import yaml
+
+    root = Path(model) if Path(model).is_dir() else Path(model).parent
+    for folder in (root, root.parent, root.parent.parent):
+        if (folder / "config.yaml").is_file():
+            return yaml.safe_load((folder / "config.yaml").read_text(encoding="utf-8")) or {}
+    return {}
