@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The full CPU recipe end to end: train (at most 45 training minutes), average the last 10
-# checkpoints, beam-search (beam 5, as published) the test set, score.   Usage: bash benchmarks/multi30k_recipe.sh en de
+# The full CPU recipe end to end: train (at most 60 training minutes), average the last 10
+# checkpoints, beam-search the test set (beam 5 as published; length penalty alpha 1.0, chosen
+# on the validation set: +0.27 / +0.39 BLEU over 0.6 for en-de / de-en), score.   Usage: bash benchmarks/multi30k_recipe.sh en de
 set -euo pipefail
 cd "$(dirname "$0")/.."
 src=${1:-en}; tgt=${2:-de}
@@ -11,6 +12,6 @@ export TRANSFORMER_DATA=${TRANSFORMER_DATA:-$(cd .. && pwd)/shared/data}
 make setup
 .venv/bin/transformer train --config "$config" --out "$run" --set progress=false
 .venv/bin/transformer average --model "$run" --last 10
-.venv/bin/transformer evaluate --model "$run" --split test_2016_flickr --beam 5 --output "$run/test.hyp" --json \
+.venv/bin/transformer evaluate --model "$run" --split test_2016_flickr --beam 5 --alpha 1.0 --output "$run/test.hyp" --json \
   | tee "$run/test_scores.json"
 grep '"event": "stop"' "$run/metrics.jsonl" | tail -1
