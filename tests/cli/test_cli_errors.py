@@ -169,6 +169,20 @@ def test_evaluate_bad_input(case, cli, bad, trained, one_line_error):
     _untouched(bad["out"])
 
 
+def test_evaluate_broken_run_config(cli, bad, trained, one_line_error):
+    """A weights file whose run folder holds an unreadable config.yaml (read for the target
+    language of the tokenised BLEU): one line naming that file, no output written."""
+    run = bad["out"].parent / "brokenrun"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "best.safetensors").write_bytes((trained.run / "best.safetensors").read_bytes())
+    (run / "subwords.model").write_bytes((trained.run / "subwords.model").read_bytes())
+    (run / "config.yaml").write_text("tgt_lang: [de\n", encoding="utf-8")
+    r = cli("evaluate", "--model", run / "checkpoints" / "best.safetensors", "--src", bad["in.txt"],
+            "--ref", bad["in.txt"], "--output", bad["out"] / "out.txt")
+    one_line_error(r, "evaluate", "config.yaml")
+    _untouched(bad["out"])
+
+
 def test_demo_bad_steps(cli, one_line_error):
     one_line_error(cli("demo", "--steps", "0"), "demo", "--steps")
 

@@ -14,8 +14,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ref", help="reference translations, untouched (.gz allowed)")
     p.add_argument("--split", help="instead of --src/--ref: a split of the run's dataset, e.g. test_2016_flickr "
                                    "(languages from the run's config.yaml)")
-    p.add_argument("--tgt-lang", help="target language for the lower-cased Moses-tokenised BLEU "
-                                      "(default: tgt_lang of the run's config.yaml; none: not computed)")
+    p.add_argument("--tgt-lang", help="target language (e.g. de) for the lower-cased Moses-tokenised BLEU; "
+                                      "default: tgt_lang of the run's config.yaml, and without one it is not computed")
     p.add_argument("--data-dir", help="folder holding multi30k/ (default: $TRANSFORMER_DATA)")
     p.add_argument("--limit", type=int, default=0, help="score only the first N sentences (0 = all)")
     p.add_argument("--beam", type=int, default=4)
@@ -54,13 +54,14 @@ def run(args: argparse.Namespace) -> int:
         src, ref = src[: args.limit], ref[: args.limit]
     if not src:
         raise UserError(f"{args.src}: no sentences to score (the files are empty)")
+    lang = args.tgt_lang or _run_config(args.model).get("tgt_lang")  # before the slow part: fail fast
     translator = load_translator(args.model, beam_size=args.beam, alpha=args.alpha,
                                  max_tokens=args.max_tokens, device=args.device, warn=False)
     t0 = time.perf_counter()
     hyps = translator.translate(src)
     report_truncated(translator)
     seconds = time.perf_counter() - t0
-    scores = score(hyps, ref, lang=args.tgt_lang or _run_config(args.model).get("tgt_lang"))
+    scores = score(hyps, ref, lang=lang)
     if args.output:
         write_text_atomic(args.output, "".join(h + "\n" for h in hyps))
     if args.json:
@@ -73,8 +74,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _split_pairs(args) -> tuple[list[str], list[str]]:
     """Source and reference lines of a registry split, in the languages of the run."""
-    import yaml
-
     from ..data import load_multi30k
     from ..errors import UserError
 
@@ -93,8 +92,16 @@ def _run_config(model: str) -> dict:
     as deep as checkpoints/step-N/model.safetensors) belongs to; {} when there is none."""
     import yaml
 
+    from ..errors import UserError
+
     root = Path(model) if Path(model).is_dir() else Path(model).parent
     for folder in (root, root.parent, root.parent.parent):
-        if (folder / "config.yaml").is_file():
-            return yaml.safe_load((folder / "config.yaml").read_text(encoding="utf-8")) or {}
+        path = folder / "config.yaml"
+        if path.is_file():
+            try:
+                run = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+            except (yaml.YAMLError, UnicodeDecodeError) as e:
+                raise UserError(f"{path}: not a readable run config ({type(e).__name__}); "
+                                "restore it from the run or give --src/--ref and --tgt-lang") from None
+            return run if isinstance(run, dict) else {}
     return {}
