@@ -50,6 +50,7 @@ TRAIN_CASES = {
     "bad-preset": (None, ["model.preset=huge"], ["model.preset"]),
     "bad-heads": (None, ["model.n_heads=3"], ["n_heads"]),
     "bad-schedule": (None, ["lr_schedule=cosine"], ["lr_schedule"]),
+    "cooldown-past-max-steps": (None, ["max_steps=10", "cooldown=11"], ["cooldown", "11"]),
     "bad-dataset": (None, ["dataset=wmt99"], ["dataset"]),
     "missing-train-file": (None, ["train_src=/nonexistent/train.src"], ["/nonexistent/train.src"]),
 }

@@ -102,3 +102,18 @@ def test_resume_at_max_steps_trains_nothing(straight, tmp_path, make_cfg):
     assert result["step"] == 8
     assert same_weights(before, weights(run))
     assert not (run / "checkpoints/step-0000009").exists()
+
+
+def test_cooldown_added_on_resume(half, make_cfg, metrics):
+    """A cooldown can be decided later (warmup-stable-decay): a run trained 4 steps without
+    one resumes with ``cooldown`` and a new ``max_steps``, and its learning rate falls
+    linearly to 1/cooldown of the schedule's value at the last update."""
+    from transformer.train import inverse_sqrt_lr
+
+    cfg = make_cfg(*COMMON, "max_steps=8", "cooldown=3")
+    assert Trainer(cfg, half, log=lambda *a: None).train()["step"] == 8
+    got = train_records(metrics(half))
+    for step in range(1, 9):
+        base = inverse_sqrt_lr(step, cfg.peak_lr, cfg.warmup)
+        factor = {6: 1.0, 7: 2 / 3, 8: 1 / 3}.get(step, 1.0)
+        assert got[step]["lr"] == pytest.approx(base * factor), f"learning rate at step {step}"

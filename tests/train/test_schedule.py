@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from transformer.train import inverse_sqrt_lr, linear_decay_lr, noam_lr, paper_adam_kwargs
+from transformer.train import cooldown_factor, inverse_sqrt_lr, linear_decay_lr, noam_lr, paper_adam_kwargs
 
 D, W = 512, 4000
 
@@ -50,6 +50,17 @@ def test_linear_decay():
     assert linear_decay_lr(total, peak, 100, total) == 0.0
     assert linear_decay_lr(total + 10, peak, 100, total) == 0.0  # never negative
     assert linear_decay_lr(5, peak, 10, 10) == pytest.approx(peak / 2)  # total == warmup: no division by zero
+
+
+def test_cooldown_factor():
+    total, cool = 100, 4
+    assert [cooldown_factor(s, total, cool) for s in (1, 50, 96, 97, 98, 99, 100)] == [1, 1, 1, 1, 0.75, 0.5, 0.25]
+    assert cooldown_factor(101, total, cool) == cooldown_factor(500, total, cool) == 0.0  # never negative
+    assert all(cooldown_factor(s, total, 0) == 1.0 for s in (1, 100, 101))  # 0 = no cooldown
+    assert cooldown_factor(1, 10, 10) == 1.0 and cooldown_factor(10, 10, 10) == pytest.approx(0.1)
+    lrs = [inverse_sqrt_lr(s, 1e-3, 8) * cooldown_factor(s, total, 20) for s in range(1, total + 1)]
+    assert all(a > b for a, b in zip(lrs[79:], lrs[80:]))  # strictly falling to the end
+    assert lrs[-1] == pytest.approx(inverse_sqrt_lr(total, 1e-3, 8) / 20)
 
 
 def test_paper_adam():

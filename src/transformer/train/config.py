@@ -41,6 +41,7 @@ class TrainConfig:
     lr_scale: float = 1.0
     peak_lr: float = 1e-3
     warmup: int = 4000
+    cooldown: int = 0  # the last N updates before max_steps decay the learning rate linearly to 0
     label_smoothing: float = 0.1
     clip_norm: float = 0.0  # 0 = no clipping
     weight_decay: float = 0.0
@@ -84,6 +85,7 @@ class TrainConfig:
         for name in ("max_tokens", "accum_steps", "max_steps", "warmup", "eval_every", "save_every",
                      "keep_last", "log_every", "vocab_size", "max_bad_steps"):
             need(getattr(self, name) > 0, f"{name} must be positive, got {getattr(self, name)}")
+        need(0 <= self.cooldown <= self.max_steps, f"cooldown must be in [0, max_steps], got {self.cooldown}")
         need(0.0 <= self.label_smoothing < 1.0, "label_smoothing must be in [0, 1)")
         need(isinstance(self.model, dict) and self.model.get("preset", "tiny") in PRESETS,
              f"model.preset must be one of {sorted(PRESETS)}")

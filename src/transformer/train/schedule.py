@@ -28,6 +28,19 @@ def linear_decay_lr(step: int, peak_lr: float, warmup: int, total: int) -> float
     return peak_lr * max(0.0, (total - step) / max(total - warmup, 1))
 
 
+def cooldown_factor(step: int, total: int, cooldown: int) -> float:
+    """Multiplier that decays the learning rate linearly to zero over the last ``cooldown``
+    updates before update ``total`` (a warmup-stable-decay / "cooldown" tail on any schedule).
+
+    1.0 up to update ``total - cooldown + 1``, then ``(total - step + 1) / cooldown``: the last
+    update gets ``1 / cooldown`` of the base rate, and updates past ``total`` get zero.
+    ``cooldown == 0`` means no cooldown (always 1.0).
+    """
+    if cooldown <= 0:
+        return 1.0
+    return min(1.0, max(0.0, (total - step + 1) / cooldown))
+
+
 def paper_adam_kwargs() -> dict:
     """Adam with beta1 = 0.9, beta2 = 0.98, eps = 1e-9 (section 5.3)."""
     return {"betas": (0.9, 0.98), "eps": 1e-9}

@@ -29,14 +29,15 @@ from .config import TrainConfig
 from .distributed import Dist, reshard_position
 from .loss import label_smoothed_nll_loss
 from .prepare import SUBWORDS, PreparedData, prepare_data
-from .schedule import inverse_sqrt_lr, noam_lr
+from .schedule import cooldown_factor, inverse_sqrt_lr, noam_lr
 from .step import autocast, paper_adam, train_step
 
 # Options that may change when a run is resumed; any other change is refused. accum_steps may
 # change so that a run resumed on another number of ranks can keep its global batch.
 RESUMABLE_CHANGES = {"max_steps", "max_epochs", "max_minutes", "patience", "eval_every", "save_every",
                      "keep_last", "average_last", "log_every", "tensorboard", "progress", "threads",
-                     "max_bad_steps", "data_dir", "eval_bleu", "valid_limit", "accum_steps"}
+                     "max_bad_steps", "data_dir", "eval_bleu", "valid_limit", "accum_steps",
+                     "cooldown"}
 SIGNAL_CODES = {"SIGINT": 1, "SIGTERM": 2}
 
 
@@ -281,8 +282,10 @@ class Trainer:
     def lr(self, step: int) -> float:
         c = self.cfg
         if c.lr_schedule == "noam":
-            return noam_lr(step, self.model.cfg.d_model, c.warmup, c.lr_scale)
-        return inverse_sqrt_lr(step, c.peak_lr, c.warmup)
+            base = noam_lr(step, self.model.cfg.d_model, c.warmup, c.lr_scale)
+        else:
+            base = inverse_sqrt_lr(step, c.peak_lr, c.warmup)
+        return base * cooldown_factor(step, c.max_steps, c.cooldown)
 
     def _batches(self):
         """Micro-batches, epoch after epoch (the sampler continues where it stopped)."""
