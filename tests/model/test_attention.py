@@ -171,6 +171,27 @@ def test_multihead_attention_matches_torch(kind, need_weights):
         assert (w - ref_w).abs().max().item() < 1e-6
 
 
+def test_fused_projections_equal_the_separate_layers():
+    """project_qkv / project_kv run one matmul over the side-by-side weights; the result and
+    the gradient of every weight equal those of q_proj, k_proj, v_proj applied one by one."""
+    mha, _ = paired_modules()
+    x = torch.randn(3, 5, C, generator=torch.Generator().manual_seed(2))
+    fused = mha.project_qkv(x)
+    separate = [mha.split_heads(lin(x)) for lin in (mha.q_proj, mha.k_proj, mha.v_proj)]
+    for a, b in zip(fused, separate):
+        assert a.shape == (3, HEADS, 5, C // HEADS)
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    for a, b in zip(mha.project_kv(x), separate[1:]):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    upstream = [torch.randn(t.shape, generator=torch.Generator().manual_seed(i)) for i, t in enumerate(fused)]
+    grads = []
+    for outs in (fused, separate):
+        params = [p for lin in (mha.q_proj, mha.k_proj, mha.v_proj) for p in (lin.weight, lin.bias)]
+        grads.append(torch.autograd.grad(sum((o * u).sum() for o, u in zip(outs, upstream)), params))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
 def test_heads_are_independent_slices_of_the_projection():
     """Zeroing head 1's slice of W^O changes nothing that head 0 contributes, and the
     output equals the sum of per-head contributions (Concat(head_i) W^O)."""

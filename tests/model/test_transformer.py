@@ -152,6 +152,20 @@ def test_cached_decoding_equals_full_forward(variant_model, rand_tokens, chunks)
     assert (cached - full).abs().max().item() < 1e-5
 
 
+def test_start_cache_projects_each_layers_cross_kv(make_model, rand_tokens):
+    """The cross-attention K/V of all decoder layers come from one matmul over the memory;
+    each layer's pair must equal that layer's own k_proj / v_proj of the memory."""
+    model = make_model()
+    src = rand_tokens([7, 3, 5])
+    memory = model.encode(src)
+    cache = model.start_cache(memory, src)
+    assert len(cache.cross_kv) == len(model.decoder.layers) > 1
+    for (k, v), layer in zip(cache.cross_kv, model.decoder.layers):
+        attn = layer.cross_attn
+        torch.testing.assert_close(k, attn.split_heads(attn.k_proj(memory)), rtol=0, atol=1e-6)
+        torch.testing.assert_close(v, attn.split_heads(attn.v_proj(memory)), rtol=0, atol=1e-6)
+
+
 def test_cached_decoding_in_train_mode_without_dropout(make_model, rand_tokens):
     """Training mode takes the same path (no eval-only fast path) when dropout is 0."""
     model = make_model(norm_first=True).train()

@@ -84,13 +84,25 @@ def test_decoder_self_attention_drawn_has_nothing_above_the_diagonal(maps):
 
 
 def test_drawn_weights_reproduce_the_fused_attention_output(translator, maps):
-    """Hook every MultiHeadAttention in a run on the fused (no-weights) path and recompute
-    its output from the weights we draw: out_proj(concat(weights @ V)) must match."""
+    """Record every MultiHeadAttention.attend (self- and cross-attention both end there) in a
+    run on the fused (no-weights) path and recompute its output from the weights we draw:
+    out_proj(concat(weights @ V)) must match."""
     model = translator.model
     calls = []
     modules = [layer.self_attn for layer in model.encoder.layers]
     modules += [m for layer in model.decoder.layers for m in (layer.self_attn, layer.cross_attn)]
-    hooks = [m.register_forward_hook(lambda mod, args, out: calls.append((mod, args, out[0]))) for m in modules]
+
+    def recording(mod):
+        attend = mod.attend
+
+        def wrapper(*args):  # (q, k, v, mask, need_weights), always passed by position
+            out = attend(*args)
+            calls.append((mod, args, out[0]))
+            return out
+        return wrapper
+
+    for m in modules:
+        m.attend = recording(m)
     pair = prepare_pair(translator, SENTENCE, TARGET)
     src = torch.tensor([pair.src_ids])
     tgt_in = torch.tensor([[model.cfg.bos_id, *pair.tgt_ids]])
@@ -99,8 +111,8 @@ def test_drawn_weights_reproduce_the_fused_attention_output(translator, maps):
             memory = model.encode(src)  # return_weights=False: torch's fused kernel in fp32
             model.decode(tgt_in, model.start_cache(memory, src))
     finally:
-        for h in hooks:
-            h.remove()
+        for m in modules:
+            del m.attend
     L = model.cfg.n_layers
     drawn = [maps.encoder[i] for i in range(L)]
     drawn += [w for i in range(L) for w in (maps.decoder[i], maps.cross[i])]

@@ -73,8 +73,8 @@ class EncoderLayer(nn.Module):
         """x (B, S, C), mask (B, 1, 1, S) -> (B, S, C), self-attention weights (B, H, S, S) or None."""
 
         def self_attention(h: Tensor):
-            k, v = self.self_attn.project_kv(h)
-            return self.self_attn(h, k, v, mask, need_weights)
+            q, k, v = self.self_attn.project_qkv(h)  # (B, H, S, D) each
+            return self.self_attn.attend(q, k, v, mask, need_weights)
 
         x, weights = self.attn_block(x, self_attention)
         x, _ = self.ffn_block(x, lambda h: (self.ffn(h), None))
@@ -117,11 +117,11 @@ class DecoderLayer(nn.Module):
         """
 
         def masked_self_attention(h: Tensor):
-            k, v = self.self_attn.project_kv(h)  # (B, H, T_new, D)
+            q, k, v = self.self_attn.project_qkv(h)  # (B, H, T_new, D) each
             if past_kv is not None:
                 k = torch.cat([past_kv[0], k], dim=2)
                 v = torch.cat([past_kv[1], v], dim=2)
-            out, w = self.self_attn(h, k, v, self_mask, need_weights)
+            out, w = self.self_attn.attend(q, k, v, self_mask, need_weights)
             return out, (k, v, w)
 
         def cross_attention(h: Tensor):

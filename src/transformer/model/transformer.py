@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from ..config import ModelConfig
 from . import masks
+from .attention import fused_projection
 from .cache import KVCache
 from .dropout import Dropout
 from .embedding import PositionalEncoding, TokenEmbedding
@@ -109,8 +110,11 @@ class Transformer(nn.Module):
         return (memory, weights) if return_weights else memory
 
     def start_cache(self, memory: Tensor, src: Tensor) -> KVCache:
-        """Project the encoder output to each decoder layer's cross-attention K, V once."""
-        cross = tuple(layer.cross_attn.project_kv(memory) for layer in self.decoder.layers)
+        """Project the encoder output to each decoder layer's cross-attention K, V once
+        (all layers' K and V in one matmul: they read the same memory)."""
+        attns = [layer.cross_attn for layer in self.decoder.layers]
+        kv = fused_projection(memory, [lin for a in attns for lin in (a.k_proj, a.v_proj)], self.cfg.n_heads)
+        cross = tuple(zip(kv[0::2], kv[1::2]))
         mask = self.src_mask(src)
         return KVCache(cross_kv=cross, self_kv=(None,) * len(cross), memory_mask=mask, padded=_has_padding(mask))
 

@@ -111,7 +111,7 @@ def attention_steps(cfg, a, rows, cols, q_dims, k_dims, where: str) -> list[Step
     w = a.weights[0]  # (H, S, S)
     st_a = Step("3a", "Q, K, V and the scores", "多头自注意力：Q、K、V 与注意力分数",
                 "Q_i = X W_i^Q, K_i = X W_i^K, V_i = X W_i^V;  Score_i = Q_i K_i^T",
-                MODEL + "attention.py: MultiHeadAttention.forward, project_kv, attention")
+                MODEL + "attention.py: MultiHeadAttention.project_qkv, attend, attention")
     st_a.shapes = [f"W^Q, W^K, W^V: {dims(('d_model', C, None), ('H*d_k', H * D, None))} each "
                    f"(H={H} blocks W_i of d_model x d_k={D})",
                    f"Q, K, V: {dims(h_dims, q_dims, d_dims)}", f"Score: {dims(h_dims, q_dims, k_dims)}"]
@@ -132,7 +132,7 @@ def attention_steps(cfg, a, rows, cols, q_dims, k_dims, where: str) -> list[Step
                   "strongest link to another token, per head: " + "; ".join(st_b.numbers["strongest_links"])]
     st_c = Step("3c", "Heads concatenated, then W_O", "多头拼接与 W_O 融合",
                 "head_i = Attention_Weights_i V_i;  MultiHead = Concat(head_1, ..., head_H) W_O",
-                MODEL + "attention.py: MultiHeadAttention.forward (out_proj is W_O)")
+                MODEL + "attention.py: MultiHeadAttention.attend (out_proj is W_O)")
     st_c.shapes = [f"head_i: {dims(q_dims, d_dims)} x {H}", f"Concat: {dims(q_dims, ('H*d_k', H * D, None))}",
                    f"W_O: {dims(('d_model', C, None), ('d_model', C, None))}", f"output: {dims(q_dims, ('d_model', C, None))}"]
     st_c.numbers = {"concat_norm": _r(a.concat[0].norm(dim=-1).mean()), "output_norm": _r(a.out[0].norm(dim=-1).mean())}
