@@ -1,0 +1,103 @@
+"""A/B of training-step variants in one process, on real batches of the en->de recipe.
+
+Each variant is a switch on the current code (the unfused variant puts back three separate
+Q, K, V matmuls; the loss variant sets the row-block size), so a change is measured against
+what it replaced, side by side: the variants take turns block by block (``--steps`` updates a
+block, ``--blocks`` blocks each, the same batches for every variant), and the table gives the
+median target tokens/s and the ratio to the first variant. bf16 autocast, as the recipe.
+
+    TRANSFORMER_DATA=../shared/data .venv/bin/python benchmarks/train_ab.py [--run runs/multi30k-en-de]
+
+Without ``--run`` a joint 8k BPE is learned on the training text first (~20 s).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import transformer.train.loss as loss_module
+from transformer import ModelConfig, Transformer
+from transformer.data import (Subwords, TokenBatchSampler, clean_pairs, collate, example_lengths, load_multi30k,
+                              train_subwords)
+from transformer.train.step import paper_adam, train_step
+
+attention_module = sys.modules["transformer.model.attention"]
+transformer_module = sys.modules["transformer.model.transformer"]
+FUSED = attention_module.fused_projection
+
+
+def unfused_projection(x, linears, n_heads):
+    """The replaced code: one matmul per linear layer."""
+    b, t, c = x.shape
+    return [lin(x).view(b, t, n_heads, c // n_heads).transpose(1, 2) for lin in linears]
+
+
+VARIANTS = {  # name: (projection, loss row-block elements)
+    "before": (unfused_projection, 1 << 18),
+    "fused-qkv": (FUSED, 1 << 18),
+    "loss-4MB": (unfused_projection, 1 << 20),
+    "now": (FUSED, 1 << 20),
+}
+
+
+def use(variant: str) -> None:
+    projection, block = VARIANTS[variant]
+    attention_module.fused_projection = transformer_module.fused_projection = projection
+    loss_module._CHUNK_ELEMENTS = block
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--run", help="a run directory whose subwords.model to use")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--blocks", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=10)
+    args = ap.parse_args()
+    names = args.variants.split(",")
+    torch.manual_seed(0)
+    pairs, _ = clean_pairs(load_multi30k("train", "en", "de"))
+    if args.run:
+        sw = Subwords.load(Path(args.run) / "subwords.model")
+    else:
+        sw = train_subwords([s for p in pairs for s in p], Path(tempfile.mkdtemp()) / "sw", vocab_size=8000)
+    examples = [(sw.encode(s), sw.encode(t)) for s, t in pairs[:12000]]
+    cfg = ModelConfig.preset("tiny", vocab_size=sw.vocab_size, dropout=0.2)
+    model = Transformer(cfg).train()
+    opt = paper_adam(model.parameters())
+    sampler = TokenBatchSampler(example_lengths(examples), 2048, 1)
+    n_batches = 5 + 5 * args.steps
+    batches = [collate([examples[i] for i in idx], cfg.pad_id, cfg.bos_id, cfg.eos_id)
+               for idx in list(sampler)[:n_batches]]
+
+    def block(bs) -> int:
+        return sum(train_step(model, [b], opt, 1e-4, amp_dtype=torch.bfloat16).n_tokens for b in bs)
+
+    for name in names:  # warm-up
+        use(name)
+        block(batches[:5])
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(args.blocks):
+        start = 5 + (r % 5) * args.steps
+        for name in names:
+            use(name)
+            t = time.perf_counter()
+            n = block(batches[start:start + args.steps])
+            rates[name].append(n / (time.perf_counter() - t))
+    use("now")
+    base = statistics.median(rates[names[0]])
+    print(f"{args.blocks} blocks of {args.steps} updates per variant, ~{statistics.mean(b.n_tgt_tokens for b in batches):.0f} "
+          f"target tokens an update, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print("| variant | target tokens/s (median) | vs first |\n|---|---|---|")
+    for name in names:
+        m = statistics.median(rates[name])
+        print(f"| {name} | {m:,.0f} | {m / base:.3f}x |")
+
+
+if __name__ == "__main__":
+    main()
