@@ -26,7 +26,7 @@ def _best_reachable(raw: Tensor, step: int, limit_lp: Tensor, alpha: float) -> T
     return torch.maximum(raw / length_penalty(step + 1, alpha), raw / limit_lp)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def beam_search(
     model,
     src: Tensor,

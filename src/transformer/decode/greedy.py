@@ -7,7 +7,7 @@ from torch import Tensor
 from .common import Hypothesis, force_eos, max_output_lengths, next_token_logprobs
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def greedy_search(model, src: Tensor, max_len_a: float = 1.0, max_len_b: int = 50,
                   min_length: int = 0) -> list[list[Hypothesis]]:
     """Decode a batch greedily.
