@@ -37,10 +37,11 @@ def run(args: argparse.Namespace) -> int:
 
     if args.beam < 1:
         raise UserError(f"--beam must be at least 1, got {args.beam}")
+    run_config = None  # the run's config.yaml, read once when something needs it
     if args.split:
         if args.src or args.ref:
             raise UserError("give either --split or --src and --ref, not both")
-        src, ref = _split_pairs(args)
+        src, ref, run_config = _split_pairs(args)
         args.src, args.ref = f"{args.split}.src", f"{args.split}.ref"
     elif args.src and args.ref:
         src, ref = read_lines(args.src), read_lines(args.ref)
@@ -54,7 +55,9 @@ def run(args: argparse.Namespace) -> int:
         src, ref = src[: args.limit], ref[: args.limit]
     if not src:
         raise UserError(f"{args.src}: no sentences to score (the files are empty)")
-    lang = args.tgt_lang or _run_config(args.model).get("tgt_lang")  # before the slow part: fail fast
+    if not args.tgt_lang and run_config is None:
+        run_config = _run_config(args.model)  # before the slow part: fail fast
+    lang = args.tgt_lang or run_config.get("tgt_lang")
     translator = load_translator(args.model, beam_size=args.beam, alpha=args.alpha,
                                  max_tokens=args.max_tokens, device=args.device, warn=False)
     t0 = time.perf_counter()
@@ -72,8 +75,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _split_pairs(args) -> tuple[list[str], list[str]]:
-    """Source and reference lines of a registry split, in the languages of the run."""
+def _split_pairs(args) -> tuple[list[str], list[str], dict]:
+    """Source and reference lines of a registry split, in the languages of the run, and the
+    run's config."""
     from ..data import load_multi30k
     from ..errors import UserError
 
@@ -84,7 +88,7 @@ def _split_pairs(args) -> tuple[list[str], list[str]]:
     if run.get("dataset") != "multi30k":
         raise UserError(f"{config}: --split works for dataset multi30k; give --src and --ref for other data")
     pairs = load_multi30k(args.split, run["src_lang"], run["tgt_lang"], data_dir=args.data_dir or run.get("data_dir"))
-    return [s for s, _ in pairs], [t for _, t in pairs]
+    return [s for s, _ in pairs], [t for _, t in pairs], run
 
 
 def _run_config(model: str) -> dict:
