@@ -152,6 +152,21 @@ def test_cached_decoding_equals_full_forward(variant_model, rand_tokens, chunks)
     assert (cached - full).abs().max().item() < 1e-5
 
 
+def test_int8_quantised_model_decodes_like_its_full_forward(make_model, rand_tokens):
+    """torch.ao dynamic int8 quantisation (every nn.Linear) leaves a model that still
+    decodes with the cache, close to the float model both ways. (Not equal to its own full
+    forward: dynamic quantisation scales the activations of each call by their range.)"""
+    import copy
+
+    model = make_model()
+    qmodel = torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), {torch.nn.Linear}, dtype=torch.qint8)
+    src = rand_tokens([7, 3, 5])
+    tgt = with_bos(rand_tokens([8, 8, 8], vocab=model.cfg.target_vocab_size))
+    float_logits = model(src, tgt)
+    for logits in (qmodel(src, tgt), decode_in_chunks(qmodel, src, tgt, [1] * 9)):
+        assert 0 < (logits - float_logits).abs().max().item() < 0.05 * float_logits.abs().max().item()
+
+
 def test_start_cache_projects_each_layers_cross_kv(make_model, rand_tokens):
     """The cross-attention K/V of all decoder layers come from one matmul over the memory;
     each layer's pair must equal that layer's own k_proj / v_proj of the memory."""

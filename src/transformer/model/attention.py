@@ -131,8 +131,12 @@ def fused_projection(x: Tensor, linears, n_heads: int) -> list[Tensor]:
     ``k_proj``, ...); only the matmul is shared. One (C x nC) product uses the CPU's matrix
     units much better than n small (C x C) ones, forward and backward.
     """
-    weight = torch.cat([lin.weight for lin in linears])  # (n*C, C)
-    bias = torch.cat([lin.bias for lin in linears])
     b, t, c = x.shape
-    y = F.linear(x, weight, bias).view(b, t, len(linears), n_heads, c // n_heads)
+    if all(isinstance(lin.weight, Tensor) for lin in linears):
+        weight = torch.cat([lin.weight for lin in linears])  # (n*C, C)
+        bias = torch.cat([lin.bias for lin in linears])
+        y = F.linear(x, weight, bias)
+    else:  # e.g. torch.ao dynamically quantised int8 layers: no weight tensor to stack
+        y = torch.cat([lin(x) for lin in linears], dim=-1)
+    y = y.view(b, t, len(linears), n_heads, c // n_heads)
     return list(y.permute(2, 0, 3, 1, 4).unbind(0))  # n x (B, H, T, D)
