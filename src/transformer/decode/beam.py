@@ -82,9 +82,15 @@ def beam_search(
         at_limit = limits[alive] <= step  # (A,)
         force_eos(lp, at_limit.repeat_interleave(k), cfg.eos_id)
 
-        cand = (scores[:, :, None] + lp.view(n_alive, k, vocab)).view(n_alive, k * vocab)
-        top_scores, top_idx = cand.topk(min(2 * k, k * vocab), dim=1)  # (A, 2K)
-        top_beam, top_tok = top_idx // vocab, top_idx % vocab
+        # The 2K best extensions of a sentence are among the 2K best of each of its beams
+        # (a beam's score is a constant shift of its row), so rank each row first and the
+        # K x 2K survivors then, instead of adding the scores to all K x V candidates.
+        n_top = min(2 * k, vocab)
+        row_lp, row_tok = lp.topk(n_top, dim=1)  # (A*K, n_top)
+        cand = (scores[:, :, None] + row_lp.view(n_alive, k, n_top)).view(n_alive, k * n_top)
+        top_scores, top_idx = cand.topk(min(2 * k, k * n_top), dim=1)  # (A, 2K)
+        top_beam = top_idx // n_top
+        top_tok = row_tok.view(n_alive, k * n_top).gather(1, top_idx)
         is_eos = top_tok == cfg.eos_id
 
         # EOS among the K best candidates: a finished hypothesis.
