@@ -6,8 +6,9 @@ length_penalty=0; the three length penalties differ otherwise), PAD and BOS neve
 Systems (all from one model):
 
     ours-fp32   greedy_search / beam_search, float32 (the reference for every check)
-    ours-bf16   the same under torch.autocast(bfloat16)
-    ours-int8   the same after torch.ao.quantization.quantize_dynamic of every nn.Linear
+    ours-bf16   the same on bfloat16 weights (transformer.decode.precision, --precision bf16)
+    ours-int8   the same after int8 dynamic quantisation of every linear layer and the output
+                projection (transformer.decode.precision, --precision int8)
     hf-fp32     transformers MarianMTModel.generate() on to_marian(model)
     ct2-fp32    CTranslate2 on our exporter's output (transformer.interop.ctranslate2)
     ct2-int8    the same, compute_type="int8" (weights quantised when loading)
@@ -37,7 +38,6 @@ count). Threads: every system gets --threads intra-op threads.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import resource
@@ -51,11 +51,11 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from torch import nn
 
 from transformer import ModelConfig, Transformer
 from transformer.data import Subwords, load_multi30k
 from transformer.decode import beam_search, greedy_search, pad_batch
+from transformer.decode.precision import for_inference
 from transformer.evaluate import score
 
 SYSTEMS = ("ours-fp32", "ours-bf16", "ours-int8", "hf-fp32", "ct2-fp32", "ct2-int8")
@@ -65,7 +65,8 @@ Decode = Callable[[list[list[int]], int, int | None], list[list[int]]]
 
 
 # ---- the systems: (source ids without EOS, beam, forced length or None) -> output ids -----------
-def ours(model: Transformer, autocast: bool = False) -> Decode:
+def ours(model: Transformer, precision: str = "fp32") -> Decode:
+    model = for_inference(model, precision)
     cfg = model.cfg
 
     @torch.inference_mode()
@@ -73,17 +74,11 @@ def ours(model: Transformer, autocast: bool = False) -> Decode:
         src = pad_batch([s + [cfg.eos_id] for s in srcs], cfg.pad_id)
         n = (forced or MAX_NEW) + 1  # + EOS
         kw = dict(max_len_a=0.0, max_len_b=n, min_length=n if forced else 0)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            hyps = (greedy_search(model, src, **kw) if beam == 1
-                    else beam_search(model, src, beam_size=beam, alpha=0.0, **kw))
+        hyps = (greedy_search(model, src, **kw) if beam == 1
+                else beam_search(model, src, beam_size=beam, alpha=0.0, **kw))
         return [_strip(h[0].tokens, cfg.eos_id) for h in hyps]
 
     return run
-
-
-def ours_int8(model: Transformer) -> Decode:
-    q = torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), {nn.Linear}, dtype=torch.qint8)
-    return ours(q)
 
 
 def hf(model: Transformer, hf_model=None) -> Decode:
@@ -140,8 +135,8 @@ def build(model: Transformer, vocab: list[str], workdir: Path, threads: int, nam
     for name in names:
         systems[name] = {
             "ours-fp32": lambda: ours(model),
-            "ours-bf16": lambda: ours(model, autocast=True),
-            "ours-int8": lambda: ours_int8(model),
+            "ours-bf16": lambda: ours(model, "bf16"),
+            "ours-int8": lambda: ours(model, "int8"),
             "hf-fp32": lambda: hf(model),
             "ct2-fp32": lambda: ct2(ct2_dir, vocab, "float32", threads),
             "ct2-int8": lambda: ct2(ct2_dir, vocab, "int8", threads),
@@ -251,8 +246,7 @@ def child(args) -> None:
             del model
         else:
             model, _, _ = load_trained(Path(info["run"]))
-            decode = {"ours-fp32": lambda: ours(model), "ours-bf16": lambda: ours(model, True),
-                      "ours-int8": lambda: ours_int8(model)}[name]()
+            decode = ours(model, name.split("-")[1])
     if decode is not None:
         job(decode, srcs, 32, 4, None)
     print(json.dumps({"system": name, "peak_rss_mib": peak_rss_mib()}))

@@ -9,6 +9,7 @@ import torch
 
 from .data import Subwords
 from .decode import Hypothesis, beam_search, greedy_search, pad_batch
+from .decode.precision import for_inference
 from .model import Transformer
 
 
@@ -23,17 +24,22 @@ class Translator:
     """Translate lines with a trained model and the subword model it was trained with.
 
     Lines are encoded exactly as in training, sorted by length into batches of at most
-    ``max_tokens`` source tokens, decoded, and returned in input order. An empty (or
+    ``max_tokens`` source tokens, decoded, and returned in input order. ``precision``
+    (fp32, bf16 or int8; see :mod:`transformer.decode.precision`) decodes with a converted
+    copy of the model; the model passed in is left as it was. An empty (or
     whitespace-only) line gives an empty translation. A line longer than the model can
     take is cut to its first ``max_len - 1`` subwords with a warning.
     """
 
     def __init__(self, model: Transformer, subwords: Subwords, beam_size: int = 4, alpha: float = 0.6,
                  max_tokens: int = 4000, max_len_a: float = 1.0, max_len_b: int = 50,
-                 device: str | torch.device = "cpu", warn: bool = True) -> None:
+                 device: str | torch.device = "cpu", warn: bool = True, precision: str = "fp32") -> None:
         if beam_size < 1:
             raise ValueError(f"beam size must be at least 1, got {beam_size}")
-        self.model = model.to(device).eval()
+        if precision != "fp32" and torch.device(device).type != "cpu":
+            raise ValueError(f"precision {precision!r} is for CPU decoding; use fp32 on {device}")
+        self.model = for_inference(model.to(device), precision)
+        self.precision = precision
         self.subwords = subwords
         self.beam_size, self.alpha = beam_size, alpha
         self.max_tokens = max_tokens

@@ -158,3 +158,19 @@ def test_invalid_utf8_on_stdin_real_process(trained, real_cli):
     assert "Traceback" not in err and done.returncode == 2, err
     assert err.startswith("transformer translate: error: ") and len(err.splitlines()) == 1
     assert "stdin" in err and ":2" in err
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
+def test_lower_precisions_translate_like_fp32(trained, cli, alone, precision):
+    """--precision bf16 / int8 decode with converted weights; on this toy model the
+    translations mostly stay those of fp32."""
+    r = cli("translate", "--model", trained.run, "--precision", precision, stdin="\n".join(LINES) + "\n")
+    assert r.code == 0, r.err
+    out = r.out.splitlines()
+    assert len(out) == len(LINES)
+    assert sum(o == alone[line] for o, line in zip(out, LINES)) >= len(LINES) // 2
+
+
+def test_unknown_precision_is_a_one_line_error(trained, cli):
+    r = cli("translate", "--model", trained.run, "--precision", "fp16", stdin="red dog\n")
+    assert r.code != 0 and "--precision" in r.err and "Traceback" not in r.err

@@ -6,6 +6,8 @@ import json
 import time
 from pathlib import Path
 
+from ..decode.precision import PRECISIONS
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("evaluate", help="translate --src and score against --ref (sacreBLEU, chrF)")
@@ -24,6 +26,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output", help="also write the translations here")
     p.add_argument("--json", action="store_true", help="print the scores as JSON")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="CPU decoding arithmetic: fp32, bf16 weights, or int8 dynamic quantisation "
+                        "(faster; BLEU cost measured in benchmarks/decode/README.md)")
     p.set_defaults(func=run)
 
 
@@ -59,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
         run_config = _run_config(args.model)  # before the slow part: fail fast
     lang = args.tgt_lang or run_config.get("tgt_lang")
     translator = load_translator(args.model, beam_size=args.beam, alpha=args.alpha,
-                                 max_tokens=args.max_tokens, device=args.device, warn=False)
+                                 max_tokens=args.max_tokens, device=args.device, warn=False,
+                                 precision=args.precision)
     t0 = time.perf_counter()
     hyps = translator.translate(src)
     report_truncated(translator)
@@ -68,10 +74,10 @@ def run(args: argparse.Namespace) -> int:
     if args.output:
         write_text_atomic(args.output, "".join(h + "\n" for h in hyps))
     if args.json:
-        print(json.dumps({**scores.to_dict(), "beam": args.beam, "seconds": seconds, "model": args.model}))
+        print(json.dumps({**scores.to_dict(), "beam": args.beam, "precision": args.precision, "seconds": seconds, "model": args.model}))
     else:
         print(scores.summary())
-        print(f"beam {args.beam}, {len(src)} sentences in {seconds:.1f}s")
+        print(f"beam {args.beam}, {args.precision}, {len(src)} sentences in {seconds:.1f}s")
     return 0
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..decode.precision import PRECISIONS
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("translate", help="translate text (stdin to stdout by default)")
@@ -15,6 +17,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output", help="output file (default: stdout); written only when complete")
     p.add_argument("--max-tokens", type=int, default=4000, help="source tokens per batch")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="CPU decoding arithmetic: fp32, bf16 weights, or int8 dynamic quantisation "
+                        "(faster; BLEU cost measured in benchmarks/decode/README.md)")
     p.set_defaults(func=run)
 
 
@@ -36,7 +41,8 @@ def run(args: argparse.Namespace) -> int:
 
     _check(args)
     translator = load_translator(args.model, beam_size=args.beam, alpha=args.alpha,
-                                 max_tokens=args.max_tokens, device=args.device, warn=False)
+                                 max_tokens=args.max_tokens, device=args.device, warn=False,
+                                 precision=args.precision)
     if args.input is None and sys.stdin.isatty():
         return _interactive(translator)
     lines = read_lines(args.input) if args.input is not None else _read_stdin()

@@ -136,8 +136,10 @@ class Transformer(nn.Module):
 
     def project(self, h: Tensor) -> Tensor:
         """Final linear layer: (B, T, C) -> (B, T, V) logits."""
-        weight = self.tgt_embed.weight if self.out_proj is None else self.out_proj.weight
-        return nn.functional.linear(h, weight, self.out_bias)
+        if self.out_proj is None:
+            return nn.functional.linear(h, self.tgt_embed.weight, self.out_bias)
+        logits = self.out_proj(h)  # a module call: it may be a quantised layer (decode/precision.py)
+        return logits if self.out_bias is None else logits + self.out_bias
 
     def forward(self, src: Tensor, tgt: Tensor, select: Tensor | None = None) -> Tensor:
         """Teacher forcing: (B, S) source ids, (B, T) target-input ids -> (B, T, V) logits.

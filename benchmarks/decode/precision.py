@@ -1,0 +1,74 @@
+"""Decoding precision through the user's path: ``Translator`` (what ``transformer translate`` /
+``evaluate --precision P`` run) at fp32, bf16 and int8 on the whole Multi30k test set.
+
+For each precision: sentences/s and target tokens/s over the test set (sorted by length,
+batches of ``--max-tokens`` source tokens, as the command line does), the ratio to fp32, the
+BLEU of the output (sacreBLEU cased / lower-cased / tokenised lower-cased, as in the README)
+and how many outputs differ from fp32. The precisions take turns round after round in one
+process (the order rotates), and times are medians over rounds: read the ratios.
+
+    TRANSFORMER_DATA=../shared/data .venv/bin/python benchmarks/decode/precision.py \\
+        --run runs/multi30k-en-de [--beam 5 --alpha 1.0] [--rounds 3] [--threads 2] [--n 1000]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+from transformer.data import load_multi30k
+from transformer.decode.precision import PRECISIONS
+from transformer.evaluate import score
+from transformer.translator import load_translator
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--run", required=True)
+    ap.add_argument("--beam", type=int, default=5)
+    ap.add_argument("--alpha", type=float, default=1.0)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2, help="intra-op threads (the command line's default: all)")
+    ap.add_argument("--n", type=int, default=1000, help="test sentences")
+    ap.add_argument("--max-tokens", type=int, default=4000)
+    ap.add_argument("--precisions", default=",".join(PRECISIONS))
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    names = args.precisions.split(",")
+    run_cfg = yaml.safe_load((Path(args.run) / "config.yaml").read_text())
+    src_lang, tgt_lang = run_cfg["src_lang"], run_cfg["tgt_lang"]
+    pairs = load_multi30k("test_2016_flickr", src_lang, tgt_lang, download=False)[: args.n]
+    sources, refs = [s for s, _ in pairs], [t for _, t in pairs]
+    tr = {p: load_translator(args.run, beam_size=args.beam, alpha=args.alpha, max_tokens=args.max_tokens,
+                             precision=p) for p in names}
+    times: dict[str, list[float]] = {p: [] for p in names}
+    outs: dict[str, list] = {}
+    for r in range(args.rounds):
+        for p in names[r % len(names):] + names[: r % len(names)]:
+            t = time.perf_counter()
+            res = tr[p].translate_nbest(sources)
+            times[p].append(time.perf_counter() - t)
+            outs.setdefault(p, res)
+        print(f"round {r + 1}: " + " ".join(f"{p} {times[p][-1]:.1f}s" for p in names), file=sys.stderr, flush=True)
+    base = statistics.median(times[names[0]])
+    print(f"{args.run} ({src_lang}->{tgt_lang}), {len(sources)} test sentences, beam {args.beam}, alpha {args.alpha}, "
+          f"{args.threads} threads, {args.rounds} rounds (medians), torch {torch.__version__}\n")
+    print(f"| precision | sentences/s | target tokens/s | x {names[0]} | BLEU | lower-cased | tokenised lc | "
+          f"outputs differing from {names[0]} |\n|---|---|---|---|---|---|---|---|")
+    for p in names:
+        t = statistics.median(times[p])
+        hyps = [r[0].text for r in outs[p]]
+        tokens = sum(len(r[0].tokens) for r in outs[p])
+        s = score(hyps, refs, tgt_lang)
+        differ = sum(a[0].tokens != b[0].tokens for a, b in zip(outs[p], outs[names[0]]))
+        print(f"| {p} | {len(sources) / t:.1f} | {tokens / t:,.0f} | {base / t:.2f} | {s.bleu:.2f} | "
+              f"{s.bleu_lc:.2f} | {s.bleu_tok_lc:.2f} | {differ}/{len(sources)} |")
+
+
+if __name__ == "__main__":
+    main()

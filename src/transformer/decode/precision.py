@@ -1,0 +1,42 @@
+"""Decoding precision: float32, bfloat16 weights, or int8 dynamic quantisation.
+
+    fp32  the trained weights as they are (the reference)
+    bf16  every floating-point parameter and buffer in bfloat16: matmuls run on the CPU's
+          bf16 matrix units (AMX / AVX512-BF16) without autocast's per-call weight casts;
+          log-probabilities and beam scores stay float32 (``next_token_logprobs``)
+    int8  ``torch.ao`` dynamic quantisation of every linear layer, the output projection
+          included: int8 weights (one scale per output row), activations quantised per
+          call; embeddings, LayerNorm and attention stay float32
+
+Search is unchanged. What each costs in BLEU and buys in speed on this machine is measured
+in ``benchmarks/decode/README.md`` ("Precision through the command line").
+"""
+from __future__ import annotations
+
+import copy
+import warnings
+
+import torch
+from torch import nn
+
+PRECISIONS = ("fp32", "bf16", "int8")
+
+
+def for_inference(model: nn.Module, precision: str = "fp32") -> nn.Module:
+    """``model`` in eval mode at ``precision``: the model itself for fp32 (made float32),
+    a converted copy otherwise (the caller's model is left as it was)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision == "fp32":
+        return model.float().eval()
+    if precision == "bf16":
+        return copy.deepcopy(model).to(torch.bfloat16).eval()
+    out = copy.deepcopy(model).float().eval()
+    if getattr(out, "out_proj", "absent") is None:  # tied: give the projection its own layer to quantise
+        out.out_proj = nn.Linear(out.cfg.d_model, out.cfg.target_vocab_size, bias=False)
+        out.out_proj.weight = nn.Parameter(out.tgt_embed.weight.detach().clone())
+    qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
+    with warnings.catch_warnings():  # torch.ao's eager quantisation warns that it is deprecated
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.filterwarnings("ignore", message=".*quantize_per_channel.*")
+        return torch.ao.quantization.quantize_dynamic(out, {nn.Linear: qconfig}, dtype=torch.qint8)

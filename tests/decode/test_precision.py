@@ -1,0 +1,74 @@
+"""Decoding precision (fp32 / bf16 / int8): what is converted, that the caller's model is left
+alone, that logits stay close to fp32, and that both searches run at every precision."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from transformer.decode import beam_search, greedy_search
+from transformer.decode.precision import PRECISIONS, for_inference
+
+QUANTISED = torch.ao.nn.quantized.dynamic.Linear
+
+
+def logits_of(model, src, tgt):
+    with torch.inference_mode():
+        return model(src, tgt).float()
+
+
+def test_fp32_is_the_model_itself(make_model):
+    model = make_model()
+    assert for_inference(model, "fp32") is model
+
+
+def test_bf16_converts_a_copy(make_model):
+    model = make_model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    low = for_inference(model, "bf16")
+    assert low is not model and not low.training
+    assert {p.dtype for p in low.parameters()} == {torch.bfloat16}
+    for k, v in model.state_dict().items():  # the caller's model is untouched
+        assert v.dtype == before[k].dtype and torch.equal(v, before[k]), k
+
+
+def test_int8_quantises_every_linear_and_the_tied_output_projection(make_model):
+    model = make_model()
+    assert model.out_proj is None  # tied
+    q = for_inference(model, "int8")
+    assert isinstance(q.out_proj, QUANTISED)
+    assert not any(type(m) is nn.Linear for m in q.modules())
+    assert sum(isinstance(m, QUANTISED) for m in q.modules()) == sum(type(m) is nn.Linear for m in model.modules()) + 1
+    assert model.out_proj is None and not any(isinstance(m, QUANTISED) for m in model.modules())
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
+@pytest.mark.parametrize("tied", [True, False])
+def test_logits_stay_close_to_fp32(make_model, rand_tokens, precision, tied):
+    model = make_model(tie_embeddings=tied, output_bias=True)
+    with torch.no_grad():
+        model.out_bias.normal_()
+    src = rand_tokens([7, 3, 5])
+    tgt = torch.cat([torch.ones(3, 1, dtype=torch.long), rand_tokens([6, 6, 6])], dim=1)
+    ref = logits_of(model, src, tgt)
+    got = logits_of(for_inference(model, precision), src, tgt)
+    err = (got - ref).abs().max().item()
+    assert 0 < err < 0.05 * ref.abs().max().item()
+    # the ranking that decoding uses mostly survives
+    assert (got.argmax(-1) == ref.argmax(-1)).float().mean() > 0.8
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_both_searches_run_at_every_precision(decoder_model, ragged_src, precision):
+    model = for_inference(decoder_model, precision)
+    eos = model.cfg.eos_id
+    for hyps in (greedy_search(model, ragged_src, max_len_b=12), beam_search(model, ragged_src, beam_size=3, max_len_b=12)):
+        assert len(hyps) == ragged_src.size(0)
+        for h in hyps:
+            assert h[0].tokens[-1] == eos and eos not in h[0].tokens[:-1]
+            assert torch.isfinite(torch.tensor(h[0].score))
+
+
+def test_unknown_precision_is_refused(make_model):
+    with pytest.raises(ValueError, match="fp32, bf16, int8"):
+        for_inference(make_model(), "fp16")
