@@ -1,6 +1,7 @@
 """Text in, text out: subwords, batching by length, decoding, order restored."""
 from __future__ import annotations
 
+import copy
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,7 +10,7 @@ import torch
 
 from .data import Subwords
 from .decode import Hypothesis, beam_search, greedy_search, pad_batch
-from .decode.precision import for_inference
+from .decode.precision import PRECISIONS, for_inference
 from .model import Transformer
 
 
@@ -47,6 +48,14 @@ class Translator:
         self.device = torch.device(device)
         self.truncated = 0  # lines cut to fit, over this translator's life
         self.warn = warn  # False: only count them (the CLI prints one summary line)
+
+    def with_beam(self, beam_size: int) -> "Translator":
+        """The same translator (the same model, already at its precision) with another beam size."""
+        if beam_size < 1:
+            raise ValueError(f"beam size must be at least 1, got {beam_size}")
+        other = copy.copy(self)
+        other.beam_size, other.truncated = beam_size, 0
+        return other
 
     def encode(self, line: str) -> list[int]:
         ids = self.subwords.encode(line)
@@ -102,7 +111,12 @@ def load_translator(run_dir: str | Path, **kwargs) -> Translator:
     from .train.checkpoint import load_model
 
     run_dir = Path(run_dir)
-    model, meta = load_model(run_dir, kwargs.get("device", "cpu"))
+    device, precision = kwargs.get("device", "cpu"), kwargs.get("precision", "fp32")
+    if precision not in PRECISIONS:
+        raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision != "fp32" and torch.device(device).type != "cpu":
+        raise UserError(f"--precision {precision} is for CPU decoding; use --precision fp32 with --device {device}")
+    model, meta = load_model(run_dir, device)
     root = run_dir if run_dir.is_dir() else run_dir.parent
     for candidate in (root / "subwords.model", root.parent / "subwords.model", root.parent.parent / "subwords.model"):
         if candidate.is_file():

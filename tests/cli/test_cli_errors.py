@@ -109,6 +109,9 @@ TRANSLATE_CASES = {
     "nbest-over-beam": (["--model", "RUN", "--n-best", "5", "--beam", "4", "--input", "{in.txt}"], ["--n-best", "4"]),
     "nbest-0": (["--model", "RUN", "--n-best", "0", "--input", "{in.txt}"], ["--n-best"]),
     "max-tokens-0": (["--model", "RUN", "--max-tokens", "0", "--input", "{in.txt}"], ["--max-tokens"]),
+    "precision-unknown": (["--model", "RUN", "--precision", "fp16", "--input", "{in.txt}"], ["--precision"]),
+    "precision-off-cpu": (["--model", "RUN", "--precision", "int8", "--device", "cuda", "--input", "{in.txt}"],
+                          ["--precision", "cuda"]),
 }
 
 
@@ -156,6 +159,8 @@ EVALUATE_CASES = {
     "missing-src": (["--src", "{in.txt}.nothere", "--ref", "{in.txt}"], ["in.txt.nothere"]),
     "ref-not-utf8": (["--src", "{latin1.txt}", "--ref", "{latin1.txt}"], ["latin1.txt:3:"]),
     "beam-0": (["--src", "{in.txt}", "--ref", "{in.txt}", "--beam", "0"], ["--beam"]),
+    "precision-off-cpu": (["--src", "{in.txt}", "--ref", "{in.txt}", "--precision", "bf16", "--device", "cuda"],
+                          ["--precision", "cuda"]),
     "corrupt-weights": (["--src", "{in.txt}", "--ref", "{in.txt}", "--model", "{corrupt.safetensors}"],
                         ["corrupt.safetensors"]),
 }

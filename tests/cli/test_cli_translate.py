@@ -171,6 +171,11 @@ def test_lower_precisions_translate_like_fp32(trained, cli, alone, precision):
     assert sum(o == alone[line] for o, line in zip(out, LINES)) >= len(LINES) // 2
 
 
-def test_unknown_precision_is_a_one_line_error(trained, cli):
-    r = cli("translate", "--model", trained.run, "--precision", "fp16", stdin="red dog\n")
-    assert r.code != 0 and "--precision" in r.err and "Traceback" not in r.err
+def test_with_beam_shares_the_converted_model(trained):
+    """The service keeps one Translator per beam size: each shares the converted model and
+    translates like a Translator built for that beam size."""
+    tr = load_translator(trained.run, beam_size=4, precision="bf16")
+    greedy = tr.with_beam(1)
+    assert greedy.model is tr.model and greedy.precision == "bf16"
+    assert (greedy.beam_size, tr.beam_size) == (1, 4)
+    assert greedy.translate(LINES) == load_translator(trained.run, beam_size=1, precision="bf16").translate(LINES)

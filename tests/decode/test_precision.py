@@ -22,6 +22,13 @@ def test_fp32_is_the_model_itself(make_model):
     assert for_inference(model, "fp32") is model
 
 
+def test_fp32_of_a_bf16_model_is_a_float32_copy(make_model):
+    model = make_model().to(torch.bfloat16)
+    full = for_inference(model, "fp32")
+    assert full is not model and {p.dtype for p in full.parameters()} == {torch.float32}
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+
+
 def test_bf16_converts_a_copy(make_model):
     model = make_model()
     before = {k: v.clone() for k, v in model.state_dict().items()}

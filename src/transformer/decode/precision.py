@@ -23,12 +23,14 @@ PRECISIONS = ("fp32", "bf16", "int8")
 
 
 def for_inference(model: nn.Module, precision: str = "fp32") -> nn.Module:
-    """``model`` in eval mode at ``precision``: the model itself for fp32 (made float32),
-    a converted copy otherwise (the caller's model is left as it was)."""
+    """``model`` in eval mode at ``precision``: the model itself when it is already float32
+    and fp32 is asked for, a converted copy otherwise (the caller's model keeps its dtype)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if precision == "fp32":
-        return model.float().eval()
+        if all(p.dtype == torch.float32 for p in model.parameters() if p.is_floating_point()):
+            return model.eval()
+        return copy.deepcopy(model).float().eval()
     if precision == "bf16":
         return copy.deepcopy(model).to(torch.bfloat16).eval()
     out = copy.deepcopy(model).float().eval()

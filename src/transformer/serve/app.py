@@ -57,10 +57,7 @@ class Service:
 
     def translator(self, beam: int) -> Translator:
         if beam not in self._by_beam:
-            b = self.base
-            self._by_beam[beam] = Translator(b.model, b.subwords, beam_size=beam, alpha=b.alpha,
-                                             max_tokens=b.max_tokens, max_len_a=b.max_len_a,
-                                             max_len_b=b.max_len_b, device=b.device)
+            self._by_beam[beam] = self.base.with_beam(beam)
         return self._by_beam[beam]
 
     def _decode(self, key: tuple[int, int], texts: list[str]) -> list[list[Translation]]:
