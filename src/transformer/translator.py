@@ -10,7 +10,7 @@ import torch
 
 from .data import Subwords
 from .decode import Hypothesis, beam_search, greedy_search, pad_batch
-from .decode.precision import PRECISIONS, for_inference
+from .decode.precision import check_precision, for_inference
 from .model import Transformer
 
 
@@ -37,8 +37,6 @@ class Translator:
                  device: str | torch.device = "cpu", warn: bool = True, precision: str = "fp32") -> None:
         if beam_size < 1:
             raise ValueError(f"beam size must be at least 1, got {beam_size}")
-        if precision != "fp32" and torch.device(device).type != "cpu":
-            raise ValueError(f"precision {precision!r} is for CPU decoding; use fp32 on {device}")
         self.model = for_inference(model.to(device), precision)
         self.precision = precision
         self.subwords = subwords
@@ -111,11 +109,11 @@ def load_translator(run_dir: str | Path, **kwargs) -> Translator:
     from .train.checkpoint import load_model
 
     run_dir = Path(run_dir)
-    device, precision = kwargs.get("device", "cpu"), kwargs.get("precision", "fp32")
-    if precision not in PRECISIONS:
-        raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-    if precision != "fp32" and torch.device(device).type != "cpu":
-        raise UserError(f"--precision {precision} is for CPU decoding; use --precision fp32 with --device {device}")
+    device = kwargs.get("device", "cpu")
+    try:  # before loading anything: fail fast
+        check_precision(kwargs.get("precision", "fp32"), device)
+    except ValueError as e:
+        raise UserError(f"--{e}") from None
     model, meta = load_model(run_dir, device)
     root = run_dir if run_dir.is_dir() else run_dir.parent
     for candidate in (root / "subwords.model", root.parent / "subwords.model", root.parent.parent / "subwords.model"):

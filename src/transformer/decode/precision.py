@@ -22,11 +22,19 @@ from torch import nn
 PRECISIONS = ("fp32", "bf16", "int8")
 
 
+def check_precision(precision: str, device: str | torch.device = "cpu") -> None:
+    """ValueError unless ``precision`` is one of :data:`PRECISIONS` and suits ``device``
+    (bf16 and int8 are CPU decoding options)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision != "fp32" and torch.device(device).type != "cpu":
+        raise ValueError(f"precision {precision} is for CPU decoding; use fp32 with device {device}")
+
+
 def for_inference(model: nn.Module, precision: str = "fp32") -> nn.Module:
     """``model`` in eval mode at ``precision``: the model itself when it is already float32
     and fp32 is asked for, a converted copy otherwise (the caller's model keeps its dtype)."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    check_precision(precision, next(model.parameters()).device)
     if precision == "fp32":
         if all(p.dtype == torch.float32 for p in model.parameters() if p.is_floating_point()):
             return model.eval()
