@@ -171,3 +171,36 @@ def test_sampler_drives_a_dataloader():
     batches = list(loader)
     assert sum(len(b) for b in batches) == len(examples)
     assert all(b.src.numel() <= 64 and b.tgt_out.numel() <= 64 for b in batches)
+
+
+def test_lengths_may_change_each_epoch():
+    """With a function of the epoch (subword dropout re-segments the text each epoch), each
+    epoch is batched by its own lengths, and a restored sampler asks for the same ones."""
+    per_epoch = {e: _lengths(seed=100 + e) for e in range(3)}
+    asked = []
+
+    def lengths_of(epoch):
+        asked.append(epoch)
+        return per_epoch[epoch]
+
+    epochs = _epochs(TokenBatchSampler(lengths_of, 250, seed=4), 3)
+    for e in range(3):
+        assert epochs[e] == list(_at_epoch(per_epoch[e], e))  # as if that epoch's lengths were fixed
+        assert all(_cost(b, per_epoch[e]) <= 250 for b in epochs[e])
+        assert sorted(i for b in epochs[e] for i in b) == list(range(400))
+    assert asked[:3] == [0, 1, 2]
+
+    first = TokenBatchSampler(lengths_of, 250, seed=4)
+    list(first)
+    it = iter(first)
+    seen = [next(it) for _ in range(5)]
+    restored = TokenBatchSampler(lengths_of, 250, seed=4)
+    restored.load_state_dict(first.state_dict())
+    assert seen + list(restored) == epochs[1]
+
+
+def _at_epoch(lengths, epoch):
+    """A fixed-length sampler positioned at ``epoch`` (same seed as the test above)."""
+    sampler = TokenBatchSampler(lengths, 250, seed=4)
+    sampler.set_epoch(epoch)
+    return sampler

@@ -87,3 +87,4 @@ def test_vocab_too_large_is_a_user_error(tmp_path):
         train_subwords(["a b c", "b c d"], tmp_path / "tiny", vocab_size=5000)
     with pytest.raises(UserError, match="no non-empty"):
         train_subwords(["", ""], tmp_path / "none", vocab_size=100)
+

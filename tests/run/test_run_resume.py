@@ -117,3 +117,24 @@ def test_cooldown_added_on_resume(half, make_cfg, metrics):
         base = inverse_sqrt_lr(step, cfg.peak_lr, cfg.warmup)
         factor = {6: 1.0, 7: 2 / 3, 8: 1 / 3}.get(step, 1.0)
         assert got[step]["lr"] == pytest.approx(base * factor), f"learning rate at step {step}"
+
+
+def test_resume_with_subword_dropout_is_bit_exact(tmp_path, make_cfg, metrics):
+    """BPE-dropout re-segments the text each epoch: with 30 pairs an epoch is a few updates,
+    so 8 updates cross epochs, and the resumed run (another Trainer, and for the segments
+    another draw) must see the same pieces, batches and dropout masks."""
+    from transformer.train.prepare import EpochExamples
+
+    common = (*COMMON, "subword_dropout=0.2", "train_limit=30")
+    straight = tmp_path / "straight"
+    trainer = Trainer(make_cfg(*common, "max_steps=8"), straight, log=lambda *a: None)
+    assert trainer.train()["step"] == 8
+    assert train_records(metrics(straight))[8]["epoch"] >= 2
+    half = tmp_path / "half"
+    Trainer(make_cfg(*common, "max_steps=4"), half, log=lambda *a: None).train()
+    Trainer(make_cfg(*common, "max_steps=8"), half, log=lambda *a: None).train()
+    assert same_weights(weights(straight), weights(half))
+    # The control: the segmentation really changes from epoch to epoch.
+    examples = trainer.examples
+    assert isinstance(examples, EpochExamples)
+    assert examples(0) != examples(1) and examples(0) != trainer.data.train

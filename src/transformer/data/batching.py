@@ -14,14 +14,14 @@ Typical use with a ``DataLoader`` (the sampler yields lists of example indices):
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-__all__ = ["Example", "Batch", "filter_long", "example_lengths", "TokenBatchSampler", "collate"]
+__all__ = ["Example", "Batch", "filter_long", "fits", "example_lengths", "TokenBatchSampler", "collate"]
 
 Example = tuple[Sequence[int], Sequence[int]]
 
@@ -35,8 +35,13 @@ def filter_long(examples: Sequence[Example], max_len: int) -> tuple[list[Example
     Returns:
         ``(kept, n_dropped)``.
     """
-    kept = [ex for ex in examples if len(ex[0]) + 1 <= max_len and len(ex[1]) + 2 <= max_len]
+    kept = [ex for ex, k in zip(examples, fits(examples, max_len)) if k]
     return kept, len(examples) - len(kept)
+
+
+def fits(examples: Sequence[Example], max_len: int) -> list[bool]:
+    """Whether each example fits ``max_len`` positions (see :func:`filter_long`)."""
+    return [len(src) + 1 <= max_len and len(tgt) + 2 <= max_len for src, tgt in examples]
 
 
 def example_lengths(examples: Sequence[Example]) -> list[tuple[int, int]]:
@@ -67,7 +72,9 @@ class TokenBatchSampler(Sampler[list[int]]):
 
     Args:
         lengths: per example either one length or ``(src_len, tgt_len)`` in padded positions
-            (see :func:`example_lengths`).
+            (see :func:`example_lengths`); or a function ``epoch -> lengths`` when the
+            examples change from epoch to epoch (subword dropout re-segments them), the
+            same number of examples each epoch.
         max_tokens: token budget of one batch (> 0).
         seed: non-negative seed; with the epoch it fixes noise and batch order.
         shuffle: add length noise and shuffle batch order; if false the batches are the
@@ -79,7 +86,7 @@ class TokenBatchSampler(Sampler[list[int]]):
 
     def __init__(
         self,
-        lengths: Sequence[int] | Sequence[tuple[int, int]],
+        lengths: Sequence[int] | Sequence[tuple[int, int]] | Callable[[int], Sequence[tuple[int, int]]],
         max_tokens: int,
         seed: int,
         shuffle: bool = True,
@@ -93,11 +100,9 @@ class TokenBatchSampler(Sampler[list[int]]):
             raise ValueError(f"seed must be non-negative, got {seed}")
         if num_shards < 1 or not 0 <= shard_index < num_shards:
             raise ValueError(f"need num_shards >= 1 and 0 <= shard_index < num_shards, got {shard_index}/{num_shards}")
-        pairs = np.array([(x, x) if np.isscalar(x) else tuple(x) for x in lengths], dtype=np.int64).reshape(-1, 2)
-        if (pairs < 0).any():
-            raise ValueError("lengths must be non-negative")
-        self.src_lengths, self.tgt_lengths = pairs[:, 0], pairs[:, 1]
-        self.sizes = pairs.max(axis=1)  # a batch's cost is n * max(size)
+        self._lengths_of = lengths if callable(lengths) else None
+        if self._lengths_of is None:
+            self._set_lengths(lengths)
         self.max_tokens = max_tokens
         self.seed = seed
         self.shuffle = shuffle
@@ -108,6 +113,13 @@ class TokenBatchSampler(Sampler[list[int]]):
         self.batch_in_epoch = 0
         self._cache: tuple[int, list[list[int]]] | None = None
 
+    def _set_lengths(self, lengths) -> None:
+        pairs = np.array([(x, x) if np.isscalar(x) else tuple(x) for x in lengths], dtype=np.int64).reshape(-1, 2)
+        if (pairs < 0).any():
+            raise ValueError("lengths must be non-negative")
+        self.src_lengths, self.tgt_lengths = pairs[:, 0], pairs[:, 1]
+        self.sizes = pairs.max(axis=1)  # a batch's cost is n * max(size)
+
     # -- building one epoch ---------------------------------------------------------------
 
     def _epoch_batches(self, epoch: int) -> list[list[int]]:
@@ -117,6 +129,8 @@ class TokenBatchSampler(Sampler[list[int]]):
         return self._cache[1]
 
     def _build(self, epoch: int) -> list[list[int]]:
+        if self._lengths_of is not None:
+            self._set_lengths(self._lengths_of(epoch))
         rng = np.random.default_rng([self.seed, epoch])
         noise = np.zeros(len(self.sizes))
         if self.shuffle and self.length_noise > 0:

@@ -92,6 +92,14 @@ class Subwords:
         """The subword string of id ``i``."""
         return self._sp.id_to_piece(i)
 
+    def score(self, i: int) -> float:
+        """The score of piece ``i``; for BPE, minus the rank of the merge that made it."""
+        return self._sp.get_score(i)
+
+    def is_normal(self, i: int) -> bool:
+        """Whether piece ``i`` is text (not pad / BOS / EOS / unknown)."""
+        return not (self._sp.is_control(i) or self._sp.is_unknown(i) or self._sp.is_unused(i))
+
     def vocab(self) -> list[str]:
         """All pieces in id order (index ``i`` holds ``id_to_piece(i)``)."""
         return [self._sp.id_to_piece(i) for i in range(self.vocab_size)]

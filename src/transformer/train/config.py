@@ -29,6 +29,7 @@ class TrainConfig:
     train_limit: int = 0  # use only the first N training pairs (0 = all)
     valid_limit: int = 0  # BLEU on the first N validation pairs (0 = all)
     vocab_size: int = 8000  # joint sentencepiece BPE
+    subword_dropout: float = 0.0  # BPE-dropout: each epoch re-segments the training text, skipping merges with this probability
     # ---- model: a preset plus overrides of any ModelConfig field ----
     model: dict[str, Any] = field(default_factory=lambda: {"preset": "tiny"})
     # ---- optimisation ----
@@ -87,6 +88,7 @@ class TrainConfig:
             need(getattr(self, name) > 0, f"{name} must be positive, got {getattr(self, name)}")
         need(0 <= self.cooldown <= self.max_steps, f"cooldown must be in [0, max_steps], got {self.cooldown}")
         need(0.0 <= self.label_smoothing < 1.0, "label_smoothing must be in [0, 1)")
+        need(0.0 <= self.subword_dropout < 1.0, f"subword_dropout must be in [0, 1), got {self.subword_dropout}")
         need(isinstance(self.model, dict) and self.model.get("preset", "tiny") in PRESETS,
              f"model.preset must be one of {sorted(PRESETS)}")
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..data import (Subwords, clean_pairs, filter_long, load_multi30k, read_parallel, read_tsv,
+from ..data import (Subwords, clean_pairs, example_lengths, fits, load_multi30k, read_parallel, read_tsv,
                     train_subwords)
+from ..data.subword_dropout import SubwordDropout
 from ..errors import UserError
 from .config import TrainConfig
 
@@ -16,6 +17,7 @@ SUBWORDS = "subwords.model"
 class PreparedData:
     subwords: Subwords
     train: list[tuple[list[int], list[int]]]  # encoded (src, tgt) pairs, no BOS/EOS
+    train_text: list[tuple[str, str]]  # the raw text of each pair in ``train``, in its order
     valid: list[tuple[str, str]]  # raw text pairs, for loss and BLEU
     n_empty: int  # training pairs skipped because a side was empty
     n_too_long: int  # training pairs longer than the model's max_len
@@ -54,7 +56,51 @@ def prepare_data(cfg: TrainConfig, run_dir: Path, max_len: int | None = None, lo
     encoded = [(subwords.encode(s), subwords.encode(t)) for s, t in train_pairs]
     n_too_long = 0
     if max_len is not None:
-        encoded, n_too_long = filter_long(encoded, max_len)
+        keep = fits(encoded, max_len)
+        n_too_long = len(encoded) - sum(keep)
+        encoded = [ex for ex, k in zip(encoded, keep) if k]
+        train_pairs = [p for p, k in zip(train_pairs, keep) if k]
     log(f"training pairs: {len(encoded)} (skipped {n_empty} empty, {n_too_long} longer than {max_len} tokens); "
         f"validation pairs: {len(valid)}")
-    return PreparedData(subwords, encoded, valid, n_empty, n_too_long)
+    return PreparedData(subwords, encoded, train_pairs, valid, n_empty, n_too_long)
+
+
+class EpochExamples:
+    """The training examples of each epoch, for the sampler (``lengths``) and the batches.
+
+    With ``subword_dropout == 0`` every epoch has the fixed encoding ``data.train``. Otherwise
+    each epoch re-segments the training text with BPE-dropout (:class:`SubwordDropout`),
+    seeded by ``(seed, epoch)``, so a resumed or data-parallel run sees the same pieces. An
+    example whose sampled pieces no longer fit ``max_len`` keeps its fixed encoding (which
+    fits: longer ones were filtered out), so the example indices never change.
+    """
+
+    def __init__(self, data: PreparedData, subword_dropout: float, seed: int, max_len: int | None):
+        self.data, self.max_len = data, max_len
+        self._sampler = None
+        if subword_dropout:
+            texts = data.train_text
+            self._sampler = SubwordDropout(data.subwords, [s for s, _ in texts] + [t for _, t in texts],
+                                           subword_dropout, seed)
+        self._cache: dict[int, list[tuple[list[int], list[int]]]] = {}
+
+    def __call__(self, epoch: int) -> list[tuple[list[int], list[int]]]:
+        if self._sampler is None:
+            return self.data.train
+        if epoch not in self._cache:
+            if len(self._cache) >= 2:  # the current epoch and the next one are enough
+                del self._cache[min(self._cache)]
+            self._cache[epoch] = self._sample(epoch)
+        return self._cache[epoch]
+
+    def lengths(self, epoch: int) -> list[tuple[int, int]]:
+        return example_lengths(self(epoch))
+
+    def _sample(self, epoch: int) -> list[tuple[list[int], list[int]]]:
+        n = len(self.data.train)
+        ids = self._sampler.epoch(epoch)
+        sampled = list(zip(ids[:n], ids[n:]))
+        if self.max_len is None:
+            return sampled
+        keep = fits(sampled, self.max_len)
+        return [ex if k else fixed for ex, fixed, k in zip(sampled, self.data.train, keep)]

@@ -28,7 +28,7 @@ from . import checkpoint as ckpt
 from .config import TrainConfig
 from .distributed import Dist, reshard_position
 from .loss import label_smoothed_nll_loss
-from .prepare import SUBWORDS, PreparedData, prepare_data
+from .prepare import SUBWORDS, EpochExamples, PreparedData, prepare_data
 from .schedule import cooldown_factor, inverse_sqrt_lr, noam_lr
 from .step import autocast, paper_adam, train_step
 
@@ -96,7 +96,9 @@ class Trainer:
         self.optimizer = paper_adam(self.model.parameters(), cfg.weight_decay)
         self.amp_dtype = resolve_precision(cfg.precision, self.device)
         self.scaler = torch.amp.GradScaler("cuda") if self.amp_dtype == torch.float16 else None
-        self.sampler = TokenBatchSampler(example_lengths(self.data.train), cfg.max_tokens, cfg.seed,
+        self.examples = EpochExamples(self.data, cfg.subword_dropout, cfg.seed, probe.max_len)
+        lengths = self.examples.lengths if cfg.subword_dropout else example_lengths(self.data.train)
+        self.sampler = TokenBatchSampler(lengths, cfg.max_tokens, cfg.seed,
                                          num_shards=self.dist.world_size, shard_index=self.dist.rank)
         if len(self.sampler) == 0:  # fewer batches in an epoch than ranks: nothing to train on
             raise UserError(f"the training data fills fewer batches of max_tokens={cfg.max_tokens} than there are "
@@ -292,8 +294,9 @@ class Trainer:
         while True:
             if self.cfg.max_epochs and self.sampler.state_dict()["epoch"] >= self.cfg.max_epochs:
                 return
-            for idx in self.sampler:
-                yield collate([self.data.train[i] for i in idx], self.model.cfg.pad_id,
+            for idx in self.sampler:  # while it yields, sampler.epoch is the batch's epoch
+                examples = self.examples(self.sampler.epoch)
+                yield collate([examples[i] for i in idx], self.model.cfg.pad_id,
                               self.model.cfg.bos_id, self.model.cfg.eos_id).to(self.device)
 
     def _on_signal(self, signum, frame) -> None:  # noqa: ARG002
@@ -322,11 +325,11 @@ class Trainer:
         reason = "max_steps"
         try:
             while self.step < c.max_steps:
+                t0 = time.perf_counter()  # the clock counts making the batches too
                 micro = [b for _, b in zip(range(c.accum_steps), batches)]
                 if not micro:  # every rank has the same number of batches an epoch
                     reason = "max_epochs"
                     break
-                t0 = time.perf_counter()
                 self.model.train()
                 stats = train_step(self.model, micro, self.optimizer, self.lr(self.step + 1),
                                    epsilon=c.label_smoothing, clip_norm=c.clip_norm or None,
