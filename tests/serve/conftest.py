@@ -126,3 +126,18 @@ def server(run_dir, tmp_path_factory):
                      "--max-chars", "600", "--max-texts", "16")
     yield s
     stop_server(s)
+
+
+@pytest.fixture
+def start_another(run_dir, tmp_path):
+    """``start_another(*args)``: one more server on the same run with other options, stopped
+    at the end of the test."""
+    started = []
+
+    def start(*args: str) -> Server:
+        started.append(start_server(run_dir, tmp_path / f"server{len(started)}.log", *args))
+        return started[-1]
+
+    yield start
+    for s in started:
+        stop_server(s)

@@ -119,7 +119,7 @@ def test_attention_of_an_empty_text_is_empty(server, text):
 def test_health_stats_and_openapi(server):
     code, health = server.get("/health")
     assert code == 200 and health["status"] == "ok"
-    assert health["n_layers"] == 2 and health["n_heads"] == 4
+    assert health["n_layers"] == 2 and health["n_heads"] == 4 and health["precision"] == "fp32"
     code, stats = server.get("/stats")
     assert code == 200 and stats["batching"] is True and stats["max_batch"] == 32
     assert {"requests", "decode_calls", "largest_batch"} <= set(stats)
@@ -166,3 +166,21 @@ def test_keep_alive_responses_are_not_held_back_by_nagle(server):
         times.append(time.perf_counter() - start)
     conn.close()
     assert min(times[1:]) < 0.03, times
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
+def test_lower_precision_serves_what_the_translator_gives(run_dir, sentences, start_another, precision):
+    """--precision converts the served model as for translate: each text alone (int8's
+    dynamic scales depend on the batch) gets the in-process Translator's translation at
+    that precision, the attention explorer works too, and /health says which precision."""
+    from transformer.translator import load_translator
+
+    reference = load_translator(run_dir, beam_size=4, precision=precision)
+    server = start_another("--precision", precision, "--no-batching")
+    assert server.get("/health")[1]["precision"] == precision
+    for text in sentences[:4]:
+        code, body = server.post("/translate", {"text": text})
+        assert code == 200, body
+        assert body["translation"] == reference.translate([text])[0]
+    code, maps = server.post("/attention", {"text": sentences[0]})
+    assert code == 200 and maps["translation"] == reference.translate([sentences[0]])[0]

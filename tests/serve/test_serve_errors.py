@@ -152,7 +152,8 @@ def test_port_in_use(serve_cmd, run_dir, server):
     (["--max-chars", "0"], ["--max-chars"]),
     (["--threads", "-1"], ["--threads"]),
     (["--host", "no.such.host.invalid"], ["--host"]),
-], ids=["port", "beam", "max-batch", "max-wait", "max-chars", "threads", "host"])
+    (["--precision", "fp8"], ["--precision", "fp8"]),
+], ids=["port", "beam", "max-batch", "max-wait", "max-chars", "threads", "host", "precision"])
 def test_bad_options(serve_cmd, run_dir, args, mentions):
     assert_one_line_error(*serve_cmd("--model", run_dir, *args), *mentions)
 

@@ -5,6 +5,8 @@ import argparse
 import socket
 import sys
 
+from ..decode.precision import PRECISIONS
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve translations over HTTP (JSON API) and the attention explorer page")
@@ -21,6 +23,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tokens", type=int, default=4000, help="source tokens per decoding batch")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--precision", default="fp32",
+                   help=f"CPU decoding arithmetic, one of {', '.join(PRECISIONS)} (as for translate; "
+                        "/health reports it)")
     p.add_argument("--access-log", action="store_true", help="log every request")
     p.set_defaults(func=run)
 
@@ -79,11 +84,11 @@ def run(args: argparse.Namespace) -> int:
     sock = _listen(args.host, args.port)
     try:
         translator = load_translator(args.model, beam_size=args.beam, alpha=args.alpha,
-                                     max_tokens=args.max_tokens, device=args.device)
+                                     max_tokens=args.max_tokens, device=args.device, precision=args.precision)
         app = create_app(translator, cfg, model_name=str(args.model))
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
-        print(f"transformer serve: http://{shown}:{port}/ (model {args.model}; "
+        print(f"transformer serve: http://{shown}:{port}/ (model {args.model}; {args.precision}; "
               f"{'batching up to ' + str(cfg.max_batch) if cfg.batching else 'no batching'})",
               file=sys.stderr, flush=True)
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=args.access_log,

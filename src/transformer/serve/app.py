@@ -133,7 +133,7 @@ def create_app(translator: Translator, cfg: ServeConfig | None = None, model_nam
         mcfg = service.base.model.cfg
         return {"status": "ok", "model": model_name, "n_layers": mcfg.n_layers, "n_heads": mcfg.n_heads,
                 "d_model": mcfg.d_model, "max_len": mcfg.max_len, "beam": service.cfg.beam,
-                "max_beam": service.cfg.max_beam}
+                "max_beam": service.cfg.max_beam, "precision": service.base.precision}
 
     @app.get("/stats")
     async def stats() -> dict:
