@@ -1,6 +1,5 @@
 """BPE-dropout: the merges reproduce sentencepiece, the epochs are seeded, lossless and the
 same in any process, and a larger dropout cuts words into more pieces."""
-import gzip
 import json
 import random
 import subprocess
@@ -8,26 +7,13 @@ import sys
 
 import pytest
 
-from transformer.data import train_subwords
 from transformer.data.subword_dropout import SubwordDropout, bpe_merge
 
-N_LINES = 1500
-
-
-def _head(path, n):
-    with gzip.open(path, "rt", encoding="utf-8", newline="") as f:
-        return [next(f).removesuffix("\n") for _ in range(n)]
-
 
 @pytest.fixture(scope="module")
-def texts(multi30k_root):
-    folder = multi30k_root / "multi30k"
-    return _head(folder / "train.en.gz", N_LINES) + _head(folder / "train.de.gz", N_LINES)
-
-
-@pytest.fixture(scope="module")
-def subwords(texts, tmp_path_factory):
-    return train_subwords(texts, tmp_path_factory.mktemp("spm") / "joint", vocab_size=1000)
+def texts(sample):
+    """The conftest's Multi30k sample (3,000 English and 3,000 German lines)."""
+    return sample
 
 
 @pytest.fixture(scope="module")

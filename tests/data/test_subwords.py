@@ -1,31 +1,11 @@
 """The sentencepiece subword vocabulary: special ids, determinism, lossless round trip."""
 
-import gzip
-
 import pytest
 
 from transformer.data import Subwords, train_subwords
 from transformer.errors import UserError
 
-N_LINES = 3000
-VOCAB = 1000
-
-
-def _head(path, n):
-    with gzip.open(path, "rt", encoding="utf-8", newline="") as f:
-        return [next(f).removesuffix("\n") for _ in range(n)]
-
-
-@pytest.fixture(scope="module")
-def sample(multi30k_root):
-    """First lines of Multi30k train, English and German."""
-    folder = multi30k_root / "multi30k"
-    return _head(folder / "train.en.gz", N_LINES) + _head(folder / "train.de.gz", N_LINES)
-
-
-@pytest.fixture(scope="module")
-def subwords(sample, tmp_path_factory):
-    return train_subwords(sample, tmp_path_factory.mktemp("spm") / "joint", vocab_size=VOCAB)
+VOCAB = 1000  # the size of the conftest's ``subwords`` (SAMPLE_VOCAB)
 
 
 def test_special_ids_match_model_defaults(subwords):
