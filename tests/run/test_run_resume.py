@@ -119,7 +119,7 @@ def test_cooldown_added_on_resume(half, make_cfg, metrics):
         assert got[step]["lr"] == pytest.approx(base * factor), f"learning rate at step {step}"
 
 
-def test_resume_with_subword_dropout_is_bit_exact(tmp_path, make_cfg, metrics):
+def test_resume_with_subword_dropout_is_bit_exact(tmp_path, make_cfg, metrics, log):
     """BPE-dropout re-segments the text each epoch: with 30 pairs an epoch is a few updates,
     so 8 updates cross epochs, and the resumed run (another Trainer, and for the segments
     another draw) must see the same pieces, batches and dropout masks."""
@@ -127,7 +127,8 @@ def test_resume_with_subword_dropout_is_bit_exact(tmp_path, make_cfg, metrics):
 
     common = (*COMMON, "subword_dropout=0.2", "train_limit=30")
     straight = tmp_path / "straight"
-    trainer = Trainer(make_cfg(*common, "max_steps=8"), straight, log=lambda *a: None)
+    trainer = Trainer(make_cfg(*common, "max_steps=8"), straight, log=log)
+    assert "subword dropout 0.2:" in log.text()
     assert trainer.train()["step"] == 8
     assert train_records(metrics(straight))[8]["epoch"] >= 2
     half = tmp_path / "half"

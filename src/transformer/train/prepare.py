@@ -77,15 +77,15 @@ class EpochExamples:
 
     def __init__(self, data: PreparedData, subword_dropout: float, seed: int, max_len: int | None):
         self.data, self.max_len = data, max_len
-        self._sampler = None
+        self.dropout: SubwordDropout | None = None
         if subword_dropout:
             texts = data.train_text
-            self._sampler = SubwordDropout(data.subwords, [s for s, _ in texts] + [t for _, t in texts],
+            self.dropout = SubwordDropout(data.subwords, [s for s, _ in texts] + [t for _, t in texts],
                                            subword_dropout, seed)
         self._cache: dict[int, list[tuple[list[int], list[int]]]] = {}
 
     def __call__(self, epoch: int) -> list[tuple[list[int], list[int]]]:
-        if self._sampler is None:
+        if self.dropout is None:
             return self.data.train
         if epoch not in self._cache:
             if len(self._cache) >= 2:  # the current epoch and the next one are enough
@@ -98,7 +98,7 @@ class EpochExamples:
 
     def _sample(self, epoch: int) -> list[tuple[list[int], list[int]]]:
         n = len(self.data.train)
-        ids = self._sampler.epoch(epoch)
+        ids = self.dropout.epoch(epoch)
         sampled = list(zip(ids[:n], ids[n:]))
         if self.max_len is None:
             return sampled

@@ -97,6 +97,10 @@ class Trainer:
         self.amp_dtype = resolve_precision(cfg.precision, self.device)
         self.scaler = torch.amp.GradScaler("cuda") if self.amp_dtype == torch.float16 else None
         self.examples = EpochExamples(self.data, cfg.subword_dropout, cfg.seed, probe.max_len)
+        if cfg.subword_dropout:
+            sd = self.examples.dropout
+            self.log(f"subword dropout {cfg.subword_dropout}: {sd.n_words} distinct words, {sd.variants} "
+                     "segmentations drawn for each; every epoch picks one per occurrence")
         lengths = self.examples.lengths if cfg.subword_dropout else example_lengths(self.data.train)
         self.sampler = TokenBatchSampler(lengths, cfg.max_tokens, cfg.seed,
                                          num_shards=self.dist.world_size, shard_index=self.dist.rank)
