@@ -21,6 +21,11 @@ class Translation:
     tokens: list[int]
 
 
+def _check_beam(beam_size: int) -> None:
+    if beam_size < 1:
+        raise ValueError(f"beam size must be at least 1, got {beam_size}")
+
+
 class Translator:
     """Translate lines with a trained model and the subword model it was trained with.
 
@@ -35,8 +40,7 @@ class Translator:
     def __init__(self, model: Transformer, subwords: Subwords, beam_size: int = 4, alpha: float = 0.6,
                  max_tokens: int = 4000, max_len_a: float = 1.0, max_len_b: int = 50,
                  device: str | torch.device = "cpu", warn: bool = True, precision: str = "fp32") -> None:
-        if beam_size < 1:
-            raise ValueError(f"beam size must be at least 1, got {beam_size}")
+        _check_beam(beam_size)
         self.model = for_inference(model.to(device), precision)
         self.precision = precision
         self.subwords = subwords
@@ -49,8 +53,7 @@ class Translator:
 
     def with_beam(self, beam_size: int) -> "Translator":
         """The same translator (the same model, already at its precision) with another beam size."""
-        if beam_size < 1:
-            raise ValueError(f"beam size must be at least 1, got {beam_size}")
+        _check_beam(beam_size)
         other = copy.copy(self)
         other.beam_size, other.truncated = beam_size, 0
         return other

@@ -6,7 +6,7 @@ import json
 import time
 from pathlib import Path
 
-from ..decode.precision import PRECISIONS
+from ._options import add_precision_option
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -26,9 +26,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output", help="also write the translations here")
     p.add_argument("--json", action="store_true", help="print the scores as JSON")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--precision", default="fp32",
-                   help=f"CPU decoding arithmetic, one of {', '.join(PRECISIONS)}: bf16 weights or int8 dynamic quantisation "
-                        "(faster; BLEU cost measured in benchmarks/decode/README.md)")
+    add_precision_option(p)
     p.set_defaults(func=run)
 
 

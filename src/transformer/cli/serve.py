@@ -5,7 +5,7 @@ import argparse
 import socket
 import sys
 
-from ..decode.precision import PRECISIONS
+from ._options import add_precision_option
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -23,9 +23,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tokens", type=int, default=4000, help="source tokens per decoding batch")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--precision", default="fp32",
-                   help=f"CPU decoding arithmetic, one of {', '.join(PRECISIONS)} (as for translate; "
-                        "/health reports it)")
+    add_precision_option(p)
     p.add_argument("--access-log", action="store_true", help="log every request")
     p.set_defaults(func=run)
 

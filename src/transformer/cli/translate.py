@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..decode.precision import PRECISIONS
+from ._options import add_precision_option
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -17,9 +17,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--output", help="output file (default: stdout); written only when complete")
     p.add_argument("--max-tokens", type=int, default=4000, help="source tokens per batch")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--precision", default="fp32",
-                   help=f"CPU decoding arithmetic, one of {', '.join(PRECISIONS)}: bf16 weights or int8 dynamic quantisation "
-                        "(faster; BLEU cost measured in benchmarks/decode/README.md)")
+    add_precision_option(p)
     p.set_defaults(func=run)
 
 
