@@ -17,8 +17,14 @@ def texts(sample):
 
 
 @pytest.fixture(scope="module")
-def dropout(subwords, texts):
-    return SubwordDropout(subwords, texts, 0.1, seed=5)
+def encoded(subwords, texts):
+    """The texts in their usual pieces, which SubwordDropout starts from."""
+    return [subwords.encode(t) for t in texts]
+
+
+@pytest.fixture(scope="module")
+def dropout(subwords, encoded):
+    return SubwordDropout(subwords, encoded, 0.1, seed=5)
 
 
 def test_without_dropout_the_merges_are_sentencepieces(subwords, texts, dropout):
@@ -28,11 +34,11 @@ def test_without_dropout_the_merges_are_sentencepieces(subwords, texts, dropout)
     assert dropout.n_kept_fixed == 0
 
 
-def test_epochs_are_seeded_lossless_and_differ(subwords, texts, dropout):
+def test_epochs_are_seeded_lossless_and_differ(subwords, texts, encoded, dropout):
     first = dropout.epoch(0)
     assert first == dropout.epoch(0)
     assert first != dropout.epoch(1)
-    assert first != SubwordDropout(subwords, texts, 0.1, seed=6).epoch(0)
+    assert first != SubwordDropout(subwords, encoded, 0.1, seed=6).epoch(0)
     assert [subwords.decode(ids) for ids in first] == texts
     fixed = [subwords.encode(t) for t in texts]
     assert sum(map(len, first)) > sum(map(len, fixed))
@@ -40,8 +46,8 @@ def test_epochs_are_seeded_lossless_and_differ(subwords, texts, dropout):
     assert 0.1 < sum(a == b for a, b in zip(first, fixed)) / len(texts) < 0.9
 
 
-def test_more_dropout_more_pieces(subwords, texts):
-    n = {p: sum(map(len, SubwordDropout(subwords, texts, p, seed=1).epoch(0))) for p in (0.05, 0.1, 0.3)}
+def test_more_dropout_more_pieces(subwords, encoded):
+    n = {p: sum(map(len, SubwordDropout(subwords, encoded, p, seed=1).epoch(0))) for p in (0.05, 0.1, 0.3)}
     assert n[0.05] < n[0.1] < n[0.3]
 
 
@@ -57,7 +63,7 @@ def test_bpe_merge_drops_merges():
 def test_a_word_with_an_unknown_character_keeps_its_pieces(subwords, texts):
     fixed = subwords.encode("ein ☃ Hund")
     assert subwords.unk_id in fixed
-    sd = SubwordDropout(subwords, ["ein ☃ Hund"] * 40, 0.5, seed=0)
+    sd = SubwordDropout(subwords, [fixed] * 40, 0.5, seed=0)
     unknown_word = fixed[fixed.index(subwords.unk_id) - 1: fixed.index(subwords.unk_id) + 1]
     for ids in sd.epoch(0):
         i = ids.index(subwords.unk_id)
@@ -73,7 +79,7 @@ def test_the_same_in_another_process(subwords, texts, dropout, tmp_path):
         "from transformer.data.subword_dropout import SubwordDropout; "
         f"sw = Subwords.load({str(subwords.path)!r}); "
         f"texts = json.load(open({str(tmp_path / 'texts.json')!r}, encoding='utf-8')); "
-        "print(json.dumps(SubwordDropout(sw, texts, 0.1, seed=5).epoch(3)))"
+        "print(json.dumps(SubwordDropout(sw, [sw.encode(t) for t in texts], 0.1, seed=5).epoch(3)))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert json.loads(out) == dropout.epoch(3)
@@ -82,4 +88,4 @@ def test_the_same_in_another_process(subwords, texts, dropout, tmp_path):
 @pytest.mark.parametrize("p", [0.0, 1.0, -0.2])
 def test_dropout_outside_0_1_is_refused(subwords, p):
     with pytest.raises(ValueError, match="dropout"):
-        SubwordDropout(subwords, ["a b"], p, seed=0)
+        SubwordDropout(subwords, [subwords.encode("a b")], p, seed=0)

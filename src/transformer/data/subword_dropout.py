@@ -22,7 +22,7 @@ from the run's seed:
 3. Each epoch picks, for every word occurrence, one of its word's variants (seeded by
    ``(seed, epoch)``) and joins them into sentences.
 
-The result depends only on ``(texts, subwords, p, seed, epoch)``, in any process.
+The result depends only on ``(sentences, subwords, p, seed, epoch)``, in any process.
 """
 from __future__ import annotations
 
@@ -74,17 +74,18 @@ def bpe_merge(word: str, scores: dict[str, float], dropout: float = 0.0,
 
 
 class SubwordDropout:
-    """Per-epoch BPE-dropout segmentations of ``texts`` (see the module's docstring).
+    """Per-epoch BPE-dropout segmentations of the training sentences (see the module's docstring).
 
     Args:
         subwords: the run's sentencepiece BPE model.
-        texts: the training sentences.
+        encoded: the training sentences in their usual pieces (``subwords.encode``).
         dropout: the probability ``p`` of skipping a merge, in (0, 1).
         seed: with the epoch, fixes every draw.
         variants: segmentations drawn per distinct word.
     """
 
-    def __init__(self, subwords: Subwords, texts: Sequence[str], dropout: float, seed: int, variants: int = 16):
+    def __init__(self, subwords: Subwords, encoded: Sequence[Sequence[int]], dropout: float, seed: int,
+                 variants: int = 16):
         if not 0.0 < dropout < 1.0:
             raise ValueError(f"dropout must be in (0, 1), got {dropout}")
         self.seed, self.variants = seed, variants
@@ -94,7 +95,7 @@ class SubwordDropout:
         word_ids: dict[str, int] = {}
         fixed: list[tuple[int, ...]] = []  # the deterministic ids of each distinct word
         sentences: list[list[int]] = []  # word ids of each sentence
-        for ids in (subwords.encode(t) for t in texts):
+        for ids in encoded:
             words, start = [], 0
             for k in range(1, len(ids) + 1):
                 if k == len(ids) or vocab[ids[k]].startswith(WORD_START):
@@ -127,7 +128,7 @@ class SubwordDropout:
         self.n_words = len(fixed)
 
     def epoch(self, epoch: int) -> list[list[int]]:
-        """The ids of every text for ``epoch``: one drawn variant per word occurrence."""
+        """The ids of every sentence for ``epoch``: one drawn variant per word occurrence."""
         rng = np.random.default_rng([self.seed, epoch])
         rows = self._words * self.variants + rng.integers(0, self.variants, len(self._words))
         lens = self._row_len[rows]

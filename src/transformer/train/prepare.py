@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..data import (Subwords, clean_pairs, example_lengths, fits, load_multi30k, read_parallel, read_tsv,
-                    train_subwords)
+from ..data import (Subwords, clean_pairs, example_lengths, filter_long, fits, load_multi30k, read_parallel,
+                    read_tsv, train_subwords)
 from ..data.subword_dropout import SubwordDropout
 from ..errors import UserError
 from .config import TrainConfig
@@ -17,7 +17,6 @@ SUBWORDS = "subwords.model"
 class PreparedData:
     subwords: Subwords
     train: list[tuple[list[int], list[int]]]  # encoded (src, tgt) pairs, no BOS/EOS
-    train_text: list[tuple[str, str]]  # the raw text of each pair in ``train``, in its order
     valid: list[tuple[str, str]]  # raw text pairs, for loss and BLEU
     n_empty: int  # training pairs skipped because a side was empty
     n_too_long: int  # training pairs longer than the model's max_len
@@ -56,13 +55,10 @@ def prepare_data(cfg: TrainConfig, run_dir: Path, max_len: int | None = None, lo
     encoded = [(subwords.encode(s), subwords.encode(t)) for s, t in train_pairs]
     n_too_long = 0
     if max_len is not None:
-        keep = fits(encoded, max_len)
-        n_too_long = len(encoded) - sum(keep)
-        encoded = [ex for ex, k in zip(encoded, keep) if k]
-        train_pairs = [p for p, k in zip(train_pairs, keep) if k]
+        encoded, n_too_long = filter_long(encoded, max_len)
     log(f"training pairs: {len(encoded)} (skipped {n_empty} empty, {n_too_long} longer than {max_len} tokens); "
         f"validation pairs: {len(valid)}")
-    return PreparedData(subwords, encoded, train_pairs, valid, n_empty, n_too_long)
+    return PreparedData(subwords, encoded, valid, n_empty, n_too_long)
 
 
 class EpochExamples:
@@ -79,9 +75,8 @@ class EpochExamples:
         self.data, self.max_len = data, max_len
         self.dropout: SubwordDropout | None = None
         if subword_dropout:
-            texts = data.train_text
-            self.dropout = SubwordDropout(data.subwords, [s for s, _ in texts] + [t for _, t in texts],
-                                           subword_dropout, seed)
+            self.dropout = SubwordDropout(data.subwords, [s for s, _ in data.train] + [t for _, t in data.train],
+                                          subword_dropout, seed)
         self._cache: dict[int, list[tuple[list[int], list[int]]]] = {}
 
     def __call__(self, epoch: int) -> list[tuple[list[int], list[int]]]:
