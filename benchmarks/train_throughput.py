@@ -6,15 +6,27 @@ Reports target tokens/s (median over rounds), the ratio to torch.nn.Transformer,
 FLOPs utilisation (MFU) against the matmul peak measured in the same run.
 
     .venv/bin/python benchmarks/train_throughput.py [--config tiny] [--rounds 5] [--steps 5]
+
+Two more measurements on the same implementations and shapes:
+
+    --lengths 8,16,32,64,128   time against sentence length: batches of the same number of
+                               tokens (batch x length = --batch x --tgt-len), so the growth
+                               per token is the attention's quadratic term
+    --memory                   peak memory of training: each implementation and dtype in a
+                               fresh process (peak RSS, /proc/self/status VmHWM), against a
+                               process that imports the same modules and builds no model
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import os
 import statistics
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -105,6 +117,141 @@ def peer_step(model, batch, opt, amp):
     opt.step()
 
 
+def make_batch(batch: int, src_len: int, tgt_len: int, vocab: int) -> Batch:
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(4, vocab, (batch, src_len), generator=g)
+    tgt = torch.randint(4, vocab, (batch, tgt_len + 1), generator=g)
+    return Batch(src, tgt[:, :-1], tgt[:, 1:])
+
+
+def make_optimizer(name: str, model: nn.Module):
+    if name == "ours":
+        return paper_adam(model.parameters())
+    return torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+
+
+def one_step(name: str, model: nn.Module, batch: Batch, opt, amp: bool) -> None:
+    if name == "ours":
+        train_step(model, [batch], opt, 1e-4, epsilon=0.1, amp_dtype=torch.bfloat16 if amp else None)
+    else:
+        peer_step(model, batch, opt, amp)
+
+
+def race(peers: dict, batch: Batch, amp: bool, rounds: int, steps: int) -> dict[str, list[float]]:
+    """Seconds per step of each implementation, the implementations taking turns round by
+    round (round 0 warms up and is not counted)."""
+    opts = {k: make_optimizer(k, m) for k, m in peers.items()}
+    times: dict[str, list[float]] = {k: [] for k in peers}
+    for r in range(rounds + 1):
+        for name, model in peers.items():
+            model.train()
+            for _ in range(steps):
+                t = time.perf_counter()
+                one_step(name, model, batch, opts[name], amp)
+                if r:
+                    times[name].append(time.perf_counter() - t)
+    return times
+
+
+def emit(path: str | None, row: dict) -> None:
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def throughput(args, layers, d, d_ff, heads) -> None:
+    """The main table: tokens/s, ratio to torch.nn.Transformer and MFU, per dtype."""
+    batch = make_batch(args.batch, args.src_len, args.tgt_len, args.vocab)
+    flops = model_flops(layers, d, d_ff, args.vocab, args.src_len, args.tgt_len, args.batch)
+    tokens = args.batch * args.tgt_len
+    for dt in args.dtypes.split(","):
+        amp = dt == "bf16"
+        peak = matmul_peak(torch.bfloat16 if amp else torch.float32)
+        times = race(make_peers(layers, d, d_ff, heads, args.vocab), batch, amp, args.rounds, args.steps)
+        ref = statistics.median(times["torch.nn.Transformer"])
+        print(f"\n{dt}: matmul peak {peak / 1e9:.0f} GFLOP/s (2048^3, same run)")
+        print("| implementation | step ms (median) | target tokens/s | vs torch.nn.Transformer | MFU |")
+        print("|---|---|---|---|---|")
+        for name, ts in times.items():
+            med = statistics.median(ts)
+            row = {"config": args.config, "dtype": dt, "impl": name, "step_ms": med * 1e3,
+                   "tokens_per_s": tokens / med, "ratio": ref / med, "mfu": flops / med / peak,
+                   "peak_gflops": peak / 1e9}
+            print(f"| {name} | {med * 1e3:.0f} | {tokens / med:,.0f} | {ref / med:.2f}x | {row['mfu']:.1%} |")
+            emit(args.json, row)
+
+
+def lengths(args, layers, d, d_ff, heads) -> None:
+    """Time against sentence length at a fixed number of tokens per batch: source and target
+    both L tokens, batch = (--batch x --tgt-len) // L sentences."""
+    budget = args.batch * args.tgt_len
+    for dt in args.dtypes.split(","):
+        amp = dt == "bf16"
+        peers = make_peers(layers, d, d_ff, heads, args.vocab)
+        per_token: dict[int, dict[str, float]] = {}
+        for length in args.lengths:
+            n = max(1, budget // length)
+            times = race(peers, make_batch(n, length, length, args.vocab), amp, args.rounds, args.steps)
+            per_token[length] = {k: statistics.median(v) / (n * length) for k, v in times.items()}
+            for name, sec in per_token[length].items():
+                emit(args.json, {"config": args.config, "dtype": dt, "impl": name, "length": length,
+                                 "batch": n, "us_per_target_token": sec * 1e6})
+        first, last = args.lengths[0], args.lengths[-1]
+        print(f"\n{dt}: microseconds per target token, batches of ~{budget} target tokens "
+              f"(source and target L tokens each)")
+        print("| implementation | " + " | ".join(f"L={L}" for L in args.lengths) + f" | L={last} / L={first} |")
+        print("|---|" + "---|" * (len(args.lengths) + 1))
+        for name in peers:
+            cells = " | ".join(f"{per_token[L][name] * 1e6:.1f}" for L in args.lengths)
+            print(f"| {name} | {cells} | {per_token[last][name] / per_token[first][name]:.2f}x |")
+
+
+def peak_rss_mib() -> float:
+    """VmHWM: this process's peak resident memory since exec (getrusage's ru_maxrss is kept
+    across fork + exec on Linux, so a child would report its parent's)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def memory_child(args, layers, d, d_ff, heads) -> None:
+    """Build one implementation, train it for --steps steps, print the peak RSS as JSON."""
+    impl, dt = args.memory_child.split(":")
+    try:  # every child imports the same modules, so that "none" is the common baseline
+        import transformers  # noqa: F401
+    except ImportError:
+        pass
+    if impl != "none":
+        model = make_peers(layers, d, d_ff, heads, args.vocab)[impl]
+        batch = make_batch(args.batch, args.src_len, args.tgt_len, args.vocab)
+        opt = make_optimizer(impl, model)
+        model.train()
+        for _ in range(args.steps):
+            one_step(impl, model, batch, opt, dt == "bf16")
+    print(json.dumps({"impl": impl, "dtype": dt, "peak_rss_mib": peak_rss_mib()}))
+
+
+def memory(args) -> None:
+    """Peak RSS of training, each implementation and dtype in a fresh process."""
+    argv = [a for a in sys.argv[1:] if a != "--memory"]
+    names = ["ours", "torch.nn.Transformer", "HF MarianMTModel"]
+    print(f"\npeak memory (MiB, fresh process each; 'none' builds no model; {args.steps} steps)")
+    print("| dtype | none | " + " | ".join(names) + " |")
+    print("|---|" + "---|" * (len(names) + 1))
+    for dt in args.dtypes.split(","):
+        cells = []
+        for impl in ["none", *names]:
+            done = subprocess.run([sys.executable, __file__, *argv, "--memory-child", f"{impl}:{dt}"],
+                                  capture_output=True, text=True, env=os.environ.copy())
+            if done.returncode != 0:
+                raise RuntimeError(f"memory child {impl}:{dt} failed:\n{done.stderr[-2000:]}")
+            row = json.loads(done.stdout.strip().splitlines()[-1])
+            emit(args.json, {"config": args.config, **row})
+            cells.append(f"{row['peak_rss_mib']:,.0f}")
+        print(f"| {dt} | " + " | ".join(cells) + " |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", choices=sorted(CONFIGS), default="tiny")
@@ -115,50 +262,24 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=4, help="timed steps per implementation per round")
     ap.add_argument("--dtypes", default="fp32,bf16")
+    ap.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")],
+                    help="comma-separated sentence lengths: time against length instead of the main table")
+    ap.add_argument("--memory", action="store_true", help="also measure peak memory, a fresh process each")
+    ap.add_argument("--memory-child", help=argparse.SUPPRESS)
     ap.add_argument("--json", help="append results as JSON lines to this file")
     args = ap.parse_args()
     layers, d, d_ff, heads = CONFIGS[args.config]
-    g = torch.Generator().manual_seed(0)
-    src = torch.randint(4, args.vocab, (args.batch, args.src_len), generator=g)
-    tgt = torch.randint(4, args.vocab, (args.batch, args.tgt_len + 1), generator=g)
-    batch = Batch(src, tgt[:, :-1], tgt[:, 1:])
-    flops = model_flops(layers, d, d_ff, args.vocab, args.src_len, args.tgt_len, args.batch)
-    tokens = args.batch * args.tgt_len
+    if args.memory_child:
+        return memory_child(args, layers, d, d_ff, heads)
     print(f"config {args.config}: {layers}+{layers} layers, d_model {d}, d_ff {d_ff}, {heads} heads, vocab "
           f"{args.vocab}; batch {args.batch} x {args.src_len}+{args.tgt_len} tokens; torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads")
-    for dt in args.dtypes.split(","):
-        amp = dt == "bf16"
-        peak = matmul_peak(torch.bfloat16 if amp else torch.float32)
-        peers = make_peers(layers, d, d_ff, heads, args.vocab)
-        opts = {k: (paper_adam(m.parameters()) if k == "ours" else
-                    torch.optim.Adam(m.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)) for k, m in peers.items()}
-        times: dict[str, list[float]] = {k: [] for k in peers}
-        for r in range(args.rounds + 1):  # round 0 warms up
-            for name, model in peers.items():
-                model.train()
-                for _ in range(args.steps):
-                    t = time.perf_counter()
-                    if name == "ours":
-                        train_step(model, [batch], opts[name], 1e-4, epsilon=0.1,
-                                   amp_dtype=torch.bfloat16 if amp else None)
-                    else:
-                        peer_step(model, batch, opts[name], amp)
-                    if r:
-                        times[name].append(time.perf_counter() - t)
-        ref = statistics.median(times["torch.nn.Transformer"])
-        print(f"\n{dt}: matmul peak {peak / 1e9:.0f} GFLOP/s (2048^3, same run)")
-        print(f"| implementation | step ms (median) | target tokens/s | vs torch.nn.Transformer | MFU |")
-        print("|---|---|---|---|---|")
-        for name, ts in times.items():
-            med = statistics.median(ts)
-            row = {"config": args.config, "dtype": dt, "impl": name, "step_ms": med * 1e3,
-                   "tokens_per_s": tokens / med, "ratio": ref / med, "mfu": flops / med / peak,
-                   "peak_gflops": peak / 1e9}
-            print(f"| {name} | {med * 1e3:.0f} | {tokens / med:,.0f} | {ref / med:.2f}x | {row['mfu']:.1%} |")
-            if args.json:
-                with open(args.json, "a") as f:
-                    f.write(json.dumps(row) + "\n")
+    if args.lengths:
+        lengths(args, layers, d, d_ff, heads)
+    else:
+        throughput(args, layers, d, d_ff, heads)
+    if args.memory:
+        memory(args)
 
 
 if __name__ == "__main__":

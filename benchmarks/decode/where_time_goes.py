@@ -1,0 +1,52 @@
+"""Where decoding time goes: torch.profiler's operator table (self CPU time) for one search
+setting on the first N test sentences of a trained model, after one warm-up pass.
+
+    TRANSFORMER_DATA=../shared/data .venv/bin/python -W ignore benchmarks/decode/where_time_goes.py \\
+        --run runs/multi30k-en-de [--batch 32] [--beam 4] [--n 64] [--threads 1] [--rows 20]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from run import load_trained, test_set  # noqa: E402
+
+from transformer.decode import beam_search, greedy_search, pad_batch  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--run", type=Path, required=True)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--beam", type=int, default=4, help="1 = greedy")
+    ap.add_argument("--n", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rows", type=int, default=20, help="operators to list")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    model, subwords, _ = load_trained(args.run)
+    cfg = model.cfg
+    srcs, _ = test_set(args.n)
+    ids = [subwords.encode(s) + [cfg.eos_id] for s in srcs]
+
+    def run():
+        for i in range(0, len(ids), args.batch):
+            src = pad_batch(ids[i:i + args.batch], cfg.pad_id)
+            if args.beam == 1:
+                greedy_search(model, src)
+            else:
+                beam_search(model, src, beam_size=args.beam, alpha=0.0)
+
+    run()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        run()
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))
+
+
+if __name__ == "__main__":
+    main()
