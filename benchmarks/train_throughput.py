@@ -35,6 +35,7 @@ from torch import nn
 from transformer import ModelConfig, Transformer
 from transformer.train.step import paper_adam, train_step
 
+MAX_LEN = 256  # the position table of every model built here
 CONFIGS = {  # name: (layers, d_model, d_ff, heads)
     "tiny": (4, 128, 256, 4),  # the published Multi30k setting; our multi30k-en-de recipe
     "small": (3, 256, 1024, 4),
@@ -87,7 +88,7 @@ class TorchNN(nn.Module):
 def make_peers(layers, d, d_ff, heads, vocab):
     torch.manual_seed(0)
     ours = Transformer(ModelConfig(vocab_size=vocab, d_model=d, n_heads=heads, d_ff=d_ff, n_layers=layers,
-                                   dropout=0.1, max_len=256))
+                                   dropout=0.1, max_len=MAX_LEN))
     peers = {"ours": ours, "torch.nn.Transformer": TorchNN(layers, d, d_ff, heads, vocab)}
     try:
         from transformers import MarianConfig, MarianMTModel
@@ -95,7 +96,7 @@ def make_peers(layers, d, d_ff, heads, vocab):
         mc = MarianConfig(vocab_size=vocab, d_model=d, encoder_layers=layers, decoder_layers=layers,
                           encoder_attention_heads=heads, decoder_attention_heads=heads, encoder_ffn_dim=d_ff,
                           decoder_ffn_dim=d_ff, dropout=0.1, activation_function="relu", pad_token_id=0,
-                          decoder_start_token_id=0, eos_token_id=2, max_position_embeddings=256,
+                          decoder_start_token_id=0, eos_token_id=2, max_position_embeddings=MAX_LEN,
                           scale_embedding=True)
         peers["HF MarianMTModel"] = MarianMTModel(mc)
     except ImportError:
@@ -252,6 +253,13 @@ def memory(args) -> None:
         print(f"| {dt} | " + " | ".join(cells) + " |")
 
 
+def _lengths(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}") from None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", choices=sorted(CONFIGS), default="tiny")
@@ -262,12 +270,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=4, help="timed steps per implementation per round")
     ap.add_argument("--dtypes", default="fp32,bf16")
-    ap.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")],
+    ap.add_argument("--lengths", type=_lengths,
                     help="comma-separated sentence lengths: time against length instead of the main table")
     ap.add_argument("--memory", action="store_true", help="also measure peak memory, a fresh process each")
     ap.add_argument("--memory-child", help=argparse.SUPPRESS)
     ap.add_argument("--json", help="append results as JSON lines to this file")
     args = ap.parse_args()
+    if args.lengths and not all(1 <= n <= MAX_LEN for n in args.lengths):
+        ap.error(f"--lengths: every length must be between 1 and {MAX_LEN} (the models' position table)")
     layers, d, d_ff, heads = CONFIGS[args.config]
     if args.memory_child:
         return memory_child(args, layers, d, d_ff, heads)

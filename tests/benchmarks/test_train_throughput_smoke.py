@@ -40,3 +40,10 @@ def test_lengths_and_memory(tmp_path):
     assert set(peaks) == IMPLS | {"none"}
     assert all(peaks[i] > peaks["none"] > 0 for i in IMPLS)  # a model and a step cost memory
     assert "L=6 / L=3" in stdout and "peak memory" in stdout
+
+
+def test_bad_lengths_are_one_line_errors():
+    for bad in ("0,16", "300", "8,x"):
+        r = subprocess.run([sys.executable, str(SCRIPT), "--lengths", bad], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2, (bad, r.stderr)
+        assert "--lengths" in r.stderr and "Traceback" not in r.stderr
