@@ -3,8 +3,8 @@
 1. One decoding step at fixed shapes (``model.decode`` + log-softmax + top-k, a cache of
    10 positions): eager against ``torch.compile(dynamic=False)``. The best case: one graph,
    no guards to re-check, no recompilation.
-2. The real searches (greedy and beam 4, batch 1 and 32, the first N test sentences) with
-   ``model.decode`` compiled with ``dynamic=True``. The cache grows by one position a step
+2. The real searches of ``run.py`` (greedy and beam 4, batch 1 and 32, the first N test
+   sentences) with ``model.decode`` compiled with ``dynamic=True``. The cache grows by one position a step
    and finished sentences leave the batch, so shapes change at every step.
 
     TRANSFORMER_DATA=../shared/data .venv/bin/python -W ignore benchmarks/decode/compile.py --run runs/multi30k-en-de
@@ -20,9 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import load_trained, test_set  # noqa: E402
-
-from transformer.decode import beam_search, greedy_search, pad_batch  # noqa: E402
+from run import job, load_trained, ours, test_set  # noqa: E402
 
 
 def one_step(model, rows: int, beam: int, src_len: int = 16, past: int = 10, reps: int = 200, rounds: int = 7):
@@ -52,18 +50,14 @@ def one_step(model, rows: int, beam: int, src_len: int = 16, past: int = 10, rep
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def searches(model, ids, cases, rounds: int):
+def searches(model, srcs, cases, rounds: int):
     """Seconds for each (batch, beam) case, eager and with model.decode compiled (dynamic),
-    and how many outputs of the compiled run equal the eager ones."""
-    cfg = model.cfg
+    and how many outputs of the compiled run equal the eager ones. The searches are
+    run.py's (``ours``: fp32, so ``model`` itself, whose ``decode`` is swapped)."""
+    decode = ours(model)
 
     def run(bsz, beam):
-        outs = []
-        for i in range(0, len(ids), bsz):
-            src = pad_batch(ids[i:i + bsz], cfg.pad_id)
-            hyps = greedy_search(model, src) if beam == 1 else beam_search(model, src, beam_size=beam, alpha=0.0)
-            outs += [h[0].tokens for h in hyps]
-        return outs
+        return job(decode, srcs, bsz, beam, None)[1]
 
     eager = model.decode
     compiled = torch.compile(model.decode, dynamic=True)
@@ -107,17 +101,16 @@ def main() -> None:
         t = one_step(model, rows, 4)
         print(f"| {rows} | {t['eager']:.0f} | {t['compiled']:.0f} | {t['eager'] / t['compiled']:.2f}x |", flush=True)
 
-    srcs, _ = test_set(args.n)
-    ids = [subwords.encode(s) + [model.cfg.eos_id] for s in srcs]
+    srcs = [subwords.encode(s) for s in test_set(args.n)[0]]
     cases = [(1, 1), (1, 4), (32, 4), (32, 1)]
-    compile_s, res = searches(model, ids, cases, args.rounds)
+    compile_s, res = searches(model, srcs, cases, args.rounds)
     print(f"\n2. the searches on {args.n} test sentences, model.decode compiled with dynamic=True "
           f"(compiling and the first pass of every case: {compile_s:.0f} s)")
     print("| search, batch | eager s | compiled s | eager / compiled | same outputs |\n|---|---|---|---|---|")
     for (bsz, beam), r in res.items():
         e, c = statistics.median(r["eager"]), statistics.median(r["compiled"])
         name = "greedy" if beam == 1 else f"beam {beam}"
-        print(f"| {name}, batch {bsz} | {e:.2f} | {c:.2f} | {e / c:.2f}x | {r['same']}/{len(ids)} |")
+        print(f"| {name}, batch {bsz} | {e:.2f} | {c:.2f} | {e / c:.2f}x | {r['same']}/{len(srcs)} |")
 
 
 if __name__ == "__main__":

@@ -14,9 +14,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import load_trained, test_set  # noqa: E402
-
-from transformer.decode import beam_search, greedy_search, pad_batch  # noqa: E402
+from run import job, load_trained, ours, test_set  # noqa: E402
 
 
 def main() -> None:
@@ -30,17 +28,11 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     model, subwords, _ = load_trained(args.run)
-    cfg = model.cfg
-    srcs, _ = test_set(args.n)
-    ids = [subwords.encode(s) + [cfg.eos_id] for s in srcs]
+    srcs = [subwords.encode(s) for s in test_set(args.n)[0]]
+    decode = ours(model)  # run.py's searches and batches, fp32
 
     def run():
-        for i in range(0, len(ids), args.batch):
-            src = pad_batch(ids[i:i + args.batch], cfg.pad_id)
-            if args.beam == 1:
-                greedy_search(model, src)
-            else:
-                beam_search(model, src, beam_size=args.beam, alpha=0.0)
+        job(decode, srcs, args.batch, args.beam, None)
 
     run()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
