@@ -26,12 +26,12 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from peak_memory import peak_rss_mib  # benchmarks/ is the script's own folder, first on sys.path
 from transformer import ModelConfig, Transformer
 from transformer.train.step import paper_adam, train_step
 
@@ -205,15 +205,6 @@ def lengths(args, layers, d, d_ff, heads) -> None:
         for name in peers:
             cells = " | ".join(f"{per_token[L][name] * 1e6:.1f}" for L in args.lengths)
             print(f"| {name} | {cells} | {per_token[last][name] / per_token[first][name]:.2f}x |")
-
-
-def peak_rss_mib() -> float:
-    """VmHWM: this process's peak resident memory since exec (getrusage's ru_maxrss is kept
-    across fork + exec on Linux, so a child would report its parent's)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def memory_child(args, layers, d, d_ff, heads) -> None:

@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -52,7 +51,11 @@ from typing import Callable
 
 import torch
 
-from transformer import ModelConfig, Transformer
+BENCHMARKS = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(BENCHMARKS))
+from peak_memory import peak_rss_mib  # noqa: E402
+
+from transformer import ModelConfig, Transformer  # noqa: E402
 from transformer.data import Subwords, load_multi30k
 from transformer.decode import beam_search, greedy_search, pad_batch
 from transformer.decode.precision import for_inference
@@ -215,7 +218,9 @@ def synthetic(n: int, length: int, vocab_size: int, seed: int) -> list[list[int]
 # A CTranslate2 deployment imports neither torch nor this package: its child runs this alone.
 CT2_CHILD = """
 import json, sys
+sys.path.insert(0, %r)
 import ctranslate2
+from peak_memory import peak_rss_mib
 info = json.load(open(sys.argv[1]))
 tr = ctranslate2.Translator(info["ct2_dir"], device="cpu", intra_threads=info["threads"],
                             compute_type="float32" if info["system"] == "ct2-fp32" else "int8")
@@ -224,9 +229,8 @@ order = sorted(range(len(srcs)), key=lambda i: len(srcs[i]))
 for k in range(0, len(order), 32):
     tr.translate_batch([[vocab[t] for t in srcs[i]] for i in order[k:k + 32]], beam_size=4,
                        length_penalty=0.0, max_decoding_length=%d)
-hwm = [line for line in open("/proc/self/status") if line.startswith("VmHWM:")][0]
-print(json.dumps({"system": info["system"], "peak_rss_mib": int(hwm.split()[1]) / 1024}))
-""" % (MAX_NEW + 1)
+print(json.dumps({"system": info["system"], "peak_rss_mib": peak_rss_mib()}))
+""" % (str(BENCHMARKS), MAX_NEW + 1)
 
 
 def child(args) -> None:
@@ -250,15 +254,6 @@ def child(args) -> None:
     if decode is not None:
         job(decode, srcs, 32, 4, None)
     print(json.dumps({"system": name, "peak_rss_mib": peak_rss_mib()}))
-
-
-def peak_rss_mib() -> float:
-    """VmHWM of /proc/self/status: this process's peak RSS since exec. (getrusage's
-    ru_maxrss is kept across fork + exec on Linux, so a child would report the parent's.)"""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def memory(run: Path, model, vocab, srcs, workdir: Path, threads: int, log) -> dict[str, float]:
