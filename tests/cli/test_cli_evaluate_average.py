@@ -41,6 +41,7 @@ def test_evaluate_prints_scores_with_signature(trained, cli, expected):
     assert f"chrF {expected['chrf']:.2f}" in r.out
     assert expected["bleu_signature"] in r.out and "case:mixed" in r.out and "tok:13a" in r.out
     assert "20 sentences" in r.out and "beam 4" in r.out
+    assert "lower-case text" not in r.out  # the note is for lower-casing models only
 
 
 def test_evaluate_json(trained, cli, expected, tmp_path):
@@ -56,7 +57,7 @@ def test_evaluate_json(trained, cli, expected, tmp_path):
     assert data["tok_lc_signature"].startswith("moses-lc:de|")
     assert data["bleu_signature"] == expected["bleu_signature"]
     assert data["chrf_signature"] == expected["chrf_signature"]
-    assert data["n_sentences"] == 20 and data["beam"] == 4
+    assert data["n_sentences"] == 20 and data["beam"] == 4 and data["lowercase_model"] is False
     assert out.read_text(encoding="utf-8").splitlines() == expected["hyps"]
 
 

@@ -58,3 +58,31 @@ def test_train_resume_translate_multi30k(data_dir, cli, tmp_path, monkeypatch):
     assert r.code == 2 and "either --split or --src" in r.err
     r = cli("evaluate", "--model", run)
     assert r.code == 2 and "--split" in r.err
+
+
+def test_lowercase_run_translates_and_evaluates_in_lower_case(data_dir, cli, tmp_path):
+    """`--set lowercase=true`: the run's subword model lower-cases the input and the output,
+    `evaluate` says so (text and JSON), and its validation BLEU uses lower-cased references."""
+    sets = [a for s in TINY for a in ("--set", s)]
+    run = tmp_path / "lc"
+    r = cli("train", "--config", REPO / "configs/demo.yaml", "--data-dir", data_dir, "--out", run, *sets,
+            "--set", "max_steps=3", "--set", "lowercase=true")
+    assert r.code == 0, r.err
+    assert "lower-casing" in r.out
+    assert yaml.safe_load((run / "config.yaml").read_text())["lowercase"] is True
+
+    r = cli("translate", "--model", run, "--beam", 1, stdin="A MAN IS RIDING A BICYCLE.\n")
+    assert r.code == 0, r.err
+    assert r.out.strip() and r.out == r.out.lower()
+
+    r = cli("evaluate", "--model", run, "--split", "test_2016_flickr", "--limit", 5, "--beam", 1, "--json")
+    assert r.code == 0, r.err
+    assert json.loads(r.out)["lowercase_model"] is True
+    r = cli("evaluate", "--model", run, "--split", "test_2016_flickr", "--limit", 5, "--beam", 1)
+    assert r.code == 0, r.err
+    assert "writes lower-case text" in r.out
+
+    # Resuming the run with the other setting is refused before anything is touched.
+    r = cli("train", "--config", REPO / "configs/demo.yaml", "--data-dir", data_dir, "--out", run, *sets,
+            "--set", "max_steps=4")
+    assert r.code != 0 and "lowercase" in r.err

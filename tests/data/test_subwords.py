@@ -68,3 +68,24 @@ def test_vocab_too_large_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="no non-empty"):
         train_subwords(["", ""], tmp_path / "none", vocab_size=100)
 
+
+
+def test_cased_model_does_not_lowercase(subwords):
+    assert not subwords.lowercases
+    assert subwords.decode(subwords.encode("Ein Mann")) == "Ein Mann"
+
+
+def test_lowercasing_model_lowercases_whatever_it_encodes(sample, tmp_path):
+    low = train_subwords(sample, tmp_path / "low", vocab_size=VOCAB, lowercase=True)
+    assert low.lowercases
+    assert all(piece == piece.lower() for piece in low.vocab()[4:])  # it learned no upper-case pieces
+    german = "Ein Mädchen in einem rosa Kleid klettert über GROSSE Büsche, oder nicht."
+    assert low.decode(low.encode(german)) == german.lower()
+    # str.lower(), not Unicode case folding: ß stays ß, and Ä / Ö / Ü / capital ẞ lower-case
+    # even if the training text never held them in upper case.
+    assert low.decode(low.encode("Straße ÄÖÜ ẞ")) == "straße äöü ß"
+    assert low.decode(low.encode("  two  spaces ")) == "  two  spaces "
+    # The rule is part of the saved model: a reload (as translate does) lower-cases too.
+    again = Subwords.load(low.path)
+    assert again.lowercases and again.encode(german) == low.encode(german.lower())
+    assert Subwords.from_bytes(low.to_bytes()).encode("Ein Hund") == low.encode("ein hund")

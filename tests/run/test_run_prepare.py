@@ -79,3 +79,29 @@ def test_only_empty_pairs_is_a_user_error(make_cfg, tmp_path):
     with pytest.raises(UserError, match="no training pairs"):
         prepare_data(make_cfg(f"train_src={tmp_path / 'e.src'}", f"train_tgt={tmp_path / 'e.tgt'}"),
                      tmp_path / "run", 128, log=lambda *a: None)
+
+
+def test_lowercase_run_learns_lowercase_subwords(corpus, make_cfg, tmp_path, log):
+    """``lowercase: true``: the subword model lower-cases everything, validation BLEU compares
+    with lower-cased references, and reusing the run directory with the other setting is refused."""
+    files = {}
+    for key in ("train_src", "train_tgt", "valid_src", "valid_tgt"):
+        lines = corpus[key].read_text().splitlines()
+        files[key] = tmp_path / f"cased.{key}"
+        files[key].write_text("".join(line.title() + "\n" for line in lines), encoding="utf-8")
+    cfg = make_cfg(*_files(files), "lowercase=true")
+    data = prepare_data(cfg, tmp_path / "run", log=log)
+    assert data.subwords.lowercases
+    assert "lower-casing" in log.text()
+    train = list(zip(files["train_src"].read_text().splitlines(), files["train_tgt"].read_text().splitlines()))
+    assert any(s != s.lower() for s, _ in train)  # the input really is cased
+    assert [(data.subwords.decode(s), data.subwords.decode(t)) for s, t in data.train] == \
+        [(s.lower(), t.lower()) for s, t in train]
+    valid_src = files["valid_src"].read_text().splitlines()
+    assert [s for s, _ in data.valid] == valid_src  # the model lower-cases the source itself
+    assert [t for _, t in data.valid] == [t.lower() for t in files["valid_tgt"].read_text().splitlines()]
+
+    with pytest.raises(UserError, match=r"subwords.model: this subword model lower-cases.*lowercase: false"):
+        prepare_data(make_cfg(*_files(files)), tmp_path / "run", log=log)
+    cased = prepare_data(make_cfg(*_files(files)), tmp_path / "cased-run", log=log)
+    assert not cased.subwords.lowercases and cased.valid[0][1] != cased.valid[0][1].lower()

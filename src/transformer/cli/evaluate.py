@@ -71,10 +71,15 @@ def run(args: argparse.Namespace) -> int:
     scores = score(hyps, ref, lang=lang)
     if args.output:
         write_text_atomic(args.output, "".join(h + "\n" for h in hyps))
+    lowercase = translator.subwords.lowercases
     if args.json:
-        print(json.dumps({**scores.to_dict(), "beam": args.beam, "precision": args.precision, "seconds": seconds, "model": args.model}))
+        print(json.dumps({**scores.to_dict(), "beam": args.beam, "precision": args.precision, "seconds": seconds,
+                          "model": args.model, "lowercase_model": lowercase}))
     else:
         print(scores.summary())
+        if lowercase:
+            print("this model writes lower-case text (trained with lowercase: true): "
+                  "compare its lower-cased figures; the cased BLEU counts every capital as an error")
         print(f"beam {args.beam}, {args.precision}, {len(src)} sentences in {seconds:.1f}s")
     return 0
 

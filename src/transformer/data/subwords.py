@@ -10,6 +10,13 @@ Unicode normalisation (NFKC) is applied, so e.g. a full-width comma stays full-w
 What is *not* preserved: a character never seen in training encodes to ``unk`` and decodes
 as " ⁇ "; tabs and other control characters are unknown unless the training text held them.
 
+Lower-casing. ``train_subwords(..., lowercase=True)`` compiles a rule that maps every
+character to ``str.lower()`` of it into the model's normaliser, so the model itself lower-cases
+whatever it encodes: training text, validation text and every later input to ``translate``,
+``evaluate`` or the server, with no separate step to forget. ``decode`` then gives lower-case
+text. Python's ``lower`` keeps German ß (Unicode case folding, sentencepiece's ``*_cf`` rules,
+would turn it into "ss"). The published Multi30k systems were trained on lower-cased text.
+
 Determinism. Training reads every sentence (``input_sentence_size=0``: no sampling) with one
 thread, so the same texts and vocabulary size give the same pieces, scores and encodings.
 """
@@ -105,6 +112,11 @@ class Subwords:
         return [self._sp.id_to_piece(i) for i in range(self.vocab_size)]
 
     @property
+    def lowercases(self) -> bool:
+        """Whether the model lower-cases its input (trained with ``lowercase=True``)."""
+        return "A" not in self._sp.normalize("A")
+
+    @property
     def vocab_size(self) -> int:
         """Number of ids, special tokens included."""
         return self._sp.get_piece_size()
@@ -132,12 +144,14 @@ def train_subwords(
     vocab_size: int = 8000,
     *,
     max_sentence_bytes: int = 4192,
+    lowercase: bool = False,
 ) -> Subwords:
     """Train a joint BPE vocabulary on ``texts`` (source and target sentences together).
 
     Writes ``<model_prefix>.model`` and ``<model_prefix>.vocab`` and returns the loaded model.
     Empty texts are skipped; sentences longer than ``max_sentence_bytes`` (UTF-8) are left out
-    of training but can still be encoded later.
+    of training but can still be encoded later. ``lowercase=True`` builds a model that
+    lower-cases everything it encodes (see the module's docstring).
 
     Raises:
         UserError: no non-empty text, or ``vocab_size`` too large for the text (the message
@@ -155,6 +169,11 @@ def train_subwords(
                     n += 1
         if n == 0:
             raise UserError("cannot train a subword vocabulary: no non-empty sentences given")
+        normaliser = {"normalization_rule_name": "identity"}
+        if lowercase:
+            rules = Path(tmp) / "lowercase.tsv"
+            rules.write_text(_lowercase_rules(), encoding="utf-8")
+            normaliser = {"normalization_rule_tsv": str(rules)}
         try:
             spm.SentencePieceTrainer.train(
                 input=str(corpus),
@@ -162,7 +181,7 @@ def train_subwords(
                 vocab_size=vocab_size,
                 model_type="bpe",
                 character_coverage=1.0,
-                normalization_rule_name="identity",
+                **normaliser,
                 remove_extra_whitespaces=False,
                 pad_id=PAD_ID,
                 bos_id=BOS_ID,
@@ -177,3 +196,17 @@ def train_subwords(
         except RuntimeError as e:
             raise UserError(f"subword training failed: {e}; try a smaller vocab_size") from None
     return Subwords.load(model_prefix.with_name(model_prefix.name + ".model"))
+
+
+def _lowercase_rules() -> str:
+    """A sentencepiece normalisation table (hex code points, tab, hex code points) mapping
+    every character whose ``str.lower()`` differs to that lower-case form."""
+    rows = []
+    for cp in range(0x110000):
+        if 0xD800 <= cp <= 0xDFFF:  # surrogates are not characters
+            continue
+        c = chr(cp)
+        low = c.lower()
+        if low != c:
+            rows.append(f"{cp:X}\t{' '.join(f'{ord(x):X}' for x in low)}\n")
+    return "".join(rows)

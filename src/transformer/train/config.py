@@ -29,6 +29,7 @@ class TrainConfig:
     train_limit: int = 0  # use only the first N training pairs (0 = all)
     valid_limit: int = 0  # BLEU on the first N validation pairs (0 = all)
     vocab_size: int = 8000  # joint sentencepiece BPE
+    lowercase: bool = False  # the subword model lower-cases all text (as published Multi30k systems were trained)
     subword_dropout: float = 0.0  # BPE-dropout: each epoch re-segments the training text, skipping merges with this probability
     # ---- model: a preset plus overrides of any ModelConfig field ----
     model: dict[str, Any] = field(default_factory=lambda: {"preset": "tiny"})

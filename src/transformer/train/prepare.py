@@ -50,8 +50,16 @@ def prepare_data(cfg: TrainConfig, run_dir: Path, max_len: int | None = None, lo
         subwords = Subwords.load(sw_path)
     else:
         texts = [s for s, _ in train_pairs] + [t for _, t in train_pairs]
-        subwords = train_subwords(texts, Path(run_dir) / "subwords", vocab_size=cfg.vocab_size)
-        log(f"learned a joint BPE vocabulary of {subwords.vocab_size} subwords -> {sw_path}")
+        subwords = train_subwords(texts, Path(run_dir) / "subwords", vocab_size=cfg.vocab_size,
+                                  lowercase=cfg.lowercase)
+        cased = ", lower-casing" if cfg.lowercase else ""
+        log(f"learned a joint BPE vocabulary of {subwords.vocab_size} subwords{cased} -> {sw_path}")
+    if subwords.lowercases != cfg.lowercase:
+        raise UserError(f"{sw_path}: this subword model {'lower-cases' if subwords.lowercases else 'keeps case'}, "
+                        f"but the config says lowercase: {str(cfg.lowercase).lower()}; "
+                        "use another --out directory or change the option")
+    if cfg.lowercase:  # validation BLEU compares lower-case output with lower-case references
+        valid = [(s, t.lower()) for s, t in valid]
     encoded = [(subwords.encode(s), subwords.encode(t)) for s, t in train_pairs]
     n_too_long = 0
     if max_len is not None:
