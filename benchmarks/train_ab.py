@@ -1,7 +1,8 @@
 """A/B of training-step variants in one process, on real batches of the en->de recipe.
 
 Each variant is a switch on the current code (the unfused variant puts back three separate
-Q, K, V matmuls; the loss variant sets the row-block size), so a change is measured against
+Q, K, V matmuls; the loss variants set the row-block size or use the compiled loss kernels of
+``compile_loss``), so a change is measured against
 what it replaced, side by side: the variants take turns block by block (``--steps`` updates a
 block, ``--blocks`` blocks each, the same batches for every variant), and the table gives the
 median target tokens/s and the ratio to the first variant. bf16 autocast, as the recipe.
@@ -38,18 +39,26 @@ def unfused_projection(x, linears, n_heads):
     return [lin(x).view(b, t, n_heads, c // n_heads).transpose(1, 2) for lin in linears]
 
 
-VARIANTS = {  # name: (projection, loss row-block elements)
-    "before": (unfused_projection, 1 << 18),
-    "fused-qkv": (FUSED, 1 << 18),
-    "loss-4MB": (unfused_projection, 1 << 20),
-    "now": (FUSED, 1 << 20),
+VARIANTS = {  # name: (projection, loss row-block elements, compiled loss kernels)
+    "before": (unfused_projection, 1 << 18, False),
+    "fused-qkv": (FUSED, 1 << 18, False),
+    "loss-4MB": (unfused_projection, 1 << 20, False),
+    "now": (FUSED, 1 << 20, False),
+    "compiled-loss": (FUSED, 1 << 20, True),
 }
+KERNELS: dict = {}  # the compiled loss kernels, built once
 
 
-def use(variant: str) -> None:
-    projection, block = VARIANTS[variant]
+def use(variant: str):
+    """Switch to ``variant``; returns the loss kernels it uses (None: eager)."""
+    projection, block, compiled = VARIANTS[variant]
     attention_module.fused_projection = transformer_module.fused_projection = projection
     loss_module._CHUNK_ELEMENTS = block
+    if compiled and not KERNELS:
+        KERNELS["bf16"] = loss_module.compile_loss(dtype=torch.bfloat16)
+        if KERNELS["bf16"] is None:
+            raise SystemExit("compile_loss failed on this machine (see the warning above)")
+    return KERNELS["bf16"] if compiled else None
 
 
 def main() -> None:
@@ -75,19 +84,19 @@ def main() -> None:
     batches = [collate([examples[i] for i in idx], cfg.pad_id, cfg.bos_id, cfg.eos_id)
                for idx in list(sampler)[:n_batches]]
 
-    def block(bs) -> int:
-        return sum(train_step(model, [b], opt, 1e-4, amp_dtype=torch.bfloat16).n_tokens for b in bs)
+    def block(bs, kernels) -> int:
+        return sum(train_step(model, [b], opt, 1e-4, amp_dtype=torch.bfloat16, loss_kernels=kernels).n_tokens
+                   for b in bs)
 
     for name in names:  # warm-up
-        use(name)
-        block(batches[:5])
+        block(batches[:5], use(name))
     rates: dict[str, list[float]] = {name: [] for name in names}
     for r in range(args.blocks):
         start = 5 + (r % 5) * args.steps
         for name in names:
-            use(name)
+            kernels = use(name)
             t = time.perf_counter()
-            n = block(batches[start:start + args.steps])
+            n = block(batches[start:start + args.steps], kernels)
             rates[name].append(n / (time.perf_counter() - t))
     use("now")
     base = statistics.median(rates[names[0]])

@@ -175,3 +175,55 @@ def test_fused_loss_in_several_row_blocks_matches_the_reference(monkeypatch):
     ref[0].backward()
     fused[0].backward()
     torch.testing.assert_close(b.grad, a.grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    """The compiled loss kernels (torch.compile), built and checked once for these tests."""
+    from transformer.train.loss import compile_loss
+
+    built = compile_loss(dtype=torch.float32)
+    assert built is not None, "torch.compile should work on this machine"
+    return built
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_loss_matches_the_eager_blocks(kernels, dtype):
+    """compile_loss(): the same loss and gradient as the eager blocks, on a shape the check
+    inside compile_loss did not use (symbolic shapes), with padding rows dropped first."""
+    g = torch.Generator().manual_seed(5)
+    logits = (torch.randn(4, 9, 611, generator=g) * 3).to(dtype)
+    target = torch.randint(1, 611, (4, 9), generator=g)
+    target[1, 4:] = 0
+    a, b = logits.clone().requires_grad_(True), logits.clone().requires_grad_(True)
+    got = fused_label_smoothed_nll_loss(a, target, 0.1, kernels=kernels)
+    (got[0] + 0.3 * got[1]).backward()
+    ref = fused_label_smoothed_nll_loss(b, target, 0.1)
+    (ref[0] + 0.3 * ref[1]).backward()
+    assert int(got[2]) == int(ref[2]) == 31
+    tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 1e-2, "atol": 1e-3}
+    torch.testing.assert_close(got[0], ref[0], **tol)
+    torch.testing.assert_close(got[1], ref[1], **tol)
+    torch.testing.assert_close(a.grad, b.grad, **tol)
+    assert a.grad.dtype == dtype and (a.grad[1, 4:] == 0).all()
+
+
+def test_compiled_loss_leaves_float64_to_the_eager_code(kernels):
+    """float64 logits (gradcheck's) do not go through the float32 kernels."""
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(6, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    target = torch.tensor([1, 4, 0, 2, 0, 3])
+    assert not kernels.applies_to(logits)
+    assert torch.autograd.gradcheck(lambda x: fused_label_smoothed_nll_loss(x, target, 0.2, kernels=kernels)[:2],
+                                    (logits,))
+
+
+def test_compile_loss_falls_back_to_eager_with_a_warning(monkeypatch):
+    from transformer.train.loss import compile_loss
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no C++ compiler found\nlong details")
+
+    monkeypatch.setattr(torch, "compile", broken)
+    with pytest.warns(UserWarning, match=r"compile_loss: .*RuntimeError: no C\+\+ compiler found\); the loss stays eager"):
+        assert compile_loss() is None

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from .loss import fused_label_smoothed_nll_loss
+from .loss import LossKernels, fused_label_smoothed_nll_loss
 from .schedule import paper_adam_kwargs
 
 
@@ -47,6 +47,7 @@ def train_step(
     amp_dtype: torch.dtype | None = None,
     grad_scaler: torch.amp.GradScaler | None = None,
     forward=None,
+    loss_kernels: LossKernels | None = None,
 ) -> StepStats:
     """Accumulate gradients over ``micro_batches`` and make one update.
 
@@ -61,6 +62,8 @@ def train_step(
         grad_scaler: a GradScaler, for fp16 only.
         forward: the callable that maps (src, tgt_in, select) to the (N, V) logits of the
             selected positions (default: ``model``; pass a DistributedDataParallel wrapper here).
+        loss_kernels: compiled loss passes from :func:`~transformer.train.loss.compile_loss`
+            (None: the eager loss).
 
     Under DistributedDataParallel (``forward`` is the wrapper) the token count is summed over
     all ranks before the backward passes and each rank's loss is multiplied by the world
@@ -87,7 +90,8 @@ def train_step(
         with forward.no_sync() if ddp and not last else contextlib.nullcontext():
             with autocast(device, amp_dtype):
                 logits = forward(b.src, b.tgt_in, select)  # (N, V)
-            loss, nll, _ = fused_label_smoothed_nll_loss(logits, b.tgt_out[select], epsilon, pad_id)
+            loss, nll, _ = fused_label_smoothed_nll_loss(logits, b.tgt_out[select], epsilon, pad_id,
+                                                         loss_kernels)
             scaled = loss * world / max(total, 1)
             (grad_scaler.scale(scaled) if grad_scaler is not None else scaled).backward()
         loss_sum += float(loss.detach())

@@ -27,7 +27,7 @@ from ..translator import Translator
 from . import checkpoint as ckpt
 from .config import TrainConfig
 from .distributed import Dist, reshard_position
-from .loss import label_smoothed_nll_loss
+from .loss import compile_loss, label_smoothed_nll_loss
 from .prepare import SUBWORDS, EpochExamples, PreparedData, prepare_data
 from .schedule import cooldown_factor, inverse_sqrt_lr, noam_lr
 from .step import autocast, paper_adam, train_step
@@ -37,7 +37,7 @@ from .step import autocast, paper_adam, train_step
 RESUMABLE_CHANGES = {"max_steps", "max_epochs", "max_minutes", "patience", "eval_every", "save_every",
                      "keep_last", "average_last", "log_every", "tensorboard", "progress", "threads",
                      "max_bad_steps", "data_dir", "eval_bleu", "valid_limit", "accum_steps",
-                     "cooldown"}
+                     "cooldown", "compile_loss"}
 SIGNAL_CODES = {"SIGINT": 1, "SIGTERM": 2}
 
 
@@ -96,6 +96,11 @@ class Trainer:
         self.optimizer = paper_adam(self.model.parameters(), cfg.weight_decay)
         self.amp_dtype = resolve_precision(cfg.precision, self.device)
         self.scaler = torch.amp.GradScaler("cuda") if self.amp_dtype == torch.float16 else None
+        self.loss_kernels = None
+        if cfg.compile_loss and self.device.type == "cpu":
+            self.loss_kernels = compile_loss(dtype=self.amp_dtype or torch.float32)
+            if self.loss_kernels is not None:
+                self.log("loss: compiled kernels (compile_loss: true)")
         self.examples = EpochExamples(self.data, cfg.subword_dropout, cfg.seed, probe.max_len)
         if cfg.subword_dropout:
             sd = self.examples.dropout
@@ -337,7 +342,8 @@ class Trainer:
                 self.model.train()
                 stats = train_step(self.model, micro, self.optimizer, self.lr(self.step + 1),
                                    epsilon=c.label_smoothing, clip_norm=c.clip_norm or None,
-                                   amp_dtype=self.amp_dtype, grad_scaler=self.scaler, forward=self.forward)
+                                   amp_dtype=self.amp_dtype, grad_scaler=self.scaler, forward=self.forward,
+                                   loss_kernels=self.loss_kernels)
                 self.elapsed += time.perf_counter() - t0
                 early_stop = False
                 if stats.skipped:  # on every rank alike: train_step all-reduces the verdict
