@@ -14,6 +14,7 @@ Without ``--run`` a joint 8k BPE is learned on the training text first (~20 s).
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import tempfile
@@ -46,7 +47,13 @@ VARIANTS = {  # name: (projection, loss row-block elements, compiled loss kernel
     "now": (FUSED, 1 << 20, False),
     "compiled-loss": (FUSED, 1 << 20, True),
 }
-KERNELS: dict = {}  # the compiled loss kernels, built once
+@functools.cache
+def compiled_loss():
+    """The compiled loss kernels for bf16 logits, built once."""
+    kernels = loss_module.compile_loss(dtype=torch.bfloat16)
+    if kernels is None:
+        raise SystemExit("compile_loss failed on this machine (see the warning above)")
+    return kernels
 
 
 def use(variant: str):
@@ -54,11 +61,7 @@ def use(variant: str):
     projection, block, compiled = VARIANTS[variant]
     attention_module.fused_projection = transformer_module.fused_projection = projection
     loss_module._CHUNK_ELEMENTS = block
-    if compiled and not KERNELS:
-        KERNELS["bf16"] = loss_module.compile_loss(dtype=torch.bfloat16)
-        if KERNELS["bf16"] is None:
-            raise SystemExit("compile_loss failed on this machine (see the warning above)")
-    return KERNELS["bf16"] if compiled else None
+    return compiled_loss() if compiled else None
 
 
 def main() -> None:
