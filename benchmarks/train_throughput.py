@@ -33,8 +33,10 @@ from torch import nn
 
 from peak_memory import peak_rss_mib  # benchmarks/ is the script's own folder, first on sys.path
 from transformer import ModelConfig, Transformer
+from transformer.train.loss import compile_loss
 from transformer.train.step import paper_adam, train_step
 
+COMPILED = "ours, compiled loss"
 MAX_LEN = 256  # the position table of every model built here
 CONFIGS = {  # name: (layers, d_model, d_ff, heads)
     "tiny": (4, 128, 256, 4),  # the published Multi30k setting; our multi30k-en-de recipe
@@ -85,11 +87,19 @@ class TorchNN(nn.Module):
         return h @ self.embed.weight.T
 
 
-def make_peers(layers, d, d_ff, heads, vocab):
-    torch.manual_seed(0)
-    ours = Transformer(ModelConfig(vocab_size=vocab, d_model=d, n_heads=heads, d_ff=d_ff, n_layers=layers,
-                                   dropout=0.1, max_len=MAX_LEN))
-    peers = {"ours": ours, "torch.nn.Transformer": TorchNN(layers, d, d_ff, heads, vocab)}
+def make_peers(layers, d, d_ff, heads, vocab, compiled_loss: bool = False):
+    """The implementations to race, by name. With ``compiled_loss``, a second copy of ours (the
+    same initial weights) trains with the compiled loss kernels (``compile_loss: true``)."""
+
+    def ours() -> Transformer:
+        torch.manual_seed(0)
+        return Transformer(ModelConfig(vocab_size=vocab, d_model=d, n_heads=heads, d_ff=d_ff, n_layers=layers,
+                                       dropout=0.1, max_len=MAX_LEN))
+
+    peers = {"ours": ours()}
+    if compiled_loss:
+        peers[COMPILED] = ours()
+    peers["torch.nn.Transformer"] = TorchNN(layers, d, d_ff, heads, vocab)
     try:
         from transformers import MarianConfig, MarianMTModel
 
@@ -126,14 +136,15 @@ def make_batch(batch: int, src_len: int, tgt_len: int, vocab: int) -> Batch:
 
 
 def make_optimizer(name: str, model: nn.Module):
-    if name == "ours":
+    if name.startswith("ours"):
         return paper_adam(model.parameters())
     return torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
 
 
-def one_step(name: str, model: nn.Module, batch: Batch, opt, amp: bool) -> None:
-    if name == "ours":
-        train_step(model, [batch], opt, 1e-4, epsilon=0.1, amp_dtype=torch.bfloat16 if amp else None)
+def one_step(name: str, model: nn.Module, batch: Batch, opt, amp: bool, kernels=None) -> None:
+    if name.startswith("ours"):
+        train_step(model, [batch], opt, 1e-4, epsilon=0.1, amp_dtype=torch.bfloat16 if amp else None,
+                   loss_kernels=kernels if name == COMPILED else None)
     else:
         peer_step(model, batch, opt, amp)
 
@@ -142,13 +153,16 @@ def race(peers: dict, batch: Batch, amp: bool, rounds: int, steps: int) -> dict[
     """Seconds per step of each implementation, the implementations taking turns round by
     round (round 0 warms up and is not counted)."""
     opts = {k: make_optimizer(k, m) for k, m in peers.items()}
+    kernels = compile_loss(torch.bfloat16 if amp else torch.float32) if COMPILED in peers else None
+    if COMPILED in peers and kernels is None:
+        sys.exit("--compile-loss: the compiled loss kernels are not usable here (see the warning above)")
     times: dict[str, list[float]] = {k: [] for k in peers}
     for r in range(rounds + 1):
         for name, model in peers.items():
             model.train()
             for _ in range(steps):
                 t = time.perf_counter()
-                one_step(name, model, batch, opts[name], amp)
+                one_step(name, model, batch, opts[name], amp, kernels)
                 if r:
                     times[name].append(time.perf_counter() - t)
     return times
@@ -168,7 +182,8 @@ def throughput(args, layers, d, d_ff, heads) -> None:
     for dt in args.dtypes.split(","):
         amp = dt == "bf16"
         peak = matmul_peak(torch.bfloat16 if amp else torch.float32)
-        times = race(make_peers(layers, d, d_ff, heads, args.vocab), batch, amp, args.rounds, args.steps)
+        peers = make_peers(layers, d, d_ff, heads, args.vocab, compiled_loss=args.compile_loss)
+        times = race(peers, batch, amp, args.rounds, args.steps)
         ref = statistics.median(times["torch.nn.Transformer"])
         print(f"\n{dt}: matmul peak {peak / 1e9:.0f} GFLOP/s (2048^3, same run)")
         print("| implementation | step ms (median) | target tokens/s | vs torch.nn.Transformer | MFU |")
@@ -266,6 +281,8 @@ def main() -> None:
     ap.add_argument("--memory", action="store_true", help="also measure peak memory, a fresh process each")
     ap.add_argument("--memory-child", help=argparse.SUPPRESS)
     ap.add_argument("--json", help="append results as JSON lines to this file")
+    ap.add_argument("--compile-loss", action="store_true",
+                    help="main table: also race ours with the compiled loss kernels (compile_loss: true)")
     args = ap.parse_args()
     if args.lengths and not all(1 <= n <= MAX_LEN for n in args.lengths):
         ap.error(f"--lengths: every length must be between 1 and {MAX_LEN} (the models' position table)")

@@ -47,3 +47,10 @@ def test_bad_lengths_are_one_line_errors():
         r = subprocess.run([sys.executable, str(SCRIPT), "--lengths", bad], capture_output=True, text=True, timeout=120)
         assert r.returncode == 2, (bad, r.stderr)
         assert "--lengths" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_compile_loss_races_a_second_copy_of_ours(tmp_path):
+    stdout, rows = run(tmp_path, "--compile-loss")
+    assert {r["impl"] for r in rows} == IMPLS | {"ours, compiled loss"}
+    assert all(r["tokens_per_s"] > 0 for r in rows)
+    assert "| ours, compiled loss |" in stdout
