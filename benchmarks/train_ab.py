@@ -47,6 +47,8 @@ VARIANTS = {  # name: (projection, loss row-block elements, compiled loss kernel
     "now": (FUSED, 1 << 20, False),
     "compiled-loss": (FUSED, 1 << 20, True),
 }
+
+
 @functools.cache
 def compiled_loss():
     """The compiled loss kernels for bf16 logits, built once."""

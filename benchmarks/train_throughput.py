@@ -141,10 +141,10 @@ def make_optimizer(name: str, model: nn.Module):
     return torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
 
 
-def one_step(name: str, model: nn.Module, batch: Batch, opt, amp: bool, kernels=None) -> None:
+def one_step(name: str, model: nn.Module, batch: Batch, opt, amp: bool, loss_kernels=None) -> None:
     if name.startswith("ours"):
         train_step(model, [batch], opt, 1e-4, epsilon=0.1, amp_dtype=torch.bfloat16 if amp else None,
-                   loss_kernels=kernels if name == COMPILED else None)
+                   loss_kernels=loss_kernels)
     else:
         peer_step(model, batch, opt, amp)
 
@@ -153,16 +153,18 @@ def race(peers: dict, batch: Batch, amp: bool, rounds: int, steps: int) -> dict[
     """Seconds per step of each implementation, the implementations taking turns round by
     round (round 0 warms up and is not counted)."""
     opts = {k: make_optimizer(k, m) for k, m in peers.items()}
-    kernels = compile_loss(torch.bfloat16 if amp else torch.float32) if COMPILED in peers else None
-    if COMPILED in peers and kernels is None:
-        sys.exit("--compile-loss: the compiled loss kernels are not usable here (see the warning above)")
+    kernels = {}  # implementation name -> its loss kernels
+    if COMPILED in peers:
+        kernels[COMPILED] = compile_loss(torch.bfloat16 if amp else torch.float32)
+        if kernels[COMPILED] is None:
+            sys.exit("--compile-loss: the compiled loss kernels are not usable here (see the warning above)")
     times: dict[str, list[float]] = {k: [] for k in peers}
     for r in range(rounds + 1):
         for name, model in peers.items():
             model.train()
             for _ in range(steps):
                 t = time.perf_counter()
-                one_step(name, model, batch, opts[name], amp, kernels)
+                one_step(name, model, batch, opts[name], amp, kernels.get(name))
                 if r:
                     times[name].append(time.perf_counter() - t)
     return times
