@@ -6,8 +6,10 @@ Q, K, V matmuls; the loss variants set the row-block size or use the compiled lo
 what it replaced, side by side: the variants take turns block by block (``--steps`` updates a
 block, ``--blocks`` blocks each, the same batches for every variant), and the table gives the
 median target tokens/s and the ratio to the first variant. bf16 autocast, as the recipe.
+With ``--d-ff 256,512`` the variants are instead models of those FFN widths (each its own
+model and optimizer, from the same seed), all on the current code with the compiled loss.
 
-    TRANSFORMER_DATA=../shared/data .venv/bin/python benchmarks/train_ab.py [--run runs/multi30k-en-de]
+    TRANSFORMER_DATA=../shared/data .venv/bin/python benchmarks/train_ab.py [--run runs/multi30k-en-de] [--d-ff 256,512]
 
 Without ``--run`` a joint 8k BPE is learned on the training text first (~20 s).
 """
@@ -72,8 +74,10 @@ def main() -> None:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--blocks", type=int, default=8)
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--d-ff", help="comma-separated FFN widths to race instead of the code variants")
     args = ap.parse_args()
-    names = args.variants.split(",")
+    widths = [int(w) for w in args.d_ff.split(",")] if args.d_ff else []
+    names = [f"d_ff={w}" for w in widths] or args.variants.split(",")
     torch.manual_seed(0)
     pairs, _ = clean_pairs(load_multi30k("train", "en", "de"))
     if args.run:
@@ -82,26 +86,33 @@ def main() -> None:
         sw = train_subwords([s for p in pairs for s in p], Path(tempfile.mkdtemp()) / "sw", vocab_size=8000)
     examples = [(sw.encode(s), sw.encode(t)) for s, t in pairs[:12000]]
     cfg = ModelConfig.preset("tiny", vocab_size=sw.vocab_size, dropout=0.2)
-    model = Transformer(cfg).train()
-    opt = paper_adam(model.parameters())
+    trained = {}  # variant: (model, optimizer); the code variants share one model
+    for name, width in zip(names, widths or [cfg.d_ff] * len(names)):
+        if widths or not trained:
+            if widths:
+                torch.manual_seed(0)  # every width from the same seed
+            model = Transformer(ModelConfig.preset("tiny", vocab_size=sw.vocab_size, dropout=0.2, d_ff=width)).train()
+            opt = paper_adam(model.parameters())
+        trained[name] = (model, opt)
     sampler = TokenBatchSampler(example_lengths(examples), 2048, 1)
     n_batches = 5 + 5 * args.steps
     batches = [collate([examples[i] for i in idx], cfg.pad_id, cfg.bos_id, cfg.eos_id)
                for idx in list(sampler)[:n_batches]]
 
-    def block(bs, kernels) -> int:
+    def block(name, bs) -> int:
+        kernels = use("compiled-loss" if widths else name)
+        model, opt = trained[name]
         return sum(train_step(model, [b], opt, 1e-4, amp_dtype=torch.bfloat16, loss_kernels=kernels).n_tokens
                    for b in bs)
 
     for name in names:  # warm-up
-        block(batches[:5], use(name))
+        block(name, batches[:5])
     rates: dict[str, list[float]] = {name: [] for name in names}
     for r in range(args.blocks):
         start = 5 + (r % 5) * args.steps
         for name in names:
-            kernels = use(name)
             t = time.perf_counter()
-            n = block(batches[start:start + args.steps], kernels)
+            n = block(name, batches[start:start + args.steps])
             rates[name].append(n / (time.perf_counter() - t))
     use("now")
     base = statistics.median(rates[names[0]])
