@@ -16,6 +16,7 @@ Without ``--run`` a joint 8k BPE is learned on the training text first (~20 s).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import statistics
 import sys
@@ -86,14 +87,18 @@ def main() -> None:
         sw = train_subwords([s for p in pairs for s in p], Path(tempfile.mkdtemp()) / "sw", vocab_size=8000)
     examples = [(sw.encode(s), sw.encode(t)) for s, t in pairs[:12000]]
     cfg = ModelConfig.preset("tiny", vocab_size=sw.vocab_size, dropout=0.2)
-    trained = {}  # variant: (model, optimizer); the code variants share one model
-    for name, width in zip(names, widths or [cfg.d_ff] * len(names)):
-        if widths or not trained:
-            if widths:
-                torch.manual_seed(0)  # every width from the same seed
-            model = Transformer(ModelConfig.preset("tiny", vocab_size=sw.vocab_size, dropout=0.2, d_ff=width)).train()
-            opt = paper_adam(model.parameters())
-        trained[name] = (model, opt)
+
+    def build(config: ModelConfig):
+        model = Transformer(config).train()
+        return model, paper_adam(model.parameters())
+
+    if widths:  # each width its own model and optimizer, from the same seed
+        trained = {}
+        for name, width in zip(names, widths):
+            torch.manual_seed(0)
+            trained[name] = build(dataclasses.replace(cfg, d_ff=width))
+    else:  # the code variants train one shared model in turn
+        trained = dict.fromkeys(names, build(cfg))
     sampler = TokenBatchSampler(example_lengths(examples), 2048, 1)
     n_batches = 5 + 5 * args.steps
     batches = [collate([examples[i] for i in idx], cfg.pad_id, cfg.bos_id, cfg.eos_id)
