@@ -33,7 +33,8 @@ def sync(device: torch.device) -> None:
 def matmul_tflops(device: torch.device, dtype: torch.dtype, n: int = 8192) -> float:
     n = n if device.type == "cuda" else 2048
     a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
-    a @ b
+    for _ in range(3):  # warm-up: the first calls run slower (measured on the CPU, benchmarks/README.md)
+        a @ b
     sync(device)
     times = []
     for _ in range(5):
