@@ -20,29 +20,10 @@ from pathlib import Path
 
 import torch
 
+from matmul_rate import matmul_rate, sync  # benchmarks/ is the script's own folder, first on sys.path
 from transformer import ModelConfig, Transformer
 from transformer.decode import beam_search, greedy_search, pad_batch
 from transformer.train.step import paper_adam, train_step
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def matmul_tflops(device: torch.device, dtype: torch.dtype, n: int = 8192) -> float:
-    n = n if device.type == "cuda" else 2048
-    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
-    for _ in range(3):  # warm-up: the first calls run slower (measured on the CPU, benchmarks/README.md)
-        a @ b
-    sync(device)
-    times = []
-    for _ in range(5):
-        t = time.perf_counter()
-        a @ b
-        sync(device)
-        times.append(time.perf_counter() - t)
-    return 2 * n**3 / statistics.median(times) / 1e12
 
 
 def step_flops(cfg: ModelConfig, batch: int, s: int, t: int) -> float:
@@ -82,7 +63,7 @@ def main() -> None:
     src = torch.randint(4, args.vocab, (args.batch, args.length), generator=g).to(device)
     tgt = torch.randint(4, args.vocab, (args.batch, args.length + 1), generator=g).to(device)
     batch = Batch(src, tgt)
-    measured = matmul_tflops(device, torch.bfloat16)
+    measured = matmul_rate(torch.bfloat16, (8192,) if device.type == "cuda" else (2048,), device) / 1e12  # TFLOP/s
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
 

@@ -31,7 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from peak_memory import peak_rss_mib  # benchmarks/ is the script's own folder, first on sys.path
+from matmul_rate import matmul_rate  # benchmarks/ is the script's own folder, first on sys.path
+from peak_memory import peak_rss_mib
 from transformer import ModelConfig, Transformer
 from transformer.train.loss import compile_loss
 from transformer.train.step import paper_adam, train_step
@@ -43,23 +44,6 @@ CONFIGS = {  # name: (layers, d_model, d_ff, heads)
     "small": (3, 256, 1024, 4),
     "base": (6, 512, 2048, 8),  # the paper's base model
 }
-
-
-def matmul_peak(dtype: torch.dtype, sizes: tuple[int, ...] = (2048, 3072, 4096), reps: int = 5) -> float:
-    """The best square-matmul rate (FLOP/s) over ``sizes``: the median of ``reps`` calls each,
-    after three warm-up calls (the first bf16 calls here run at 60-80% of the later rate)."""
-    best = 0.0
-    for n in sizes:
-        a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-        for _ in range(3):
-            a @ b
-        times = []
-        for _ in range(reps):
-            t = time.perf_counter()
-            a @ b
-            times.append(time.perf_counter() - t)
-        best = max(best, 2 * n**3 / statistics.median(times))
-    return best
 
 
 def model_flops(layers: int, d: int, d_ff: int, vocab: int, s: int, t: int, batch: int) -> float:
@@ -189,7 +173,7 @@ def throughput(args, layers, d, d_ff, heads) -> None:
     tokens = args.batch * args.tgt_len
     for dt in args.dtypes.split(","):
         amp = dt == "bf16"
-        peak = matmul_peak(torch.bfloat16 if amp else torch.float32)
+        peak = matmul_rate(torch.bfloat16 if amp else torch.float32)
         peers = make_peers(layers, d, d_ff, heads, args.vocab, compiled_loss=args.compile_loss)
         times = race(peers, batch, amp, args.rounds, args.steps)
         ref = statistics.median(times["torch.nn.Transformer"])
