@@ -40,7 +40,7 @@ from transformer.train.step import paper_adam, train_step
 COMPILED = "ours, compiled loss"
 MAX_LEN = 256  # the position table of every model built here
 CONFIGS = {  # name: (layers, d_model, d_ff, heads)
-    "tiny": (4, 128, 256, 4),  # the published Multi30k setting; our multi30k-en-de recipe
+    "tiny": (4, 128, 256, 4),  # the published Multi30k setting; our de-en and en-fr recipes
     "small": (3, 256, 1024, 4),
     "base": (6, 512, 2048, 8),  # the paper's base model
 }
