@@ -43,8 +43,11 @@ def for_inference(model: nn.Module, precision: str = "fp32") -> nn.Module:
         return copy.deepcopy(model).to(torch.bfloat16).eval()
     out = copy.deepcopy(model).float().eval()
     if getattr(out, "out_proj", "absent") is None:  # tied: give the projection its own layer to quantise
-        out.out_proj = nn.Linear(out.cfg.d_model, out.cfg.target_vocab_size, bias=False)
-        out.out_proj.weight = nn.Parameter(out.tgt_embed.weight.detach().clone())
+        weight = out.tgt_embed.weight.detach()
+        if out.output_ids is not None:  # one row per output id, as an untied projection has
+            weight = weight.index_select(0, out.output_ids)
+        out.out_proj = nn.Linear(out.cfg.d_model, weight.size(0), bias=False)
+        out.out_proj.weight = nn.Parameter(weight.clone())
     qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
     with warnings.catch_warnings():  # torch.ao's eager quantisation warns that it is deprecated
         warnings.simplefilter("ignore", DeprecationWarning)

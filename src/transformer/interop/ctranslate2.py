@@ -158,10 +158,10 @@ def to_ctranslate2_spec(model: Transformer, vocab: list[str]) -> "TransformerSpe
         _linear(ls.attention.linear[2], cross.out_proj)
         _norm(ls.attention.layer_norm, layer.cross_block.norm)
         _ffn(ls.ffn, layer.ffn_block, layer.ffn)
-    out_weight = model.tgt_embed.weight if model.out_proj is None else model.out_proj.weight
+    out_weight, out_bias = model.dense_output_layer()  # a restricted output: -1e4 bias on the ids it lacks
     dec.projection.weight = _np(out_weight)  # tied: equal arrays are stored once (aliases)
-    if model.out_bias is not None:
-        dec.projection.bias = _np(model.out_bias)
+    if out_bias is not None:
+        dec.projection.bias = _np(out_bias)
 
     c = spec.config
     c.unk_token = "<unk>" if "<unk>" in vocab else vocab[cfg.pad_id]

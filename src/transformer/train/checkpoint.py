@@ -298,14 +298,18 @@ def average_checkpoints(paths: list[Path], out: Path) -> Path:
     if not paths:
         raise UserError("no checkpoints to average")
     cfg0, acc, _ = read_weights(paths[0] / WEIGHTS if paths[0].is_dir() else paths[0])
-    acc = {k: v.double() for k, v in acc.items()}
+    acc = {k: v.double() if v.is_floating_point() else v for k, v in acc.items()}
     for p in paths[1:]:
         cfg, tensors, _ = read_weights(p / WEIGHTS if p.is_dir() else p)
         if cfg != cfg0 or set(tensors) != set(acc):
             raise UserError(f"{p}: checkpoint has a different config; cannot average")
         for k, v in tensors.items():
-            acc[k] += v.double()
+            if v.is_floating_point():
+                acc[k] += v.double()
+            elif not torch.equal(v, acc[k]):  # integer buffers (output_ids): the same in every checkpoint
+                raise UserError(f"{p}: {k} differs from {paths[0]}; cannot average")
     model = Transformer(cfg0)
-    load_weights_into(model, {k: (v / len(paths)).float() for k, v in acc.items()}, paths[0])
+    load_weights_into(model, {k: (v / len(paths)).float() if v.is_floating_point() else v for k, v in acc.items()},
+                      paths[0])
     save_weights(model, out, {"averaged_from": ",".join(p.name for p in paths)})
     return out

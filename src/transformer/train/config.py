@@ -31,6 +31,7 @@ class TrainConfig:
     vocab_size: int = 8000  # joint sentencepiece BPE
     lowercase: bool = False  # the subword model lower-cases all text (as published Multi30k systems were trained)
     subword_dropout: float = 0.0  # BPE-dropout: each epoch re-segments the training text, skipping merges with this probability
+    restrict_output: bool = False  # logits only for the subwords the target training text uses (faster)
     # ---- model: a preset plus overrides of any ModelConfig field ----
     model: dict[str, Any] = field(default_factory=lambda: {"preset": "tiny"})
     # ---- optimisation ----
@@ -93,10 +94,14 @@ class TrainConfig:
         need(0.0 <= self.subword_dropout < 1.0, f"subword_dropout must be in [0, 1), got {self.subword_dropout}")
         need(isinstance(self.model, dict) and self.model.get("preset", "tiny") in PRESETS,
              f"model.preset must be one of {sorted(PRESETS)}")
+        need("output_vocab_size" not in self.model,
+             "model.output_vocab_size is set from the data: use restrict_output: true instead")
+        need(not (self.restrict_output and self.subword_dropout),
+             "restrict_output needs subword_dropout 0 (BPE-dropout makes target pieces the fixed encoding lacks)")
 
-    def model_config(self, vocab_size: int) -> ModelConfig:
+    def model_config(self, vocab_size: int, **extra: Any) -> ModelConfig:
         """The ModelConfig for a vocabulary of ``vocab_size`` subwords."""
-        overrides = {k: v for k, v in self.model.items() if k != "preset"}
+        overrides = {**{k: v for k, v in self.model.items() if k != "preset"}, **extra}
         try:
             return ModelConfig.preset(self.model.get("preset", "tiny"), vocab_size=vocab_size, **overrides)
         except (TypeError, ValueError) as e:

@@ -60,8 +60,8 @@ def train_step(
         lr: learning rate for this update.
         amp_dtype: torch.bfloat16 / torch.float16 for mixed precision, None for fp32.
         grad_scaler: a GradScaler, for fp16 only.
-        forward: the callable that maps (src, tgt_in, select) to the (N, V) logits of the
-            selected positions (default: ``model``; pass a DistributedDataParallel wrapper here).
+        forward: the callable that maps (src, tgt_in, select) to the (N, K) logits of the
+            selected positions over the model's output vocabulary (default: ``model``; pass a DistributedDataParallel wrapper here).
         loss_kernels: compiled loss passes from :func:`~transformer.train.loss.compile_loss`
             (None: the eager loss).
 
@@ -89,9 +89,9 @@ def train_step(
         last = i == len(micro_batches) - 1
         with forward.no_sync() if ddp and not last else contextlib.nullcontext():
             with autocast(device, amp_dtype):
-                logits = forward(b.src, b.tgt_in, select)  # (N, V)
-            loss, nll, _ = fused_label_smoothed_nll_loss(logits, b.tgt_out[select], epsilon, pad_id,
-                                                         loss_kernels)
+                logits = forward(b.src, b.tgt_in, select)  # (N, K): the output vocabulary's columns
+            gold = model.output_positions(b.tgt_out[select])  # every one >= 0: the ids came from this data
+            loss, nll, _ = fused_label_smoothed_nll_loss(logits, gold, epsilon, -1, loss_kernels)
             scaled = loss * world / max(total, 1)
             (grad_scaler.scale(scaled) if grad_scaler is not None else scaled).backward()
         loss_sum += float(loss.detach())

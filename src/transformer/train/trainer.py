@@ -90,7 +90,7 @@ class Trainer:
         if self.data is None:  # ranks > 0 read the subwords rank 0 wrote
             self.data = prepare_data(cfg, self.run_dir, probe.max_len, _quiet)
         # Built from the same seed on every rank: identical initial weights.
-        self.model = Transformer(cfg.model_config(self.data.subwords.vocab_size)).to(self.device)
+        self.model = self._build_model()
         if self.dist.rank:
             _seed_all(cfg.seed + self.dist.rank)  # but each rank its own dropout masks
         self.optimizer = paper_adam(self.model.parameters(), cfg.weight_decay)
@@ -122,6 +122,19 @@ class Trainer:
         w, a = self.dist.world_size, cfg.accum_steps
         self.log(f"global batch: {w} rank(s) x {a} micro-batch(es) x max_tokens {cfg.max_tokens} "
                  f"= up to {w * a * cfg.max_tokens} padded tokens per update")
+
+    def _build_model(self) -> Transformer:
+        """The model; with ``restrict_output``, its logits cover only the subwords of the
+        target training text (and EOS): the rest could never be learned as outputs."""
+        v = self.data.subwords.vocab_size
+        if not self.cfg.restrict_output:
+            return Transformer(self.cfg.model_config(v)).to(self.device)
+        ids = {i for _, t in self.data.train for i in t}
+        ids.add(self.cfg.model_config(v).eos_id)
+        model = Transformer(self.cfg.model_config(v, output_vocab_size=len(ids)))
+        model.set_output_ids(ids)
+        self.log(f"output vocabulary: the {len(ids)} of {v} subwords that the target training text uses, and EOS")
+        return model.to(self.device)
 
     # ---- run directory ----------------------------------------------------------------
     def _check_run_dir(self) -> None:
@@ -418,9 +431,10 @@ class Trainer:
         m.eval()
         for idx in sampler:
             b = collate([pairs[i] for i in idx], m.cfg.pad_id, m.cfg.bos_id, m.cfg.eos_id).to(self.device)
-            with autocast(self.device, self.amp_dtype):
-                logits = m(b.src, b.tgt_in)
-            _, nll, k = label_smoothed_nll_loss(logits, b.tgt_out, 0.0, m.cfg.pad_id)
+            gold = m.output_positions(b.tgt_out).masked_fill(b.tgt_out == m.cfg.pad_id, -1)
+            with autocast(self.device, self.amp_dtype):  # ids outside the output vocabulary: left out
+                logits = m(b.src, b.tgt_in, gold >= 0)
+            _, nll, k = label_smoothed_nll_loss(logits, gold[gold >= 0], 0.0, -1)
             nll_sum, n = nll_sum + float(nll), n + int(k)
         return nll_sum / max(n, 1)
 
