@@ -26,7 +26,7 @@ def test_output_ids_are_the_target_training_subwords(tmp_path, make_cfg, log):
     want = sorted({i for _, t in data.train for i in t} | {model.cfg.eos_id})
     assert model.output_ids.tolist() == want
     assert len(want) < data.subwords.vocab_size  # the source-only subwords are left out
-    assert f"output vocabulary: the {len(want)} of {data.subwords.vocab_size} subwords" in log.text()
+    assert f"output vocabulary: {len(want)} of {data.subwords.vocab_size} subwords" in log.text()
     result = trainer.train()
     assert result["step"] == 6
     loss = trainer.validation_loss()

@@ -133,7 +133,7 @@ class Trainer:
         ids.add(self.cfg.model_config(v).eos_id)
         model = Transformer(self.cfg.model_config(v, output_vocab_size=len(ids)))
         model.set_output_ids(ids)
-        self.log(f"output vocabulary: the {len(ids)} of {v} subwords that the target training text uses, and EOS")
+        self.log(f"output vocabulary: {len(ids)} of {v} subwords (those of the target training text, and EOS)")
         return model.to(self.device)
 
     # ---- run directory ----------------------------------------------------------------
