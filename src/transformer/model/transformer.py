@@ -105,9 +105,8 @@ class Transformer(nn.Module):
             raise ValueError(f"set_output_ids: expected {k} distinct ids, got {len(ids)}")
         if ids[0] < 0 or ids[-1] >= v or self.cfg.eos_id not in ids.tolist():
             raise ValueError(f"set_output_ids: ids must lie in [0, {v}) and include eos_id {self.cfg.eos_id}")
-        self.output_ids.copy_(ids.to(self.output_ids.device))
-        self.output_index.fill_(-1).index_copy_(0, self.output_ids, torch.arange(k, device=ids.device).to(
-            self.output_index.device))
+        self.output_ids.copy_(ids)
+        self.output_index.fill_(-1)[self.output_ids] = torch.arange(k, device=self.output_index.device)
 
     def output_positions(self, target: Tensor) -> Tensor:
         """Target ids -> their columns in :meth:`project_outputs`'s logits (-1 for an id the

@@ -61,7 +61,8 @@ def train_step(
         amp_dtype: torch.bfloat16 / torch.float16 for mixed precision, None for fp32.
         grad_scaler: a GradScaler, for fp16 only.
         forward: the callable that maps (src, tgt_in, select) to the (N, K) logits of the
-            selected positions over the model's output vocabulary (default: ``model``; pass a DistributedDataParallel wrapper here).
+            selected positions over the model's output vocabulary (default: ``model``; pass
+            a DistributedDataParallel wrapper here).
         loss_kernels: compiled loss passes from :func:`~transformer.train.loss.compile_loss`
             (None: the eager loss).
 
