@@ -59,6 +59,12 @@ def tiny_cfg() -> ModelConfig:
 
 
 @pytest.fixture
+def output_ids() -> list[int]:
+    """The output vocabulary that :func:`build_model` gives a model with ``output_vocab_size``."""
+    return list(OUTPUT_IDS)
+
+
+@pytest.fixture
 def make_model() -> Callable[..., Transformer]:
     """``make_model(seed=0, dtype=torch.float32, **config_overrides)`` -> tiny eval-mode model."""
     return build_model
