@@ -20,23 +20,10 @@ from pathlib import Path
 
 import torch
 
-from transformer import Transformer
 from transformer.data import Subwords, clean_pairs, load_multi30k
 from transformer.decode import beam_search, greedy_search, pad_batch
 from transformer.train.checkpoint import load_model
 from transformer.train.config import load_config
-
-
-def restricted(model: Transformer, ids: list[int]) -> Transformer:
-    twin = Transformer(model.cfg.replace(output_vocab_size=len(ids)))
-    twin.set_output_ids(ids)
-    state = {**model.state_dict(), "output_ids": twin.output_ids, "output_index": twin.output_index}
-    if model.out_bias is not None:
-        state["out_bias"] = model.out_bias[twin.output_ids]
-    if model.out_proj is not None:
-        state["out_proj.weight"] = model.out_proj.weight[twin.output_ids]
-    twin.load_state_dict(state)
-    return twin.eval()
 
 
 def main() -> None:
@@ -55,7 +42,8 @@ def main() -> None:
     ids = sorted({i for _, t in train for i in sw.encode(t)} | {model.cfg.eos_id})
     test = load_multi30k("test_2016_flickr", cfg.src_lang, cfg.tgt_lang)[: args.n]
     srcs = [sw.encode(s) + [model.cfg.eos_id] for s, _ in test]
-    systems = {"whole vocabulary": model.eval(), f"restricted ({len(ids)} of {sw.vocab_size})": restricted(model, ids)}
+    systems = {"whole vocabulary": model.eval(),
+               f"restricted ({len(ids)} of {sw.vocab_size})": model.with_output_ids(ids).eval()}
     settings = [("beam 5", 5, 1), ("beam 5", 5, 32), ("greedy", 1, 1), ("greedy", 1, 32)]
 
     @torch.inference_mode()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from transformer import Transformer
 from transformer.decode import beam_search, greedy_search, pad_batch
 from transformer.train.checkpoint import average_checkpoints, load_model, save_weights
 from transformer.train.loss import label_smoothed_nll_loss
@@ -14,22 +13,12 @@ from transformer.train.step import paper_adam, train_step
 from transformer.data.batching import collate
 
 
-def restricted_twin(full: Transformer, ids: list[int]) -> Transformer:
-    """``full``'s weights in a model whose output keeps only ``ids``."""
-    model = Transformer(full.cfg.replace(output_vocab_size=len(ids)))
-    model.set_output_ids(ids)
-    state = {**full.state_dict(), "output_ids": model.output_ids, "output_index": model.output_index}
-    if full.out_bias is not None:  # one bias per output id
-        state["out_bias"] = full.out_bias[model.output_ids]
-    model.load_state_dict(state)
-    return model.eval()
-
-
-@pytest.mark.parametrize("overrides", [{}, dict(output_bias=True)], ids=["tied", "bias"])
+@pytest.mark.parametrize("overrides", [{}, dict(output_bias=True), dict(tie_embeddings=False, output_bias=True)],
+                         ids=["tied", "bias", "untied-bias"])
 def test_logits_equal_the_full_models_at_kept_ids_and_minus_inf_elsewhere(rand_tokens, overrides, make_model,
                                                                           output_ids):
     full = make_model(seed=3, **overrides)
-    model = restricted_twin(full, output_ids)
+    model = full.with_output_ids(output_ids)
     src, tgt = rand_tokens([6, 4]), rand_tokens([5, 3])
     a, b = full(src, tgt), model(src, tgt)
     ids = torch.tensor(output_ids)
@@ -71,7 +60,7 @@ def test_searches_produce_only_output_ids(rand_tokens, search, make_model, outpu
     with torch.no_grad():
         full.out_bias.zero_()
         full.out_bias[[4, 7, 10]] = 5.0  # ids the restricted model lacks
-    model = restricted_twin(full, output_ids)
+    model = full.with_output_ids(output_ids)
     src = pad_batch([[3, 4, 5, 6, 2], [7, 8, 2], [9, 10, 11, 12, 3, 2]], 0)
     run = greedy_search if search == "greedy" else (lambda m, s, **kw: beam_search(m, s, beam_size=4, **kw))
     produced = {t for hyps in run(full, src, max_len_a=0.0, max_len_b=8) for t in hyps[0].tokens}

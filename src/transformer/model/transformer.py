@@ -108,6 +108,21 @@ class Transformer(nn.Module):
         self.output_ids.copy_(ids)
         self.output_index.fill_(-1)[self.output_ids] = torch.arange(k, device=self.output_index.device)
 
+    def with_output_ids(self, ids) -> "Transformer":
+        """A copy of this (unrestricted) model whose output keeps only ``ids``: the same
+        logits there, -inf elsewhere."""
+        if self.output_ids is not None:
+            raise ValueError("with_output_ids: the model's output is restricted already")
+        ids = sorted(set(int(i) for i in ids))
+        out = Transformer(self.cfg.replace(output_vocab_size=len(ids)))
+        out.set_output_ids(ids)
+        state = {**self.state_dict(), "output_ids": out.output_ids, "output_index": out.output_index}
+        for name in ("out_bias", "out_proj.weight"):  # one row per output id
+            if name in state:
+                state[name] = state[name][out.output_ids]
+        out.load_state_dict(state)
+        return out.to(self.tgt_embed.weight.device).train(self.training)
+
     def output_positions(self, target: Tensor) -> Tensor:
         """Target ids -> their columns in :meth:`project_outputs`'s logits (-1 for an id the
         output vocabulary lacks); the ids themselves when the output is not restricted."""
