@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from .data import Subwords
-from .decode import Hypothesis, beam_search, greedy_search, pad_batch
+from .decode import Ensemble, Hypothesis, beam_search, greedy_search, pad_batch
 from .decode.precision import check_precision, for_inference
 from .model import Transformer
 
@@ -105,27 +105,47 @@ class Translator:
         return Translation(self.subwords.decode(ids), h.score, ids)
 
 
-def load_translator(run_dir: str | Path, **kwargs) -> Translator:
+def load_translator(models: str | Path | list[str | Path], **kwargs) -> Translator:
     """A Translator from a run directory (its subword model and its preferred weights:
-    averaged, else best, else the latest checkpoint) or from a weights file inside one."""
+    averaged, else best, else the latest checkpoint) or from a weights file inside one.
+    Several paths decode as an :class:`~transformer.decode.Ensemble`; they must share
+    one subword model (e.g. checkpoints of one run)."""
     from .errors import UserError
     from .train.checkpoint import load_model
 
-    run_dir = Path(run_dir)
+    paths = [Path(models)] if isinstance(models, (str, Path)) else [Path(p) for p in models]
+    if not paths:
+        raise UserError("no model given")
     device = kwargs.get("device", "cpu")
     try:  # before loading anything: fail fast
         check_precision(kwargs.get("precision", "fp32"), device)
     except ValueError as e:
         raise UserError(f"--{e}") from None
-    model, meta = load_model(run_dir, device)
-    root = run_dir if run_dir.is_dir() else run_dir.parent
+    loaded, subwords_file = [], None
+    for path in paths:
+        model, _ = load_model(path, device)
+        found = _subwords_beside(path)
+        if subwords_file is None:
+            subwords_file = found
+        elif found.read_bytes() != subwords_file.read_bytes():
+            raise UserError(f"{found}: not the subword model of {paths[0]} ({subwords_file}); "
+                            "the models of an ensemble must come from one run's subword model")
+        loaded.append(model)
+    subwords = Subwords.load(subwords_file)
+    for path, model in zip(paths, loaded):
+        if subwords.vocab_size != model.cfg.target_vocab_size:
+            raise UserError(f"{subwords_file}: {subwords.vocab_size} subwords, but the model in {path} was built for "
+                            f"{model.cfg.target_vocab_size}; these files belong to different runs")
+    return Translator(loaded[0] if len(loaded) == 1 else Ensemble(loaded), subwords, **kwargs)
+
+
+def _subwords_beside(path: Path) -> Path:
+    """The subwords.model of the run that ``path`` (a run directory, a checkpoint or a
+    weights file in one) belongs to."""
+    from .errors import UserError
+
+    root = path if path.is_dir() else path.parent
     for candidate in (root / "subwords.model", root.parent / "subwords.model", root.parent.parent / "subwords.model"):
         if candidate.is_file():
-            break
-    else:
-        raise UserError(f"{run_dir}: no subwords.model found beside the weights; give the run directory")
-    subwords = Subwords.load(candidate)
-    if subwords.vocab_size != model.cfg.target_vocab_size:
-        raise UserError(f"{candidate}: {subwords.vocab_size} subwords, but the model was built for "
-                        f"{model.cfg.target_vocab_size}; these files belong to different runs")
-    return Translator(model, subwords, **kwargs)
+            return candidate
+    raise UserError(f"{path}: no subwords.model found beside the weights; give the run directory")

@@ -61,6 +61,20 @@ def test_evaluate_json(trained, cli, expected, tmp_path):
     assert out.read_text(encoding="utf-8").splitlines() == expected["hyps"]
 
 
+def test_evaluate_an_ensemble(trained, cli):
+    """`evaluate --model A B` scores the ensemble's translations and names both models."""
+    models = [str(p) for p in sorted((trained.run / "checkpoints").iterdir())[-2:]]
+    r = cli("evaluate", "--model", *models, "--src", trained.corpus["valid_src"],
+            "--ref", trained.corpus["valid_tgt"], "--json")
+    assert r.code == 0, r.err
+    data = json.loads(r.out)
+    assert data["model"] == models and data["n_sentences"] == 20
+    src = trained.corpus["valid_src"].read_text(encoding="utf-8").splitlines()
+    ref = trained.corpus["valid_tgt"].read_text(encoding="utf-8").splitlines()
+    hyps = load_translator(models, beam_size=4).translate(src)
+    assert data["bleu"] == pytest.approx(sacrebleu.BLEU().corpus_score(hyps, [ref]).score)
+
+
 def test_evaluate_gzip_and_perfect_score(trained, cli, tmp_path, expected):
     """Gzipped inputs work, and scoring the system's own output as reference gives 100."""
     src, ref = tmp_path / "src.gz", tmp_path / "ref.gz"

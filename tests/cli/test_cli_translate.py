@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import shutil
 import stat
 
 import pytest
@@ -179,3 +180,33 @@ def test_with_beam_shares_the_converted_model(trained):
     assert greedy.model is tr.model and greedy.precision == "bf16"
     assert (greedy.beam_size, tr.beam_size) == (1, 4)
     assert greedy.translate(LINES) == load_translator(trained.run, beam_size=1, precision="bf16").translate(LINES)
+
+
+def _nbest_scores(r) -> list[tuple[str, float]]:
+    assert r.code == 0, r.err
+    return [(row.split("\t")[2], float(row.split("\t")[1])) for row in r.out.splitlines()]
+
+
+def test_several_models_decode_as_an_ensemble(trained, cli):
+    """`--model A B`: one checkpoint twice is that checkpoint (same texts and scores); two
+    different checkpoints give scores that neither gives alone."""
+    first, second = sorted((trained.run / "checkpoints").iterdir())[-2:]
+    lines = "\n".join(LINES[:4]) + "\n"
+    alone = [_nbest_scores(cli("translate", "--model", m, "--n-best", 2, stdin=lines)) for m in (first, second)]
+    twice = _nbest_scores(cli("translate", "--model", first, first, "--n-best", 2, stdin=lines))
+    assert [t for t, _ in twice] == [t for t, _ in alone[0]]
+    assert [s for _, s in twice] == pytest.approx([s for _, s in alone[0]], abs=2e-4)
+    both = _nbest_scores(cli("translate", "--model", first, second, "--n-best", 2, stdin=lines))
+    assert len(both) == 8
+    for single in alone:
+        assert [s for _, s in both] != pytest.approx([s for _, s in single], abs=1e-3)
+
+
+def test_ensemble_of_different_runs_is_refused(trained, cli, tmp_path, one_line_error):
+    other = tmp_path / "other"
+    (other / "checkpoints").mkdir(parents=True)
+    ckpt = sorted((trained.run / "checkpoints").iterdir())[-1]
+    shutil.copytree(ckpt, other / "checkpoints" / ckpt.name)
+    (other / "subwords.model").write_bytes(b"another subword model")
+    r = cli("translate", "--model", trained.run, other, stdin="red dog runs\n")
+    one_line_error(r, "translate", other / "subwords.model", "ensemble")

@@ -11,7 +11,8 @@ from ._options import add_precision_option
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("evaluate", help="translate --src and score against --ref (sacreBLEU, chrF)")
-    p.add_argument("--model", required=True, help="run directory or .safetensors file")
+    p.add_argument("--model", required=True, nargs="+",
+                   help="run directory or .safetensors file; several: an ensemble (the run's config is the first one's)")
     p.add_argument("--src", help="source file, one sentence a line (.gz allowed)")
     p.add_argument("--ref", help="reference translations, untouched (.gz allowed)")
     p.add_argument("--split", help="instead of --src/--ref: a split of the run's dataset, e.g. test_2016_flickr "
@@ -59,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     if not src:
         raise UserError(f"{args.src}: no sentences to score (the files are empty)")
     if not args.tgt_lang and run_config is None:
-        run_config = _run_config(args.model)  # before the slow part: fail fast
+        run_config = _run_config(args.model[0])  # before the slow part: fail fast
     lang = args.tgt_lang or run_config.get("tgt_lang")
     translator = load_translator(args.model, beam_size=args.beam, alpha=args.alpha,
                                  max_tokens=args.max_tokens, device=args.device, warn=False,
@@ -74,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
     lowercase = translator.subwords.lowercases
     if args.json:
         print(json.dumps({**scores.to_dict(), "beam": args.beam, "precision": args.precision, "seconds": seconds,
-                          "model": args.model, "lowercase_model": lowercase}))
+                          "model": args.model[0] if len(args.model) == 1 else args.model,
+                          "lowercase_model": lowercase}))
     else:
         print(scores.summary())
         if lowercase:
@@ -90,12 +92,13 @@ def _split_pairs(args) -> tuple[list[str], list[str], dict]:
     from ..data import load_multi30k
     from ..errors import UserError
 
-    config = Path(args.model) / "config.yaml"
-    if not config.is_file():
-        raise UserError(f"{args.model}: --split needs a run directory with config.yaml (to know the languages)")
-    run = _run_config(args.model)
+    run = _run_config(args.model[0])
+    if not run:
+        raise UserError(f"{args.model[0]}: --split needs a model inside a run directory with config.yaml "
+                        "(to know the languages)")
     if run.get("dataset") != "multi30k":
-        raise UserError(f"{config}: --split works for dataset multi30k; give --src and --ref for other data")
+        raise UserError(f"{args.model[0]}: the run's dataset is {run.get('dataset')!r}; --split works for "
+                        "dataset multi30k: give --src and --ref for other data")
     pairs = load_multi30k(args.split, run["src_lang"], run["tgt_lang"], data_dir=args.data_dir or run.get("data_dir"))
     return [s for s, _ in pairs], [t for _, t in pairs], run
 

@@ -9,7 +9,9 @@ from ._options import add_precision_option
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("translate", help="translate text (stdin to stdout by default)")
-    p.add_argument("--model", required=True, help="run directory or .safetensors file")
+    p.add_argument("--model", required=True, nargs="+",
+                   help="run directory or .safetensors file; several: decode them as an ensemble "
+                        "(e.g. checkpoints of one run: RUN/checkpoints/step-*)")
     p.add_argument("--beam", type=int, default=4, help="beam size (1 = greedy)")
     p.add_argument("--alpha", type=float, default=0.6, help="length penalty exponent")
     p.add_argument("--n-best", type=int, default=1, help="print the N best translations (tab-separated with scores)")

@@ -19,6 +19,8 @@ import warnings
 import torch
 from torch import nn
 
+from .ensemble import Ensemble
+
 PRECISIONS = ("fp32", "bf16", "int8")
 
 
@@ -35,6 +37,8 @@ def for_inference(model: nn.Module, precision: str = "fp32") -> nn.Module:
     """``model`` in eval mode at ``precision``: the model itself when it is already float32
     and fp32 is asked for, a converted copy otherwise (the caller's model keeps its dtype)."""
     check_precision(precision, next(model.parameters()).device)
+    if isinstance(model, Ensemble):  # each member on its own: the int8 path rebuilds a member's projection
+        return Ensemble([for_inference(m, precision) for m in model.members])
     if precision == "fp32":
         if all(p.dtype == torch.float32 for p in model.parameters() if p.is_floating_point()):
             return model.eval()
