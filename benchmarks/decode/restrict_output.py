@@ -2,10 +2,10 @@
 
 The trained model of a run, and the same weights restricted (``ModelConfig.output_vocab_size``
 / ``set_output_ids``) to the subwords of its target training text and EOS: every other id
-gets -inf, and the vocabulary projection computes only the kept rows. The two decode the
-first N test sentences in turns, round after round (beam 5 with alpha 1.0, the recipe's
-search, and greedy; batch 1 and 32); the table gives median sentences/s, the ratio, and how
-many outputs differ. A model trained with ``restrict_output`` is restricted already: pass a
+gets -inf, and the vocabulary projection computes only the kept rows. Both go through
+``for_inference`` as ``translate`` does, and decode the first N test sentences in turns,
+round after round (beam 5 with alpha 1.0, the recipe's search, and greedy; batch 1 and 32);
+the table gives median sentences/s, the ratio, and how many outputs differ. A model trained with ``restrict_output`` is restricted already: pass a
 run trained without it.
 
     TRANSFORMER_DATA=/work/shared/data .venv/bin/python benchmarks/decode/restrict_output.py \\
@@ -22,6 +22,7 @@ import torch
 
 from transformer.data import Subwords, clean_pairs, load_multi30k
 from transformer.decode import beam_search, greedy_search, pad_batch
+from transformer.decode.precision import for_inference
 from transformer.train.checkpoint import load_model
 from transformer.train.config import load_config
 
@@ -42,8 +43,10 @@ def main() -> None:
     ids = sorted({i for _, t in train for i in sw.encode(t)} | {model.cfg.eos_id})
     test = load_multi30k("test_2016_flickr", cfg.src_lang, cfg.tgt_lang)[: args.n]
     srcs = [sw.encode(s) + [model.cfg.eos_id] for s, _ in test]
-    systems = {"whole vocabulary": model.eval(),
-               f"restricted ({len(ids)} of {sw.vocab_size})": model.with_output_ids(ids).eval()}
+    # as translate / evaluate decode them: through for_inference, which gives the restricted
+    # (tied) model a projection holding its output rows once
+    systems = {"whole vocabulary": for_inference(model),
+               f"restricted ({len(ids)} of {sw.vocab_size})": for_inference(model.with_output_ids(ids))}
     settings = [("beam 5", 5, 1), ("beam 5", 5, 32), ("greedy", 1, 1), ("greedy", 1, 32)]
 
     @torch.inference_mode()

@@ -35,25 +35,37 @@ def check_precision(precision: str, device: str | torch.device = "cpu") -> None:
 
 def for_inference(model: nn.Module, precision: str = "fp32") -> nn.Module:
     """``model`` in eval mode at ``precision``: the model itself when it is already float32
-    and fp32 is asked for, a converted copy otherwise (the caller's model keeps its dtype)."""
+    and fp32 is asked for, a converted copy otherwise (the caller's model keeps its dtype).
+
+    A tied model with a restricted output vocabulary always gets a copy whose projection
+    holds its output rows once, instead of gathering them from the embedding at every step."""
     check_precision(precision, next(model.parameters()).device)
     if isinstance(model, Ensemble):  # each member on its own: the int8 path rebuilds a member's projection
         return Ensemble([for_inference(m, precision) for m in model.members])
-    if precision == "fp32":
-        if all(p.dtype == torch.float32 for p in model.parameters() if p.is_floating_point()):
-            return model.eval()
-        return copy.deepcopy(model).float().eval()
-    if precision == "bf16":
-        return copy.deepcopy(model).to(torch.bfloat16).eval()
-    out = copy.deepcopy(model).float().eval()
-    if getattr(out, "out_proj", "absent") is None:  # tied: give the projection its own layer to quantise
-        weight = out.tgt_embed.weight.detach()
-        if out.output_ids is not None:  # one row per output id, as an untied projection has
-            weight = weight.index_select(0, out.output_ids)
-        out.out_proj = nn.Linear(out.cfg.d_model, weight.size(0), bias=False)
-        out.out_proj.weight = nn.Parameter(weight.clone())
+    tied = getattr(model, "out_proj", "absent") is None
+    restricted_tied = tied and model.output_ids is not None
+    float32 = all(p.dtype == torch.float32 for p in model.parameters() if p.is_floating_point())
+    if precision == "fp32" and float32 and not restricted_tied:
+        return model.eval()
+    out = copy.deepcopy(model).to(torch.bfloat16 if precision == "bf16" else torch.float32).eval()
+    if restricted_tied or (tied and precision == "int8"):  # int8: a projection of its own to quantise
+        _own_output_layer(out)
+    if precision != "int8":
+        return out
     qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
     with warnings.catch_warnings():  # torch.ao's eager quantisation warns that it is deprecated
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.filterwarnings("ignore", message=".*quantize_per_channel.*")
         return torch.ao.quantization.quantize_dynamic(out, {nn.Linear: qconfig}, dtype=torch.qint8)
+
+
+def _own_output_layer(model: nn.Module) -> None:
+    """In place, on a decoding copy of a tied model: an output projection of its own, one
+    row per output id (the rows an untied projection would hold), to quantise, or to avoid
+    gathering a restricted output's rows from the embedding at every step."""
+    weight = model.tgt_embed.weight.detach()
+    if model.output_ids is not None:
+        weight = weight.index_select(0, model.output_ids)
+    model.out_proj = nn.Linear(model.cfg.d_model, weight.size(0), bias=False, dtype=weight.dtype,
+                               device=weight.device)
+    model.out_proj.weight = nn.Parameter(weight.clone(), requires_grad=False)
