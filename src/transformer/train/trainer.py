@@ -127,11 +127,11 @@ class Trainer:
         """The model; with ``restrict_output``, its logits cover only the subwords of the
         target training text (and EOS): the rest could never be learned as outputs."""
         v = self.data.subwords.vocab_size
+        mcfg = self.cfg.model_config(v)
         if not self.cfg.restrict_output:
-            return Transformer(self.cfg.model_config(v)).to(self.device)
-        ids = {i for _, t in self.data.train for i in t}
-        ids.add(self.cfg.model_config(v).eos_id)
-        model = Transformer(self.cfg.model_config(v, output_vocab_size=len(ids)))
+            return Transformer(mcfg).to(self.device)
+        ids = {i for _, t in self.data.train for i in t} | {mcfg.eos_id}
+        model = Transformer(mcfg.replace(output_vocab_size=len(ids)))
         model.set_output_ids(ids)
         self.log(f"output vocabulary: {len(ids)} of {v} subwords (those of the target training text, and EOS)")
         return model.to(self.device)
