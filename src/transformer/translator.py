@@ -30,14 +30,15 @@ class Translator:
     """Translate lines with a trained model and the subword model it was trained with.
 
     Lines are encoded exactly as in training, sorted by length into batches of at most
-    ``max_tokens`` source tokens, decoded, and returned in input order. ``precision``
+    ``max_tokens`` source tokens, decoded, and returned in input order. ``model`` may be an
+    :class:`~transformer.decode.Ensemble` of models that share ``subwords``. ``precision``
     (fp32, bf16 or int8; see :mod:`transformer.decode.precision`) decodes with a converted
     copy of the model; the model passed in is left as it was. An empty (or
     whitespace-only) line gives an empty translation. A line longer than the model can
     take is cut to its first ``max_len - 1`` subwords with a warning.
     """
 
-    def __init__(self, model: Transformer, subwords: Subwords, beam_size: int = 4, alpha: float = 0.6,
+    def __init__(self, model: Transformer | Ensemble, subwords: Subwords, beam_size: int = 4, alpha: float = 0.6,
                  max_tokens: int = 4000, max_len_a: float = 1.0, max_len_b: int = 50,
                  device: str | torch.device = "cpu", warn: bool = True, precision: str = "fp32") -> None:
         _check_beam(beam_size)
