@@ -14,4 +14,7 @@ make setup
 .venv/bin/transformer average --model "$run" --last 10
 .venv/bin/transformer evaluate --model "$run" --split test_2016_flickr --beam 5 --alpha 1.0 --output "$run/test.hyp" --json \
   | tee "$run/test_scores.json"
+# the same 10 checkpoints decoded as an ensemble instead (ten models to decode, ~10x slower)
+.venv/bin/transformer evaluate --model "$run"/checkpoints/step-* --split test_2016_flickr --beam 5 --alpha 1.0 --json \
+  | tee "$run/test_ensemble_scores.json"
 grep '"event": "stop"' "$run/metrics.jsonl" | tail -1
