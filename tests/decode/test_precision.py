@@ -97,3 +97,13 @@ def test_a_restricted_tied_model_decodes_with_its_rows_gathered_once(make_model,
     assert torch.equal(torch.isinf(got), torch.isinf(ref))  # the same ids are impossible
     if precision == "fp32":
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_for_inference_draws_nothing_from_the_global_rng(make_model, precision):
+    """Training validates through for_inference: it must not move the RNG that dropout and
+    batching use, or a resumed run would differ from a straight one."""
+    for model in (make_model(output_vocab_size=8), make_model()):
+        before = torch.get_rng_state()
+        for_inference(model, precision)
+        assert torch.equal(torch.get_rng_state(), before)

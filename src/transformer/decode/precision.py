@@ -66,6 +66,8 @@ def _own_output_layer(model: nn.Module) -> None:
     weight = model.tgt_embed.weight.detach()
     if model.output_ids is not None:
         weight = weight.index_select(0, model.output_ids)
-    model.out_proj = nn.Linear(model.cfg.d_model, weight.size(0), bias=False, dtype=weight.dtype,
-                               device=weight.device)
+    # skip_init: no random initialisation, so building it draws nothing from the global RNG
+    # (validation during training decodes through here, and resuming must stay exact)
+    model.out_proj = nn.utils.skip_init(nn.Linear, model.cfg.d_model, weight.size(0), bias=False,
+                                        dtype=weight.dtype, device=weight.device)
     model.out_proj.weight = nn.Parameter(weight.clone(), requires_grad=False)
