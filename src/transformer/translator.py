@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import filecmp
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,10 +126,10 @@ def load_translator(models: str | Path | list[str | Path], **kwargs) -> Translat
     loaded, subwords_file = [], None
     for path in paths:
         model, _ = load_model(path, device)
-        found = _subwords_beside(path)
+        found = find_subwords(path)
         if subwords_file is None:
             subwords_file = found
-        elif found.read_bytes() != subwords_file.read_bytes():
+        elif found != subwords_file and not filecmp.cmp(found, subwords_file, shallow=False):
             raise UserError(f"{found}: not the subword model of {paths[0]} ({subwords_file}); "
                             "the models of an ensemble must come from one run's subword model")
         loaded.append(model)
@@ -140,13 +141,13 @@ def load_translator(models: str | Path | list[str | Path], **kwargs) -> Translat
     return Translator(loaded[0] if len(loaded) == 1 else Ensemble(loaded), subwords, **kwargs)
 
 
-def _subwords_beside(path: Path) -> Path:
+def find_subwords(path: str | Path) -> Path:
     """The subwords.model of the run that ``path`` (a run directory, a checkpoint or a
     weights file in one) belongs to."""
     from .errors import UserError
+    from .train.checkpoint import run_file
 
-    root = path if path.is_dir() else path.parent
-    for candidate in (root / "subwords.model", root.parent / "subwords.model", root.parent.parent / "subwords.model"):
-        if candidate.is_file():
-            return candidate
-    raise UserError(f"{path}: no subwords.model found beside the weights; give the run directory")
+    found = run_file(path, "subwords.model")
+    if found is None:
+        raise UserError(f"{path}: no subwords.model found beside the weights; give the run directory")
+    return found

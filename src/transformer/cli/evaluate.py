@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 
 from ._options import add_precision_option
 
@@ -109,15 +108,14 @@ def _run_config(model: str) -> dict:
     import yaml
 
     from ..errors import UserError
+    from ..train.checkpoint import run_file
 
-    root = Path(model) if Path(model).is_dir() else Path(model).parent
-    for folder in (root, root.parent, root.parent.parent):
-        path = folder / "config.yaml"
-        if path.is_file():
-            try:
-                run = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-            except (yaml.YAMLError, UnicodeDecodeError) as e:
-                raise UserError(f"{path}: not a readable run config ({type(e).__name__}); "
-                                "restore it from the run or give --src/--ref and --tgt-lang") from None
-            return run if isinstance(run, dict) else {}
-    return {}
+    path = run_file(model, "config.yaml")
+    if path is None:
+        return {}
+    try:
+        run = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: not a readable run config ({type(e).__name__}); "
+                        "restore it from the run or give --src/--ref and --tgt-lang") from None
+    return run if isinstance(run, dict) else {}

@@ -50,16 +50,6 @@ def _check(args) -> None:
         raise UserError(f"{out}: already exists; give a new directory (or remove it first)")
 
 
-def _find_subwords(model_path: Path) -> Path:
-    from ..errors import UserError
-
-    root = model_path if model_path.is_dir() else model_path.parent
-    for candidate in (root / "subwords.model", root.parent / "subwords.model", root.parent.parent / "subwords.model"):
-        if candidate.is_file():
-            return candidate
-    raise UserError(f"{model_path}: no subwords.model found beside the weights; give the run directory")
-
-
 def _require(module: str) -> None:
     from ..errors import UserError
 
@@ -73,13 +63,14 @@ def run(args: argparse.Namespace) -> int:
     from ..data import Subwords
     from ..errors import UserError
     from ..train.checkpoint import load_model
+    from ..translator import find_subwords
 
     _check(args)
     _require({"ctranslate2": "ctranslate2", "marian": "transformers", "onnx": "onnxruntime"}[args.format])
     if args.format == "onnx":
         _require("onnx")
     model, meta = load_model(Path(args.model))
-    spm_path = _find_subwords(Path(args.model))
+    spm_path = find_subwords(args.model)
     subwords = Subwords.load(spm_path)
     if subwords.vocab_size != model.cfg.target_vocab_size:
         raise UserError(f"{spm_path}: {subwords.vocab_size} subwords, but the model was built for "

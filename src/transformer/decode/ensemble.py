@@ -78,7 +78,5 @@ class Ensemble(nn.Module):
             logits, c = m.decode(tgt, c)
             logps.append(torch.log_softmax(logits.float(), dim=-1))
             caches.append(c)
-        if len(logps) == 1:
-            return logps[0], EnsembleCache(tuple(caches))
         mean = torch.logsumexp(torch.stack(logps), dim=0) - math.log(len(logps))
         return mean, EnsembleCache(tuple(caches))

@@ -120,6 +120,18 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[Tr
     return model.to(device).eval(), {**meta, "path": str(weights)}
 
 
+def run_file(path: str | Path, name: str) -> Path | None:
+    """The file ``name`` (subwords.model, config.yaml) of the run that ``path`` belongs to: a
+    run directory, or a weights file or checkpoint in one, as deep as
+    checkpoints/step-N/model.safetensors; None when there is none."""
+    path = Path(path)
+    root = path if path.is_dir() else path.parent
+    for folder in (root, root.parent, root.parent.parent):
+        if (folder / name).is_file():
+            return folder / name
+    return None
+
+
 def resolve_weights(path: Path) -> Path:
     if path.is_file():
         return path
