@@ -51,6 +51,8 @@ TRAIN_CASES = {
     "bad-heads": (None, ["model.n_heads=3"], ["n_heads"]),
     "bad-schedule": (None, ["lr_schedule=cosine"], ["lr_schedule"]),
     "cooldown-past-max-steps": (None, ["max_steps=10", "cooldown=11"], ["cooldown", "11"]),
+    "dropout-start-1": (None, ["dropout_ramp=100", "dropout_start=1"], ["dropout_start", "[0, 1)"]),
+    "dropout-ramp-negative": (None, ["dropout_ramp=-5"], ["dropout_ramp", "-5"]),
     "bad-dataset": (None, ["dataset=wmt99"], ["dataset"]),
     "missing-train-file": (None, ["train_src=/nonexistent/train.src"], ["/nonexistent/train.src"]),
 }

@@ -119,6 +119,31 @@ def test_cooldown_added_on_resume(half, make_cfg, metrics):
         assert got[step]["lr"] == pytest.approx(base * factor), f"learning rate at step {step}"
 
 
+def test_dropout_ramp_in_training_and_resume(straight, tmp_path, make_cfg, metrics):
+    """``dropout_ramp``: every P_drop site of the model gets the ramped probability of each
+    update (logged), the weights differ from the fixed-dropout run, and a resumed run
+    continues the ramp exactly."""
+    from transformer.model.dropout import Dropout
+    from transformer.train import dropout_ramp
+
+    common = (*COMMON, "dropout_ramp=6", "dropout_start=0.4", "log_every=1")
+    run = tmp_path / "ramp"
+    trainer = Trainer(make_cfg(*common, "max_steps=8"), run, log=lambda *a: None)
+    trainer.train()
+    sites = [m for m in trainer.model.modules() if isinstance(m, Dropout)]
+    assert len(sites) > 8 and all(m.p == pytest.approx(0.1) for m in sites)  # ended at model.dropout
+    got = train_records(metrics(run))
+    assert [got[s]["dropout"] for s in range(1, 9)] == pytest.approx([0.4 - 0.05 * s for s in range(1, 7)] + [0.1, 0.1])
+    assert got[3]["dropout"] == pytest.approx(dropout_ramp(3, 0.4, 0.1, 6))
+    assert not same_weights(weights(straight), weights(run))  # the ramp changed the masks
+    assert "dropout" not in train_records(metrics(straight))[8]
+
+    half = tmp_path / "ramp-half"
+    Trainer(make_cfg(*common, "max_steps=4"), half, log=lambda *a: None).train()
+    Trainer(make_cfg(*common, "max_steps=8"), half, log=lambda *a: None).train()
+    assert same_weights(weights(run), weights(half))
+
+
 def test_resume_with_subword_dropout_is_bit_exact(tmp_path, make_cfg, metrics, log):
     """BPE-dropout re-segments the text each epoch: with 30 pairs an epoch is a few updates,
     so 8 updates cross epochs, and the resumed run (another Trainer, and for the segments

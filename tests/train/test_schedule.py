@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from transformer.train import cooldown_factor, inverse_sqrt_lr, linear_decay_lr, noam_lr, paper_adam_kwargs
+from transformer.train import cooldown_factor, dropout_ramp, inverse_sqrt_lr, linear_decay_lr, noam_lr, paper_adam_kwargs
 
 D, W = 512, 4000
 
@@ -61,6 +61,13 @@ def test_cooldown_factor():
     lrs = [inverse_sqrt_lr(s, 1e-3, 8) * cooldown_factor(s, total, 20) for s in range(1, total + 1)]
     assert all(a > b for a, b in zip(lrs[79:], lrs[80:]))  # strictly falling to the end
     assert lrs[-1] == pytest.approx(inverse_sqrt_lr(total, 1e-3, 8) / 20)
+
+
+def test_dropout_ramp():
+    assert [dropout_ramp(s, 0.1, 0.3, 4) for s in (1, 2, 3, 4, 5, 100)] == pytest.approx([0.15, 0.2, 0.25, 0.3, 0.3, 0.3])
+    assert dropout_ramp(0, 0.1, 0.3, 4) == pytest.approx(0.15)  # step 0 is step 1
+    assert all(dropout_ramp(s, 0.1, 0.3, 0) == 0.3 for s in (1, 7))  # 0 = no ramp: the model's dropout
+    assert [dropout_ramp(s, 0.3, 0.1, 2) for s in (1, 2, 3)] == pytest.approx([0.2, 0.1, 0.1])  # falling works too
 
 
 def test_paper_adam():

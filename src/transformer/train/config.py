@@ -46,6 +46,8 @@ class TrainConfig:
     warmup: int = 4000
     cooldown: int = 0  # the last N updates before max_steps decay the learning rate linearly to 0
     label_smoothing: float = 0.1
+    dropout_ramp: int = 0  # the first N updates move the model's dropout linearly from dropout_start to model.dropout
+    dropout_start: float = 0.1  # the dropout of update 1 when dropout_ramp > 0
     clip_norm: float = 0.0  # 0 = no clipping
     weight_decay: float = 0.0
     precision: str = "auto"  # auto: bf16 autocast where the CPU/GPU supports it, else fp32
@@ -91,6 +93,8 @@ class TrainConfig:
             need(getattr(self, name) > 0, f"{name} must be positive, got {getattr(self, name)}")
         need(0 <= self.cooldown <= self.max_steps, f"cooldown must be in [0, max_steps], got {self.cooldown}")
         need(0.0 <= self.label_smoothing < 1.0, "label_smoothing must be in [0, 1)")
+        need(self.dropout_ramp >= 0, f"dropout_ramp must not be negative, got {self.dropout_ramp}")
+        need(0.0 <= self.dropout_start < 1.0, f"dropout_start must be in [0, 1), got {self.dropout_start}")
         need(0.0 <= self.subword_dropout < 1.0, f"subword_dropout must be in [0, 1), got {self.subword_dropout}")
         need(isinstance(self.model, dict) and self.model.get("preset", "tiny") in PRESETS,
              f"model.preset must be one of {sorted(PRESETS)}")

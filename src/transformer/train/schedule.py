@@ -1,4 +1,4 @@
-"""The paper's learning-rate schedule (section 5.3), as pure functions."""
+"""The paper's learning-rate schedule (section 5.3) and a dropout ramp, as pure functions."""
 from __future__ import annotations
 
 
@@ -39,6 +39,16 @@ def cooldown_factor(step: int, total: int, cooldown: int) -> float:
     if cooldown <= 0:
         return 1.0
     return min(1.0, max(0.0, (total - step + 1) / cooldown))
+
+
+def dropout_ramp(step: int, start: float, end: float, ramp: int) -> float:
+    """The dropout probability for update ``step`` (from 1) when it rises (or falls) linearly
+    from ``start`` to ``end`` over the first ``ramp`` updates, then stays at ``end``
+    ("curriculum dropout": learn fast while the model under-fits, regularise once it could
+    over-fit). ``ramp == 0`` means no ramp (always ``end``)."""
+    if ramp <= 0:
+        return end
+    return start + (end - start) * min(1.0, max(step, 1) / ramp)
 
 
 def paper_adam_kwargs() -> dict:

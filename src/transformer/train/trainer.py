@@ -23,13 +23,14 @@ from ..data import TokenBatchSampler, collate, example_lengths
 from ..errors import UserError
 from ..evaluate import score
 from ..model import Transformer
+from ..model.dropout import Dropout
 from ..translator import Translator
 from . import checkpoint as ckpt
 from .config import TrainConfig
 from .distributed import Dist, reshard_position
 from .loss import compile_loss, label_smoothed_nll_loss
 from .prepare import SUBWORDS, EpochExamples, PreparedData, prepare_data
-from .schedule import cooldown_factor, inverse_sqrt_lr, noam_lr
+from .schedule import cooldown_factor, dropout_ramp, inverse_sqrt_lr, noam_lr
 from .step import autocast, paper_adam, train_step
 
 # Options that may change when a run is resumed; any other change is refused. accum_steps may
@@ -311,6 +312,16 @@ class Trainer:
             base = inverse_sqrt_lr(step, c.peak_lr, c.warmup)
         return base * cooldown_factor(step, c.max_steps, c.cooldown)
 
+    def _set_dropout(self, step: int) -> None:
+        """The ramped dropout for update ``step`` on every P_drop site (embeddings and
+        sub-layer outputs; attention-weight dropout keeps model.attn_dropout). A function of
+        the step alone, so a resumed run continues exactly and every rank agrees."""
+        c = self.cfg
+        p = dropout_ramp(step, c.dropout_start, self.model.cfg.dropout, c.dropout_ramp)
+        for m in self.model.modules():
+            if isinstance(m, Dropout):
+                m.p = p
+
     def _batches(self):
         """Micro-batches, epoch after epoch (the sampler continues where it stopped)."""
         while True:
@@ -353,6 +364,8 @@ class Trainer:
                     reason = "max_epochs"
                     break
                 self.model.train()
+                if c.dropout_ramp:
+                    self._set_dropout(self.step + 1)
                 stats = train_step(self.model, micro, self.optimizer, self.lr(self.step + 1),
                                    epsilon=c.label_smoothing, clip_norm=c.clip_norm or None,
                                    amp_dtype=self.amp_dtype, grad_scaler=self.scaler, forward=self.forward,
@@ -380,6 +393,9 @@ class Trainer:
                                "nll": stats.nll, "ppl": math.exp(min(stats.nll, 50)), "lr": stats.lr,
                                "grad_norm": stats.grad_norm, "tgt_tokens_per_s": tps,
                                "train_minutes": self.elapsed / 60}
+                        if c.dropout_ramp:
+                            rec["dropout"] = dropout_ramp(self.step, c.dropout_start, self.model.cfg.dropout,
+                                                          c.dropout_ramp)
                         self._metrics(rec)
                         if bar is not None:
                             bar.set_postfix(loss=f"{stats.loss:.3f}", tok_s=f"{tps:,.0f}", lr=f"{stats.lr:.2e}")
