@@ -312,15 +312,16 @@ class Trainer:
             base = inverse_sqrt_lr(step, c.peak_lr, c.warmup)
         return base * cooldown_factor(step, c.max_steps, c.cooldown)
 
-    def _set_dropout(self, step: int) -> None:
+    def _set_dropout(self, step: int) -> float:
         """The ramped dropout for update ``step`` on every P_drop site (embeddings and
-        sub-layer outputs; attention-weight dropout keeps model.attn_dropout). A function of
-        the step alone, so a resumed run continues exactly and every rank agrees."""
+        sub-layer outputs; attention-weight dropout keeps model.attn_dropout), returned. A
+        function of the step alone, so a resumed run continues exactly and every rank agrees."""
         c = self.cfg
         p = dropout_ramp(step, c.dropout_start, self.model.cfg.dropout, c.dropout_ramp)
         for m in self.model.modules():
             if isinstance(m, Dropout):
                 m.p = p
+        return p
 
     def _batches(self):
         """Micro-batches, epoch after epoch (the sampler continues where it stopped)."""
@@ -364,8 +365,7 @@ class Trainer:
                     reason = "max_epochs"
                     break
                 self.model.train()
-                if c.dropout_ramp:
-                    self._set_dropout(self.step + 1)
+                dropout = self._set_dropout(self.step + 1) if c.dropout_ramp else None
                 stats = train_step(self.model, micro, self.optimizer, self.lr(self.step + 1),
                                    epsilon=c.label_smoothing, clip_norm=c.clip_norm or None,
                                    amp_dtype=self.amp_dtype, grad_scaler=self.scaler, forward=self.forward,
@@ -393,9 +393,8 @@ class Trainer:
                                "nll": stats.nll, "ppl": math.exp(min(stats.nll, 50)), "lr": stats.lr,
                                "grad_norm": stats.grad_norm, "tgt_tokens_per_s": tps,
                                "train_minutes": self.elapsed / 60}
-                        if c.dropout_ramp:
-                            rec["dropout"] = dropout_ramp(self.step, c.dropout_start, self.model.cfg.dropout,
-                                                          c.dropout_ramp)
+                        if dropout is not None:
+                            rec["dropout"] = dropout
                         self._metrics(rec)
                         if bar is not None:
                             bar.set_postfix(loss=f"{stats.loss:.3f}", tok_s=f"{tps:,.0f}", lr=f"{stats.lr:.2e}")
