@@ -38,6 +38,7 @@ class Batch:
     def __init__(self, src, tgt):
         self.src, self.tgt_in, self.tgt_out = src, tgt[:, :-1], tgt[:, 1:]
         self.n_tgt_tokens = int((self.tgt_out != 0).sum())
+        self.inputs = (self.src, self.tgt_in)  # what train_step feeds the model
 
 
 def main() -> None:

@@ -58,6 +58,7 @@ class Batch:
     def __init__(self, src, tgt_in, tgt_out):
         self.src, self.tgt_in, self.tgt_out = src, tgt_in, tgt_out
         self.n_tgt_tokens = int((tgt_out != 0).sum())
+        self.inputs = (src, tgt_in)  # what train_step feeds the model
 
 
 class TorchNN(nn.Module):

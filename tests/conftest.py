@@ -29,10 +29,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "swiglu": dict(ffn_activation="swiglu"),
     "untied": dict(tie_embeddings=False, tgt_vocab_size=11, output_bias=True),
     "concat-gelu": dict(sinusoid_layout="concat", ffn_activation="gelu"),
-    "restricted-output": dict(output_vocab_size=8),  # logits for OUTPUT_IDS only
 }
-
-OUTPUT_IDS = [2, 3, 5, 6, 8, 9, 11, 12]  # a restricted model's output vocabulary: EOS and 7 of the 10 real ids
 
 
 def tiny_config(**overrides: Any) -> ModelConfig:
@@ -44,8 +41,6 @@ def build_model(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: 
     non-trivial so that a test cannot pass because they happen to be 0 or 1."""
     torch.manual_seed(seed)
     model = Transformer(tiny_config(**overrides)).to(dtype)
-    if model.output_ids is not None:
-        model.set_output_ids(OUTPUT_IDS[: model.cfg.output_vocab_size])
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() == 1:
@@ -56,12 +51,6 @@ def build_model(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: 
 @pytest.fixture
 def tiny_cfg() -> ModelConfig:
     return tiny_config()
-
-
-@pytest.fixture
-def output_ids() -> list[int]:
-    """The output vocabulary that :func:`build_model` gives a model with ``output_vocab_size``."""
-    return list(OUTPUT_IDS)
 
 
 @pytest.fixture

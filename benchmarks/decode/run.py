@@ -193,7 +193,7 @@ def summarise(cell: dict, ref_outs, forced: int | None) -> dict:
 
 # ---- models and data --------------------------------------------------------------------------
 def load_trained(run: Path):
-    from transformer.train.checkpoint import load_model
+    from transformer.run import load_model
 
     model, meta = load_model(run)
     return model.float().eval(), Subwords.load(run / "subwords.model"), meta["path"]

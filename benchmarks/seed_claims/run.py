@@ -231,7 +231,7 @@ def _plt():
 
 
 def _save(fig, path: Path) -> None:
-    from transformer.fileio import atomic_write
+    from transformer.run.files import atomic_write
 
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
     _plt().close(fig)
@@ -412,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
                                          args.seed)
         results["gradients"]["command"] = command
         plot_gradients(results["gradients"], args.out / "gradients.png")
-    from transformer.fileio import write_text_atomic
+    from transformer.run.files import write_text_atomic
 
     write_text_atomic(path, json.dumps(results, indent=1) + "\n")
     print(f"wrote {path} in {time.perf_counter() - started:.0f}s\n")

@@ -40,10 +40,6 @@ class ModelConfig:
     ffn_activation: str = "relu"  # relu (paper), gelu, silu, or swiglu (gated, 3 matrices)
     sinusoid_layout: str = "interleaved"  # paper: sin on even dims, cos on odd; concat: [sin | cos]
     output_bias: bool = False  # a bias on the vocabulary projection (Marian has one)
-    # Logits only for this many target ids (the model's ``output_ids`` buffer, e.g. the
-    # subwords of the target training text); every other id gets -inf and is never produced.
-    # None: the whole target vocabulary.
-    output_vocab_size: int | None = None
     layer_norm_eps: float = 1e-5
     pad_id: int = 0
     bos_id: int = 1
@@ -70,9 +66,6 @@ class ModelConfig:
             need(self.tgt_vocab_size > 0, "tgt_vocab_size must be positive")
             need(not self.tie_embeddings or self.tgt_vocab_size == self.vocab_size,
                  "tie_embeddings needs one shared vocabulary (tgt_vocab_size None or equal to vocab_size)")
-        if self.output_vocab_size is not None:
-            need(0 < self.output_vocab_size <= self.target_vocab_size,
-                 f"output_vocab_size must be in [1, {self.target_vocab_size}], got {self.output_vocab_size}")
         for name in ("pad_id", "bos_id", "eos_id"):
             v = getattr(self, name)
             need(0 <= v < min(self.vocab_size, self.target_vocab_size),
@@ -101,6 +94,12 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+        d = dict(d)
+        if d.get("output_vocab_size", "absent") is None:  # written by versions that had restrict_output
+            del d["output_vocab_size"]
+        if "output_vocab_size" in d:
+            raise ValueError("ModelConfig: output_vocab_size (restrict_output) is no longer supported; "
+                             "retrain without restrict_output")
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - names)
         if unknown:

@@ -11,8 +11,11 @@ import torch
 
 from .data import Subwords
 from .decode import Ensemble, Hypothesis, beam_search, greedy_search, pad_batch
-from .decode.precision import check_precision, for_inference
+from .decode.config import DecodingConfig
+from .decode.precision import for_inference
+from .errors import UserError
 from .model import Transformer
+from .run import CONFIG, find_subwords, load_model, read_run_config, run_file
 
 
 @dataclass(frozen=True)
@@ -22,42 +25,45 @@ class Translation:
     tokens: list[int]
 
 
-def _check_beam(beam_size: int) -> None:
-    if beam_size < 1:
-        raise ValueError(f"beam size must be at least 1, got {beam_size}")
-
-
 class Translator:
     """Translate lines with a trained model and the subword model it was trained with.
 
     Lines are encoded exactly as in training, sorted by length into batches of at most
-    ``max_tokens`` source tokens, decoded, and returned in input order. ``model`` may be an
-    :class:`~transformer.decode.Ensemble` of models that share ``subwords``. ``precision``
-    (fp32, bf16 or int8; see :mod:`transformer.decode.precision`) decodes with a converted
-    copy of the model; the model passed in is left as it was. An empty (or
-    whitespace-only) line gives an empty translation. A line longer than the model can
-    take is cut to its first ``max_len - 1`` subwords with a warning.
+    ``decoding.max_tokens`` source tokens, decoded (``decoding.beam`` 1: greedy search,
+    else beam search), and returned in input order. ``model`` may be an
+    :class:`~transformer.decode.Ensemble` of models that share ``subwords``.
+    ``decoding.precision`` (fp32, bf16 or int8; see :mod:`transformer.decode.precision`)
+    decodes with a converted copy of the model; the model passed in is left as it was. An
+    empty (or whitespace-only) line gives an empty translation. A line longer than the model
+    can take is cut to its first ``max_len - 1`` subwords with a warning (``warn=False``:
+    only counted in ``truncated``).
+
+        translator = Translator.from_pretrained("runs/demo")   # the run's own decoding settings
+        translator.translate(["A dog runs."])
     """
 
-    def __init__(self, model: Transformer | Ensemble, subwords: Subwords, beam_size: int = 4, alpha: float = 0.6,
-                 max_tokens: int = 4000, max_len_a: float = 1.0, max_len_b: int = 50,
-                 device: str | torch.device = "cpu", warn: bool = True, precision: str = "fp32") -> None:
-        _check_beam(beam_size)
-        self.model = for_inference(model.to(device), precision)
-        self.precision = precision
+    def __init__(self, model: Transformer | Ensemble, subwords: Subwords, decoding: DecodingConfig | None = None,
+                 *, warn: bool = True) -> None:
+        self.decoding = decoding or DecodingConfig()
+        self.model = for_inference(model.to(self.decoding.device), self.decoding.precision)
         self.subwords = subwords
-        self.beam_size, self.alpha = beam_size, alpha
-        self.max_tokens = max_tokens
-        self.max_len_a, self.max_len_b = max_len_a, max_len_b
-        self.device = torch.device(device)
+        self.device = torch.device(self.decoding.device)
         self.truncated = 0  # lines cut to fit, over this translator's life
-        self.warn = warn  # False: only count them (the CLI prints one summary line)
+        self.warn = warn
 
-    def with_beam(self, beam_size: int) -> "Translator":
-        """The same translator (the same model, already at its precision) with another beam size."""
-        _check_beam(beam_size)
+    @classmethod
+    def from_pretrained(cls, path: str | Path | list[str | Path], *, warn: bool = True, **options) -> "Translator":
+        """A translator for a run directory (or a weights file in one; several: an
+        ensemble), decoding as the run's recipe does unless ``options`` (fields of
+        :class:`DecodingConfig`, e.g. ``beam=1``) say otherwise."""
+        return load_translator(path, warn=warn, **options)
+
+    def with_decoding(self, **changes) -> "Translator":
+        """The same translator (the same model, already converted) with other search settings."""
+        if {"precision", "device"} & set(changes):
+            raise ValueError("with_decoding: precision and device need a new Translator (the model is converted)")
         other = copy.copy(self)
-        other.beam_size, other.truncated = beam_size, 0
+        other.decoding, other.truncated = self.decoding.replace(**changes), 0
         return other
 
     def encode(self, line: str) -> list[int]:
@@ -72,10 +78,11 @@ class Translator:
         return ids + [self.model.cfg.eos_id]
 
     @torch.inference_mode()
-    def translate_nbest(self, lines: list[str], n_best: int = 1) -> list[list[Translation]]:
-        """For each line, its ``n_best`` translations, best first."""
-        if not 1 <= n_best <= self.beam_size:
-            raise ValueError(f"n_best must be between 1 and the beam size ({self.beam_size})")
+    def translate_nbest(self, lines: list[str], n_best: int | None = None) -> list[list[Translation]]:
+        """For each line, its ``n_best`` (default ``decoding.n_best``) translations, best first."""
+        n_best = self.decoding.n_best if n_best is None else n_best
+        if not 1 <= n_best <= self.decoding.beam:
+            raise ValueError(f"n_best must be between 1 and the beam size ({self.decoding.beam})")
         results: list[list[Translation]] = [[] for _ in lines]
         todo = [(i, self.encode(line)) for i, line in enumerate(lines) if line.strip()]
         for i, line in enumerate(lines):
@@ -85,7 +92,7 @@ class Translator:
         start = 0
         while start < len(todo):
             end = start + 1  # grow the batch while its padded size fits the budget
-            while end < len(todo) and (end + 1 - start) * len(todo[end][1]) <= self.max_tokens:
+            while end < len(todo) and (end + 1 - start) * len(todo[end][1]) <= self.decoding.max_tokens:
                 end += 1
             chunk = todo[start:end]
             src = pad_batch([ids for _, ids in chunk], self.model.cfg.pad_id, self.device)
@@ -98,34 +105,30 @@ class Translator:
         return [r[0].text for r in self.translate_nbest(lines, 1)]
 
     def _decode(self, src: torch.Tensor, n_best: int) -> list[list[Hypothesis]]:
-        if self.beam_size == 1:
-            return greedy_search(self.model, src, self.max_len_a, self.max_len_b)
-        return beam_search(self.model, src, self.beam_size, self.alpha, n_best, self.max_len_a, self.max_len_b)
+        d = self.decoding
+        if d.beam == 1:
+            return greedy_search(self.model, src, d.max_len_a, d.max_len_b)
+        return beam_search(self.model, src, d.beam, d.alpha, n_best, d.max_len_a, d.max_len_b)
 
     def _to_text(self, h: Hypothesis) -> Translation:
         ids = [t for t in h.tokens if t != self.model.cfg.eos_id]
         return Translation(self.subwords.decode(ids), h.score, ids)
 
 
-def load_translator(models: str | Path | list[str | Path], **kwargs) -> Translator:
-    """A Translator from a run directory (its subword model and its preferred weights:
-    averaged, else best, else the latest checkpoint) or from a weights file inside one.
-    Several paths decode as an :class:`~transformer.decode.Ensemble`; they must share
-    one subword model (e.g. checkpoints of one run)."""
-    from .errors import UserError
-    from .train.checkpoint import load_model
-
+def load_translator(models: str | Path | list[str | Path], *, warn: bool = True, **options) -> Translator:
+    """A Translator from a run directory (its subword model, its preferred weights:
+    averaged, else best, else the latest checkpoint, and the ``decoding`` settings of its
+    config.yaml) or from a weights file inside one. ``options`` are fields of
+    :class:`DecodingConfig` that override the run's settings (None: keep them). Several
+    paths decode as an :class:`~transformer.decode.Ensemble`; they must share one subword
+    model (e.g. checkpoints of one run), and the first one's run gives the settings."""
     paths = [Path(models)] if isinstance(models, (str, Path)) else [Path(p) for p in models]
     if not paths:
         raise UserError("no model given")
-    device = kwargs.get("device", "cpu")
-    try:  # before loading anything: fail fast
-        check_precision(kwargs.get("precision", "fp32"), device)
-    except ValueError as e:
-        raise UserError(f"--{e}") from None
+    decoding = run_decoding(paths[0], {k: v for k, v in options.items() if v is not None})
     loaded, subwords_file = [], None
     for path in paths:
-        model, _ = load_model(path, device)
+        model, _ = load_model(path, decoding.device)
         found = find_subwords(path)
         if subwords_file is None:
             subwords_file = found
@@ -138,16 +141,22 @@ def load_translator(models: str | Path | list[str | Path], **kwargs) -> Translat
         if subwords.vocab_size != model.cfg.target_vocab_size:
             raise UserError(f"{subwords_file}: {subwords.vocab_size} subwords, but the model in {path} was built for "
                             f"{model.cfg.target_vocab_size}; these files belong to different runs")
-    return Translator(loaded[0] if len(loaded) == 1 else Ensemble(loaded), subwords, **kwargs)
+    return Translator(loaded[0] if len(loaded) == 1 else Ensemble(loaded), subwords, decoding, warn=warn)
 
 
-def find_subwords(path: str | Path) -> Path:
-    """The subwords.model of the run that ``path`` (a run directory, a checkpoint or a
-    weights file in one) belongs to."""
-    from .errors import UserError
-    from .train.checkpoint import run_file
-
-    found = run_file(path, "subwords.model")
-    if found is None:
-        raise UserError(f"{path}: no subwords.model found beside the weights; give the run directory")
-    return found
+def run_decoding(path: str | Path, options: dict | None = None) -> DecodingConfig:
+    """The decoding settings for a model path: the defaults, then the ``decoding`` section of
+    its run's config.yaml, then ``options`` (field: value; from the command line, named
+    ``--field``). Checked before anything big is loaded: a bad value is a one-line error."""
+    run = read_run_config(path).get("decoding") or {}
+    if not isinstance(run, dict):
+        raise UserError(f"{run_file(path, CONFIG)}: decoding must be a mapping of setting: value")
+    try:
+        base = DecodingConfig.from_dict(run, where=f"{run_file(path, CONFIG)}: decoding")
+    except (ValueError, TypeError) as e:
+        raise UserError(f"{run_file(path, CONFIG)}: decoding: {e}") from None
+    try:
+        return base.replace(**(options or {}))
+    except ValueError as e:  # the message starts with the field's name: give it its option's spelling
+        name, _, rest = str(e).partition(" ")
+        raise UserError(f"--{name.replace('_', '-')} {rest}") from None

@@ -72,7 +72,7 @@ def test_train_bad_input(case, cli, bad, trained, tmp_path, one_line_error):
 # Values of the wrong type are not validated by TrainConfig: some end in a traceback deep in
 # the training loop, the others in a UserError that does not say which option was wrong.
 BAD_VALUES = ["max_steps=abc", "label_smoothing=abc", "peak_lr=abc", "clip_norm=abc", "threads=abc", "seed=-1",
-              "subword_dropout=1.0", "subword_dropout=-0.1"]
+              "decoding.beam=0", "decoding.top_p=0"]
 
 
 @pytest.mark.parametrize("setting", BAD_VALUES)

@@ -20,7 +20,7 @@ def expected(trained):
     """The translations of the validation set and their sacreBLEU scores, computed directly."""
     src = trained.corpus["valid_src"].read_text(encoding="utf-8").splitlines()
     ref = trained.corpus["valid_tgt"].read_text(encoding="utf-8").splitlines()
-    hyps = load_translator(trained.run, beam_size=4).translate(src)
+    hyps = load_translator(trained.run, beam=4).translate(src)
     bleu, chrf = sacrebleu.BLEU(), sacrebleu.CHRF()
     return {
         "hyps": hyps,
@@ -71,7 +71,7 @@ def test_evaluate_an_ensemble(trained, cli):
     assert data["model"] == models and data["n_sentences"] == 20
     src = trained.corpus["valid_src"].read_text(encoding="utf-8").splitlines()
     ref = trained.corpus["valid_tgt"].read_text(encoding="utf-8").splitlines()
-    hyps = load_translator(models, beam_size=4).translate(src)
+    hyps = load_translator(models, beam=4).translate(src)
     assert data["bleu"] == pytest.approx(sacrebleu.BLEU().corpus_score(hyps, [ref]).score)
 
 

@@ -22,7 +22,7 @@ LINES = [
 @pytest.fixture(scope="module")
 def alone(trained):
     """line -> its translation when translated on its own (beam 4, the CLI's default)."""
-    tr = load_translator(trained.run, beam_size=4)
+    tr = load_translator(trained.run, beam=4)
     return {line: tr.translate([line])[0] for line in LINES}
 
 
@@ -126,7 +126,7 @@ def test_n_best(trained, cli, alone):
 
 
 def test_greedy(trained, cli):
-    greedy = load_translator(trained.run, beam_size=1)
+    greedy = load_translator(trained.run, beam=1)
     r = cli("translate", "--model", trained.run, "--beam", 1, stdin="\n".join(LINES) + "\n")
     assert r.code == 0, r.err
     assert r.out.splitlines() == greedy.translate(LINES)
@@ -175,11 +175,11 @@ def test_lower_precisions_translate_like_fp32(trained, cli, alone, precision):
 def test_with_beam_shares_the_converted_model(trained):
     """The service keeps one Translator per beam size: each shares the converted model and
     translates like a Translator built for that beam size."""
-    tr = load_translator(trained.run, beam_size=4, precision="bf16")
+    tr = load_translator(trained.run, beam=4, precision="bf16")
     greedy = tr.with_beam(1)
     assert greedy.model is tr.model and greedy.precision == "bf16"
     assert (greedy.beam_size, tr.beam_size) == (1, 4)
-    assert greedy.translate(LINES) == load_translator(trained.run, beam_size=1, precision="bf16").translate(LINES)
+    assert greedy.translate(LINES) == load_translator(trained.run, beam=1, precision="bf16").translate(LINES)
 
 
 def _nbest_scores(r) -> list[tuple[str, float]]:

@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 
 from transformer.errors import UserError
 from transformer.train import distributed
-from transformer.train.checkpoint import unique_state_dict
+from transformer.run import unique_state_dict
 from transformer.train.config import load_config
 from transformer.train.trainer import Trainer
 

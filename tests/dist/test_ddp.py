@@ -18,7 +18,8 @@ import torch
 from dist_helpers import TORCHRUN, env, read_metrics, run_worker, shared_dir, train_records
 from safetensors.torch import load_file
 
-from transformer.train.checkpoint import checkpoint_dirs, load_training_state, read_weights
+from transformer.run import checkpoint_dirs, read_weights
+from transformer.train.checkpoint import load_training_state
 from transformer.train.distributed import reshard_position
 from transformer.train.trainer import Trainer
 

@@ -24,7 +24,7 @@ from export_models import VARIANTS, VOCAB, random_model, random_sources  # noqa:
 from transformer.data import Subwords  # noqa: E402
 from transformer.decode import beam_search, greedy_search, pad_batch  # noqa: E402
 from transformer.interop.ctranslate2 import save_ctranslate2, to_ctranslate2_spec  # noqa: E402
-from transformer.train.checkpoint import load_model  # noqa: E402
+from transformer.run import load_model  # noqa: E402
 
 SUPPRESS = [["<pad>"], ["<s>"]]  # only for random models, which give PAD and BOS real mass
 MAX_LEN = 60  # far above any output below: CT2 and ours treat the length limit differently

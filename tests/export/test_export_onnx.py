@@ -15,7 +15,7 @@ from export_models import VARIANTS, random_model, random_sources  # noqa: E402
 from transformer.data import Subwords  # noqa: E402
 from transformer.decode import greedy_search, pad_batch  # noqa: E402
 from transformer.interop.onnx import check_onnx, export_onnx, greedy_onnx  # noqa: E402
-from transformer.train.checkpoint import load_model  # noqa: E402
+from transformer.run import load_model  # noqa: E402
 
 TOL = 1e-4
 

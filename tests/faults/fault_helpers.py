@@ -23,7 +23,8 @@ def check_run_dir(run: Path, finished: bool = False) -> None:
     config.yaml, subwords.model and best.safetensors read, and every metrics.jsonl line
     parses (a torn last line is allowed only in a run that was killed, not a finished one)."""
     from transformer.data import Subwords
-    from transformer.train.checkpoint import checkpoint_dirs, load_training_state, read_weights
+    from transformer.run import checkpoint_dirs, read_weights
+    from transformer.train.checkpoint import load_training_state
 
     root = run / "checkpoints"
     if root.is_dir():

@@ -12,6 +12,7 @@ import pytest
 from fault_helpers import check_run_dir
 
 from transformer.errors import UserError
+from transformer.run import checkpoint_dirs, latest_checkpoint
 from transformer.train import checkpoint as ckpt
 from transformer.train.trainer import Trainer
 
@@ -55,9 +56,9 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous(run, make_cfg, log
     assert "resumed from" in log.text() and "step-0000002 (step 2)" in log.text()
     # Set aside for inspection, out of the way of translation, resume and keep_last.
     assert (run / "checkpoints/corrupt-step-0000004").is_dir()
-    assert [p.name for p in ckpt.checkpoint_dirs(run)] == ["step-0000002"]
+    assert [p.name for p in checkpoint_dirs(run)] == ["step-0000002"]
     assert trainer.train()["step"] == 6
-    assert [p.name for p in ckpt.checkpoint_dirs(run)] == ["step-0000002", "step-0000004", "step-0000006"]
+    assert [p.name for p in checkpoint_dirs(run)] == ["step-0000002", "step-0000004", "step-0000006"]
     check_run_dir(run, finished=True)
 
 
@@ -76,7 +77,7 @@ def test_checkpoint_of_another_config_is_refused_not_skipped(run, make_cfg, tmp_
     though an older, fitting checkpoint exists (a wrong model is never silently skipped)."""
     other = tmp_path / "other"
     Trainer(make_cfg("max_steps=1", "model.d_model=48", "model.n_heads=2"), other, log=lambda *a: None).train()
-    shutil.copy(ckpt.latest_checkpoint(other) / "model.safetensors", run / "checkpoints/step-0000004")
+    shutil.copy(latest_checkpoint(other) / "model.safetensors", run / "checkpoints/step-0000004")
     with pytest.raises(UserError, match="another model config or vocabulary"):
         Trainer(make_cfg(*RUN), run, log=lambda *a: None)
 
@@ -110,7 +111,7 @@ def test_repair_metrics_unit(tmp_path):
 
 def test_leftovers_of_a_crash_are_removed(run, make_cfg):
     leftovers = [run / ".prepare.abc123", run / ".config.yaml.x1.tmp", run / ".best.safetensors.x2.tmp",
-                 run / "learning_curve.tmp.png", run / "checkpoints/.old-step-0000001",
+                 run / ".learning_curve.png.x3.tmp", run / "checkpoints/.old-step-0000001",
                  run / "checkpoints/.step-0000009.q"]
     for p in leftovers:
         if p.suffix in (".tmp", ".png"):

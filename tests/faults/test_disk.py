@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 
 from transformer.errors import UserError
+from transformer.run import checkpoint_dirs
+from transformer.run import files as run_files
+from transformer.run import weights as run_weights
 from transformer.train import checkpoint as ckpt
 from transformer.train.trainer import Trainer
 
@@ -35,9 +38,9 @@ def _snapshot(path: Path) -> dict[str, bytes]:
 
 
 def _assert_intact(run: Path, before: dict[str, bytes]) -> None:
-    assert [p.name for p in ckpt.checkpoint_dirs(run)] == ["step-0000002"]
+    assert [p.name for p in checkpoint_dirs(run)] == ["step-0000002"]
     assert _snapshot(run / "checkpoints/step-0000002") == before
-    ckpt.read_weights(run / "checkpoints/step-0000002/model.safetensors")
+    run_weights.read_weights(run / "checkpoints/step-0000002/model.safetensors")
     ckpt.load_training_state(run / "checkpoints/step-0000002")
     assert not [p for p in (run / "checkpoints").iterdir() if p.name.startswith(".")], "temporary left behind"
 
@@ -51,14 +54,14 @@ def test_disk_full_in_mid_checkpoint(run, make_cfg, monkeypatch, where):
     before = _snapshot(run / "checkpoints/step-0000002")
     trainer = Trainer(make_cfg("max_steps=4", "save_every=2"), run, log=lambda *a: None)
     if where == "weights":  # the weights file half-written, then the disk is full
-        real = ckpt.save_file
+        real = run_weights.save_file
 
         def save_file(tensors, path, metadata=None):
             real(tensors, path, metadata=metadata)
             Path(path).write_bytes(Path(path).read_bytes()[:1000])
             _enospc()
 
-        monkeypatch.setattr(ckpt, "save_file", save_file)
+        monkeypatch.setattr(run_weights, "save_file", save_file)
     else:
         monkeypatch.setattr(ckpt.torch, "save", _enospc)
     with pytest.raises(UserError) as e:
@@ -81,7 +84,7 @@ def test_unwritable_run_dir_while_saving(run, make_cfg, monkeypatch):
     def mkdtemp(*args, **kwargs):
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(run / "checkpoints"))
 
-    monkeypatch.setattr(ckpt.tempfile, "mkdtemp", mkdtemp)
+    monkeypatch.setattr(run_files.tempfile, "mkdtemp", mkdtemp)
     with pytest.raises(UserError, match="could not save a checkpoint .Permission denied.; the previous"):
         trainer.train()
     _assert_intact(run, before)
@@ -113,7 +116,7 @@ def test_disk_full_writing_metrics_or_best_weights(run, make_cfg, monkeypatch):
         Path(path).write_bytes(Path(path).read_bytes()[:500])
         _enospc()
 
-    monkeypatch.setattr(ckpt, "save_file", half_then_full)  # best.safetensors goes through atomic_write
+    monkeypatch.setattr(run_weights, "save_file", half_then_full)  # best.safetensors goes through atomic_write
     with pytest.raises(UserError, match="best.safetensors: cannot write .No space left on device.; any earlier"):
         trainer.train()
     assert (run / "best.safetensors").read_bytes() == best

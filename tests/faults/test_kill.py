@@ -12,7 +12,7 @@ import time
 
 from fault_helpers import TRANSFORMER, check_run_dir, subprocess_env
 
-from transformer.train.checkpoint import checkpoint_dirs
+from transformer.run import checkpoint_dirs
 from transformer.translator import load_translator
 
 KILLS = 3
@@ -72,5 +72,5 @@ def test_sigkill_at_random_moments_never_corrupts_the_run(tmp_path, write_config
     recs = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in recs if "event" not in r] == list(range(1, max_steps + 1))
     assert recs[-1]["event"] == "stop" and recs[-1]["reason"] == "max_steps"
-    assert load_translator(run, beam_size=1).translate(["red dog"])[0] is not None
+    assert load_translator(run, beam=1).translate(["red dog"])[0] is not None
     print("\n".join(moments), f"\nresumed from {resumed_from} then {latest}")

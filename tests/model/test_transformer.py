@@ -54,22 +54,17 @@ def test_untied_embeddings_are_separate(make_model):
 
 # ---- causality and padding -----------------------------------------------------------------
 
-def kept(model: Transformer, logits):
-    """The columns of the ids the model can produce (a restricted output gives the others -inf)."""
-    return logits if model.output_ids is None else logits.index_select(-1, model.output_ids)
-
-
 def test_no_future_target_token_changes_earlier_logits(variant_model, rand_tokens):
     model = variant_model
     v = model.cfg.target_vocab_size
     src = rand_tokens([6, 4])
     tgt = with_bos(rand_tokens([6, 6], vocab=v))
-    base = kept(model, model(src, tgt))
+    base = model(src, tgt)
     for t in range(tgt.size(1) - 1):
         changed = tgt.clone()
         changed[:, t + 1:] = 3 + (tgt[:, t + 1:] - 2) % (v - 3)  # every later token replaced by another real one
         assert (changed[:, t + 1:] != tgt[:, t + 1:]).all()
-        out = kept(model, model(src, changed))
+        out = model(src, changed)
         assert (out[:, : t + 1] - base[:, : t + 1]).abs().max().item() < 1e-6, f"leak into position {t}"
         assert (out[:, t + 1] - base[:, t + 1]).abs().max().item() > 1e-4  # and the change is visible
 
@@ -89,12 +84,12 @@ def test_extra_source_padding_never_changes_the_logits(variant_model, rand_token
     src5 = rand_tokens([4], width=5)
     src12 = F.pad(src5, (0, 7), value=0)
     tgt = with_bos(rand_tokens([4], vocab=model.cfg.target_vocab_size))
-    diff = (kept(model, model(src5, tgt)) - kept(model, model(src12, tgt))).abs().max().item()
+    diff = (model(src5, tgt) - model(src12, tgt)).abs().max().item()
     assert diff < 1e-5
     # and in a batch beside a longer sentence
     batch = torch.cat([src12, rand_tokens([12])])
-    both = kept(model, model(batch, tgt.expand(2, -1)))
-    assert (both[0] - kept(model, model(src5, tgt))[0]).abs().max().item() < 1e-5
+    both = model(batch, tgt.expand(2, -1))
+    assert (both[0] - model(src5, tgt)[0]).abs().max().item() < 1e-5
     assert (both[1] - both[0]).abs().max().item() > 1e-3  # the other sentence is not ignored
 
 
@@ -105,8 +100,8 @@ def test_forward_with_select_returns_only_the_selected_positions(variant_model, 
     tgt = with_bos(rand_tokens([4, 2, 3], vocab=model.cfg.target_vocab_size))
     select = torch.zeros_like(tgt, dtype=torch.bool)
     select[0, :5], select[1, :3], select[2, :4] = True, True, True
-    full = kept(model, model(src, tgt))
-    picked = model(src, tgt, select)  # over the output vocabulary: all ids, or output_ids
+    full = model(src, tgt)
+    picked = model(src, tgt, select)
     assert picked.shape == (12, full.size(-1))
     assert (picked - full[select]).abs().max().item() < 1e-6  # row-major order: sentence 0 first
 
@@ -154,8 +149,7 @@ def test_cached_decoding_equals_full_forward(variant_model, rand_tokens, chunks)
     full = model(src, tgt)
     cached = decode_in_chunks(model, src, tgt, chunks)
     assert cached.shape == full.shape
-    assert torch.equal(torch.isinf(cached), torch.isinf(full))  # a restricted output's -inf columns
-    assert (kept(model, cached) - kept(model, full)).abs().max().item() < 1e-5
+    assert (cached - full).abs().max().item() < 1e-5
 
 
 def test_int8_quantised_model_decodes_like_its_full_forward(make_model, rand_tokens):

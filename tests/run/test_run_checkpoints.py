@@ -12,7 +12,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from transformer.train.checkpoint import checkpoint_dirs, load_model, read_weights
+from transformer.run import checkpoint_dirs, load_model, read_weights
 from transformer.train.trainer import Trainer
 
 # Saves at 2 and 4 and (not a multiple of save_every) at the end, 5; evaluates at 3 and at the end.

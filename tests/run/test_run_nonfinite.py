@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from transformer.errors import UserError
-from transformer.train.checkpoint import checkpoint_dirs, latest_checkpoint, unique_state_dict
+from transformer.run import checkpoint_dirs, latest_checkpoint, unique_state_dict
 from transformer.train.trainer import Trainer
 
 

@@ -11,7 +11,7 @@ import yaml
 
 from transformer.data import train_subwords
 from transformer.errors import UserError
-from transformer.train.checkpoint import latest_checkpoint, load_model
+from transformer.run import latest_checkpoint, load_model
 from transformer.train.trainer import Trainer
 from transformer.translator import load_translator
 

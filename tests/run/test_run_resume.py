@@ -142,25 +142,3 @@ def test_dropout_ramp_in_training_and_resume(straight, tmp_path, make_cfg, metri
     Trainer(make_cfg(*common, "max_steps=4"), half, log=lambda *a: None).train()
     Trainer(make_cfg(*common, "max_steps=8"), half, log=lambda *a: None).train()
     assert same_weights(weights(run), weights(half))
-
-
-def test_resume_with_subword_dropout_is_bit_exact(tmp_path, make_cfg, metrics, log):
-    """BPE-dropout re-segments the text each epoch: with 30 pairs an epoch is a few updates,
-    so 8 updates cross epochs, and the resumed run (another Trainer, and for the segments
-    another draw) must see the same pieces, batches and dropout masks."""
-    from transformer.train.prepare import EpochExamples
-
-    common = (*COMMON, "subword_dropout=0.2", "train_limit=30")
-    straight = tmp_path / "straight"
-    trainer = Trainer(make_cfg(*common, "max_steps=8"), straight, log=log)
-    assert "subword dropout 0.2:" in log.text()
-    assert trainer.train()["step"] == 8
-    assert train_records(metrics(straight))[8]["epoch"] >= 2
-    half = tmp_path / "half"
-    Trainer(make_cfg(*common, "max_steps=4"), half, log=lambda *a: None).train()
-    Trainer(make_cfg(*common, "max_steps=8"), half, log=lambda *a: None).train()
-    assert same_weights(weights(straight), weights(half))
-    # The control: the segmentation really changes from epoch to epoch.
-    examples = trainer.examples
-    assert isinstance(examples, EpochExamples)
-    assert examples(0) != examples(1) and examples(0) != trainer.data.train

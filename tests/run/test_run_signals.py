@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from transformer.train.checkpoint import checkpoint_dirs, read_weights
+from transformer.run import checkpoint_dirs, read_weights
 from transformer.train.trainer import Trainer
 
 

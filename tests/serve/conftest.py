@@ -56,7 +56,7 @@ def translator(run_dir):
     """The reference: the same model loaded in-process, default settings (beam 4)."""
     from transformer.translator import load_translator
 
-    return load_translator(run_dir, beam_size=4)
+    return load_translator(run_dir, beam=4)
 
 
 @dataclass

@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from transformer.decode.config import DecodingConfig
 from transformer.serve.attention import attention_maps
 
 
@@ -53,8 +54,8 @@ def test_n_best_with_scores_equals_the_translator(server, translator, sentences)
 def test_concurrent_requests_with_different_beams_each_get_their_own_beam(server, run_dir, sentences):
     from transformer.translator import load_translator
 
-    greedy = load_translator(run_dir, beam_size=1).translate(sentences)
-    beam4 = load_translator(run_dir, beam_size=4).translate(sentences)
+    greedy = load_translator(run_dir, beam=1).translate(sentences)
+    beam4 = load_translator(run_dir, beam=4).translate(sentences)
     jobs = [(i, beam) for i in range(len(sentences)) for beam in (1, 4)]
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda job: server.post("/translate", {"text": sentences[job[0]], "beam": job[1]}),
@@ -103,7 +104,7 @@ def test_attention_equals_the_maps_computed_in_process(server, translator, sente
     assert code == 200, body
     from transformer.translator import Translator
 
-    beam2 = Translator(translator.model, translator.subwords, beam_size=2)
+    beam2 = Translator(translator.model, translator.subwords, DecodingConfig(beam=2))
     want = attention_maps(beam2, sentences[0])
     for key in ("translation", "source_tokens", "target_tokens", "cross", "encoder_self"):
         assert body[key] == want[key], key
@@ -175,7 +176,7 @@ def test_lower_precision_serves_what_the_translator_gives(run_dir, sentences, st
     that precision, the attention explorer works too, and /health says which precision."""
     from transformer.translator import load_translator
 
-    reference = load_translator(run_dir, beam_size=4, precision=precision)
+    reference = load_translator(run_dir, beam=4, precision=precision)
     server = start_another("--precision", precision, "--no-batching")
     assert server.get("/health")[1]["precision"] == precision
     for text in sentences[:4]:

@@ -25,7 +25,8 @@ def make_batch(sentences: list[tuple[list[int], list[int]]], width_src: int | No
         src[i, : len(s)] = torch.tensor(s)
         tgt_in[i, : len(t) + 1] = torch.tensor([BOS] + t)
         tgt_out[i, : len(t) + 1] = torch.tensor(t + [EOS])
-    return SimpleNamespace(src=src, tgt_in=tgt_in, tgt_out=tgt_out, n_tgt_tokens=int((tgt_out != PAD).sum()))
+    return SimpleNamespace(src=src, tgt_in=tgt_in, tgt_out=tgt_out, inputs=(src, tgt_in),
+                           n_tgt_tokens=int((tgt_out != PAD).sum()))
 
 
 FIRST = [([3, 4, 5, 6], [7, 8]), ([9, 3], [4, 5, 6, 7, 8])]

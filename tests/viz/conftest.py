@@ -10,7 +10,7 @@ import torch
 
 from transformer import ModelConfig, Transformer
 from transformer.data.subwords import train_subwords
-from transformer.train.checkpoint import save_weights
+from transformer.run import save_weights
 
 TEXTS = [
     "The animal didn't cross the street because it was too tired.",

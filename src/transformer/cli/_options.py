@@ -1,14 +1,35 @@
-"""Options shared by several commands (a leading underscore: not a command module)."""
+"""Options shared by several commands (a leading underscore: not a command module).
+
+The decoding options are declared once, from :class:`~transformer.decode.config.DecodingConfig`:
+each defaults to the run's own setting (the ``decoding`` section of its config.yaml), else
+to the config's default, and is checked once, when the config is built."""
 from __future__ import annotations
 
 import argparse
 
+from ..decode.config import FIELDS
 from ..decode.precision import PRECISIONS
 
+_HELP = {
+    "beam": ("N", int, "beam size (1 = greedy search)"),
+    "alpha": ("A", float, "length penalty exponent"),
+    "n_best": ("N", int, "print the N best translations (tab-separated with scores)"),
+    "max_tokens": ("N", int, "source tokens per batch"),
+    "precision": ("P", str, f"CPU decoding arithmetic, one of {', '.join(PRECISIONS)}: bf16 weights or int8 "
+                            "weights (faster; the BLEU cost is measured in benchmarks/decode/README.md)"),
+    "device": ("DEVICE", str, "cpu or cuda[:N]"),
+}
 
-def add_precision_option(p: argparse.ArgumentParser) -> None:
-    """``--precision`` of translate, evaluate and serve. No argparse ``choices``: a bad value
-    is checked when the model is loaded and reported as one line, without the usage."""
-    p.add_argument("--precision", default="fp32",
-                   help=f"CPU decoding arithmetic, one of {', '.join(PRECISIONS)}: bf16 weights or int8 dynamic "
-                        "quantisation (faster; BLEU cost measured in benchmarks/decode/README.md)")
+
+def add_decoding_options(p: argparse.ArgumentParser, *names: str) -> None:
+    """``--beam``, ``--alpha``, ... for the named DecodingConfig fields. No argparse
+    ``choices``: a bad value is reported as one line naming the option, without the usage."""
+    for name in names:
+        metavar, kind, text = _HELP[name]
+        p.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, default=None, metavar=metavar,
+                       help=f"{text} (default: the run's decoding.{name}, else {FIELDS[name]})")
+
+
+def decoding_options(args: argparse.Namespace) -> dict:
+    """The decoding options given on the command line (the rest come from the run)."""
+    return {name: getattr(args, name) for name in FIELDS if getattr(args, name, None) is not None}

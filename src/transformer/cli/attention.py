@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from ._options import add_decoding_options, decoding_options
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("attention", help="draw the attention weights of one sentence and its translation")
@@ -15,12 +17,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--head", type=int, default=1, help="the enlarged head, from 1 (default: 1)")
     p.add_argument("--kind", choices=["all", "encoder", "decoder", "cross"], default="all",
                    help="which attention to draw in the PNG (default: all three)")
-    p.add_argument("--beam", type=int, default=4, help="beam size of the translation (1 = greedy)")
     p.add_argument("--target", help="use this translation instead of the model's own")
     p.add_argument("--focus", metavar="WORD", help="rank the encoder heads by attention from WORD ...")
     p.add_argument("--to", metavar="WORD", help="... to this WORD (e.g. --focus it --to animal)")
     p.add_argument("--vs", metavar="WORD", help="... and show the attention to this WORD beside it (e.g. --vs street)")
-    p.add_argument("--device", default="cpu")
+    add_decoding_options(p, "beam", "device")
     p.set_defaults(func=run)
 
 
@@ -37,8 +38,6 @@ def _check(args) -> None:
         raise UserError("--vs needs --focus and --to, e.g. --focus it --to animal --vs street")
     if args.html and args.out is None:
         raise UserError("--html needs --out FILE")
-    if args.beam < 1:
-        raise UserError(f"--beam must be at least 1, got {args.beam}")
 
 
 def _check_head(args, cfg) -> tuple[int, int]:
@@ -58,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from ..viz.maps import KINDS, collect_attention, format_links, prepare_pair, rank_heads
 
     _check(args)
-    translator = load_translator(args.model, beam_size=args.beam, device=args.device)
+    translator = load_translator(args.model, **decoding_options(args))
     layer, head = _check_head(args, translator.model.cfg)
     pair = prepare_pair(translator, args.sentence, args.target)
     maps = collect_attention(translator.model, pair, translator.subwords.id_to_piece)

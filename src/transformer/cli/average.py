@@ -15,7 +15,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..errors import UserError
-    from ..train.checkpoint import average_checkpoints, checkpoint_dirs
+    from ..run import average_checkpoints, checkpoint_dirs
 
     run_dir = Path(args.model)
     if args.last < 1:

@@ -5,7 +5,7 @@ import argparse
 import json
 import time
 
-from ._options import add_precision_option
+from ._options import add_decoding_options, decoding_options
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -20,13 +20,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                       "default: tgt_lang of the run's config.yaml, and without one it is not computed")
     p.add_argument("--data-dir", help="folder holding multi30k/ (default: $TRANSFORMER_DATA)")
     p.add_argument("--limit", type=int, default=0, help="score only the first N sentences (0 = all)")
-    p.add_argument("--beam", type=int, default=4)
-    p.add_argument("--alpha", type=float, default=0.6)
-    p.add_argument("--max-tokens", type=int, default=4000)
     p.add_argument("--output", help="also write the translations here")
     p.add_argument("--json", action="store_true", help="print the scores as JSON")
-    p.add_argument("--device", default="cpu")
-    add_precision_option(p)
+    add_decoding_options(p, "beam", "alpha", "max_tokens", "precision", "device")
     p.set_defaults(func=run)
 
 
@@ -34,12 +30,11 @@ def run(args: argparse.Namespace) -> int:
     from ..data import read_lines
     from ..errors import UserError
     from ..evaluate import score
-    from ..fileio import write_text_atomic
-    from ..translator import load_translator
+    from ..run.files import write_text_atomic
+    from ..translator import load_translator, run_decoding
     from .translate import report_truncated
 
-    if args.beam < 1:
-        raise UserError(f"--beam must be at least 1, got {args.beam}")
+    decoding = run_decoding(args.model[0], decoding_options(args))  # before the slow part: fail fast
     run_config = None  # the run's config.yaml, read once when something needs it
     if args.split:
         if args.src or args.ref:
@@ -61,9 +56,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.tgt_lang and run_config is None:
         run_config = _run_config(args.model[0])  # before the slow part: fail fast
     lang = args.tgt_lang or run_config.get("tgt_lang")
-    translator = load_translator(args.model, beam_size=args.beam, alpha=args.alpha,
-                                 max_tokens=args.max_tokens, device=args.device, warn=False,
-                                 precision=args.precision)
+    translator = load_translator(args.model, warn=False, **decoding.to_dict())
     t0 = time.perf_counter()
     hyps = translator.translate(src)
     report_truncated(translator)
@@ -73,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
         write_text_atomic(args.output, "".join(h + "\n" for h in hyps))
     lowercase = translator.subwords.lowercases
     if args.json:
-        print(json.dumps({**scores.to_dict(), "beam": args.beam, "precision": args.precision, "seconds": seconds,
+        print(json.dumps({**scores.to_dict(), "beam": decoding.beam, "alpha": decoding.alpha,
+                          "precision": decoding.precision, "seconds": seconds,
                           "model": args.model[0] if len(args.model) == 1 else args.model,
                           "lowercase_model": lowercase}))
     else:
@@ -81,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
         if lowercase:
             print("this model writes lower-case text (trained with lowercase: true): "
                   "compare its lower-cased figures; the cased BLEU counts every capital as an error")
-        print(f"beam {args.beam}, {args.precision}, {len(src)} sentences in {seconds:.1f}s")
+        print(f"beam {decoding.beam}, alpha {decoding.alpha}, {decoding.precision}, "
+              f"{len(src)} sentences in {seconds:.1f}s")
     return 0
 
 
@@ -103,19 +98,7 @@ def _split_pairs(args) -> tuple[list[str], list[str], dict]:
 
 
 def _run_config(model: str) -> dict:
-    """The config.yaml of the run that ``--model`` (a run directory or a weights file in one,
-    as deep as checkpoints/step-N/model.safetensors) belongs to; {} when there is none."""
-    import yaml
+    """The config.yaml of the run that ``--model`` belongs to; {} when there is none."""
+    from ..run import read_run_config
 
-    from ..errors import UserError
-    from ..train.checkpoint import run_file
-
-    path = run_file(model, "config.yaml")
-    if path is None:
-        return {}
-    try:
-        run = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: not a readable run config ({type(e).__name__}); "
-                        "restore it from the run or give --src/--ref and --tgt-lang") from None
-    return run if isinstance(run, dict) else {}
+    return read_run_config(model)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from ._options import add_decoding_options, decoding_options
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("explain", help="walk one sentence through the model step by step (the ten steps)")
@@ -12,9 +14,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--step", action="append", metavar="N",
                    help="print only step N (1..10; 3 means 3a-3c, or 3a, 3b, 3c); repeatable")
     p.add_argument("--json", action="store_true", help="print the steps as JSON")
-    p.add_argument("--beam", type=int, default=4, help="beam size of the translation (1 = greedy)")
     p.add_argument("--target", help="teacher-force this translation instead of the model's own")
-    p.add_argument("--device", default="cpu")
+    add_decoding_options(p, "beam", "device")
     p.set_defaults(func=run)
 
 
@@ -28,10 +29,8 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.sentence.strip():
         raise UserError("the sentence is empty; give some text to explain")
-    if args.beam < 1:
-        raise UserError(f"--beam must be at least 1, got {args.beam}")
     wanted = _steps(args.step)
-    translator = load_translator(args.model, beam_size=args.beam, device=args.device)
+    translator = load_translator(args.model, **decoding_options(args))
     pair = prepare_pair(translator, args.sentence, args.target)
     w = walk(translator.model, pair.src_ids, pair.tgt_ids, translator.subwords.id_to_piece)
     if wanted is not None:

@@ -11,9 +11,7 @@ a failure leaves no half-written DIR. DIR must not exist, or be an empty directo
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import tempfile
 from pathlib import Path
 
 FORMATS = ("ctranslate2", "marian", "onnx")
@@ -62,8 +60,7 @@ def _require(module: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..data import Subwords
     from ..errors import UserError
-    from ..train.checkpoint import load_model
-    from ..translator import find_subwords
+    from ..run import atomic_dir, find_subwords, load_model
 
     _check(args)
     _require({"ctranslate2": "ctranslate2", "marian": "transformers", "onnx": "onnxruntime"}[args.format])
@@ -77,38 +74,24 @@ def run(args: argparse.Namespace) -> int:
                         f"{model.cfg.target_vocab_size}; these files belong to different runs")
 
     out = Path(args.out).absolute()
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    except OSError as e:
-        raise UserError(f"{out}: cannot write ({e.strerror or e})") from None
-    try:
+
+    def fill(tmp: Path) -> None:
+        nonlocal note
         note = EXPORTERS[args.format](model, subwords, spm_path, tmp, args)
         shutil.copyfile(spm_path, tmp / "subwords.model")
         (tmp / "README.txt").write_text(README[args.format].format(weights=meta["path"]), encoding="utf-8")
-        for f in tmp.iterdir():  # the usual permissions (HF writes its weights 0600)
-            os.chmod(f, 0o666 & ~_umask())
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes a 0700 directory
-        if out.is_dir():
-            out.rmdir()  # empty (checked above); a rename onto it would fail on some systems
-        os.replace(tmp, out)
+
+    note = ""
+    try:
+        atomic_dir(out, fill)  # out is absent or empty (checked above)
     except ValueError as e:  # the model has something the format cannot express
         raise UserError(f"--format {args.format}: {e}") from None
     except OSError as e:
         raise UserError(f"{out}: cannot write ({e.strerror or e})") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     print(f"wrote {out} ({args.format}{note}) from {meta['path']}")
     return 0
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-# ---- the formats ------------------------------------------------------------------------------
 def _ctranslate2(model, subwords, spm_path, tmp: Path, args) -> str:
     from ..interop.ctranslate2 import save_ctranslate2
 

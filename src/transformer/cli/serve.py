@@ -5,7 +5,7 @@ import argparse
 import socket
 import sys
 
-from ._options import add_precision_option
+from ._options import add_decoding_options, decoding_options
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -13,17 +13,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", required=True, help="run directory or .safetensors file")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     p.add_argument("--port", type=int, default=8000, help="port (0: any free port; the address is printed)")
-    p.add_argument("--beam", type=int, default=4, help="beam size when a request names none (1 = greedy)")
-    p.add_argument("--alpha", type=float, default=0.6, help="length penalty exponent")
     p.add_argument("--max-batch", type=int, default=32, help="most texts decoded together")
     p.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a request waits for others to batch with")
     p.add_argument("--no-batching", action="store_true", help="decode each request alone (for comparison)")
     p.add_argument("--max-chars", type=int, default=1000, help="longest text accepted, in characters")
     p.add_argument("--max-texts", type=int, default=64, help="most texts in one request")
-    p.add_argument("--max-tokens", type=int, default=4000, help="source tokens per decoding batch")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
-    p.add_argument("--device", default="cpu")
-    add_precision_option(p)
+    p.add_argument("--max-beam", type=int, default=16, help="the largest beam a request may ask for")
+    add_decoding_options(p, "beam", "alpha", "max_tokens", "precision", "device")
     p.add_argument("--access-log", action="store_true", help="log every request")
     p.set_defaults(func=run)
 
@@ -36,10 +33,8 @@ def _settings(args: argparse.Namespace):
         raise UserError(f"--port must be between 0 and 65535, got {args.port}")
     if args.threads < 0:
         raise UserError(f"--threads must be at least 0, got {args.threads}")
-    if args.max_tokens < 1:
-        raise UserError(f"--max-tokens must be positive, got {args.max_tokens}")
     try:
-        return ServeConfig(beam=args.beam, max_beam=max(16, args.beam), max_batch=args.max_batch,
+        return ServeConfig(max_beam=args.max_beam, max_batch=args.max_batch,
                            max_wait_ms=args.max_wait_ms, batching=not args.no_batching,
                            max_chars=args.max_chars, max_texts=args.max_texts)
     except ValueError as e:  # the message names the setting; give it its option's spelling
@@ -73,20 +68,24 @@ def run(args: argparse.Namespace) -> int:
     import torch
     import uvicorn
 
+    from ..errors import UserError
     from ..serve import create_app
-    from ..translator import load_translator
+    from ..translator import load_translator, run_decoding
 
     cfg = _settings(args)
+    decoding = run_decoding(args.model, decoding_options(args))  # checked before the port is taken
+    if decoding.beam > cfg.max_beam:
+        raise UserError(f"--beam {decoding.beam} is larger than --max-beam {cfg.max_beam}")
     if args.threads:
         torch.set_num_threads(args.threads)
     sock = _listen(args.host, args.port)
     try:
-        translator = load_translator(args.model, beam_size=args.beam, alpha=args.alpha,
-                                     max_tokens=args.max_tokens, device=args.device, precision=args.precision)
+        translator = load_translator(args.model, **decoding.to_dict())
         app = create_app(translator, cfg, model_name=str(args.model))
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
-        print(f"transformer serve: http://{shown}:{port}/ (model {args.model}; {args.precision}; "
+        print(f"transformer serve: http://{shown}:{port}/ (model {args.model}; beam {decoding.beam}; "
+              f"{decoding.precision}; "
               f"{'batching up to ' + str(cfg.max_batch) if cfg.batching else 'no batching'})",
               file=sys.stderr, flush=True)
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=args.access_log,

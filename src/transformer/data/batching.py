@@ -211,6 +211,13 @@ class Batch:
     def __len__(self) -> int:
         return self.src.shape[0]
 
+    @property
+    def inputs(self) -> tuple[torch.Tensor, ...]:
+        """What the model reads before the labels: ``model(*batch.inputs)`` gives logits for
+        ``tgt_out``. The training step knows batches only through ``inputs``, ``tgt_out`` and
+        ``n_tgt_tokens``, so a batch of another task (one token stream) plugs in unchanged."""
+        return self.src, self.tgt_in
+
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         """A copy with the tensors on ``device``."""
         move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731

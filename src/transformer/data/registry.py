@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
+from ..run.files import atomic_write
 from .corpus import read_parallel
 
 __all__ = ["Dataset", "MULTI30K", "DATA_ENV_VAR", "find_data_dir", "load_multi30k", "fetch_url"]
@@ -123,18 +123,8 @@ def _download(dataset: Dataset, split: str, lang: str, folder: Path, fetch: Fetc
             f"checksum mismatch for {url}: expected sha256 {expected}, got {got}; "
             f"the download is corrupt or changed upstream: retry, or place a verified copy at {folder / name}"
         )
-    folder.mkdir(parents=True, exist_ok=True)
     target = folder / name
-    # Write beside the target and rename: a crash never leaves a half-written file under
-    # the final name, and os.replace is atomic on one file system.
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(target, lambda tmp: Path(tmp).write_bytes(data))  # a crash never leaves half a file
     return target
 
 

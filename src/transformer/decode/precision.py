@@ -43,12 +43,11 @@ def for_inference(model: nn.Module, precision: str = "fp32") -> nn.Module:
     if isinstance(model, Ensemble):  # each member on its own: the int8 path rebuilds a member's projection
         return Ensemble([for_inference(m, precision) for m in model.members])
     tied = getattr(model, "out_proj", "absent") is None
-    restricted_tied = tied and model.output_ids is not None
     float32 = all(p.dtype == torch.float32 for p in model.parameters() if p.is_floating_point())
-    if precision == "fp32" and float32 and not restricted_tied:
+    if precision == "fp32" and float32:
         return model.eval()
     out = copy.deepcopy(model).to(torch.bfloat16 if precision == "bf16" else torch.float32).eval()
-    if restricted_tied or (tied and precision == "int8"):  # int8: a projection of its own to quantise
+    if tied and precision == "int8":  # int8: a projection of its own to quantise
         _own_output_layer(out)
     if precision != "int8":
         return out
@@ -64,8 +63,6 @@ def _own_output_layer(model: nn.Module) -> None:
     row per output id (the rows an untied projection would hold), to quantise, or to avoid
     gathering a restricted output's rows from the embedding at every step."""
     weight = model.tgt_embed.weight.detach()
-    if model.output_ids is not None:
-        weight = weight.index_select(0, model.output_ids)
     # skip_init: no random initialisation, so building it draws nothing from the global RNG
     # (validation during training decodes through here, and resuming must stay exact)
     model.out_proj = nn.utils.skip_init(nn.Linear, model.cfg.d_model, weight.size(0), bias=False,

@@ -158,7 +158,7 @@ def to_ctranslate2_spec(model: Transformer, vocab: list[str]) -> "TransformerSpe
         _linear(ls.attention.linear[2], cross.out_proj)
         _norm(ls.attention.layer_norm, layer.cross_block.norm)
         _ffn(ls.ffn, layer.ffn_block, layer.ffn)
-    out_weight, out_bias = model.dense_output_layer()  # a restricted output: -1e4 bias on the ids it lacks
+    out_weight, out_bias = model.output_layer()
     dec.projection.weight = _np(out_weight)  # tied: equal arrays are stored once (aliases)
     if out_bias is not None:
         dec.projection.bias = _np(out_bias)

@@ -55,6 +55,4 @@ def to_concat_layout(model: Transformer) -> Transformer:
         elif axis == "vec":
             w = w[perm]
         p.copy_(w)
-    if model.output_ids is not None:
-        out.set_output_ids(model.output_ids.tolist())
     return out.train(model.training)

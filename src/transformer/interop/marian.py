@@ -165,7 +165,7 @@ def _tensor_pairs(model: Transformer, hf: "MarianMTModel") -> Iterator[tuple[str
     yield "src_embed.weight", model.src_embed.weight, hf.model.encoder.embed_tokens.weight
     if not model.cfg.tie_embeddings:
         yield "tgt_embed.weight", model.tgt_embed.weight, hf.model.decoder.embed_tokens.weight
-        yield "out_proj.weight", model.dense_output_layer()[0], hf.lm_head.weight
+        yield "out_proj.weight", model.output_layer()[0], hf.lm_head.weight
     for name, ours, theirs in _module_pairs(model, hf):
         yield f"{name}.weight", ours.weight, theirs.weight
         yield f"{name}.bias", ours.bias, theirs.bias
@@ -272,7 +272,7 @@ def to_marian(model: Transformer) -> "MarianMTModel":
     hf.to(device=weight.device, dtype=weight.dtype)
     for name, ours, theirs in _tensor_pairs(model, hf):
         _copy(theirs, ours, name, where)
-    out_bias = model.dense_output_layer()[1]  # a restricted output: -1e4 at the ids it lacks
+    out_bias = model.output_layer()[1]
     if out_bias is not None:
         _copy(hf.final_logits_bias, out_bias.view(1, -1), "final_logits_bias", where)
     else:

@@ -82,51 +82,12 @@ class Transformer(nn.Module):
         self.dropout = Dropout(cfg.dropout)
         self.encoder = Encoder(cfg)
         self.decoder = Decoder(cfg)
-        k = cfg.target_vocab_size if cfg.output_vocab_size is None else cfg.output_vocab_size
         if cfg.tie_embeddings:
-            self.out_proj = None  # logits = h @ E^T with the shared embedding matrix (its output_ids rows)
+            self.out_proj = None  # logits = h @ E^T with the shared embedding matrix
         else:
-            self.out_proj = nn.Linear(cfg.d_model, k, bias=False)  # one row per output id
-        self.out_bias = nn.Parameter(torch.zeros(k)) if cfg.output_bias else None
-        if cfg.output_vocab_size is None:
-            self.output_ids = self.output_index = None
-        else:  # which target ids get logits (set_output_ids), and each id's row (-1: none)
-            self.register_buffer("output_ids", torch.arange(k))
-            index = torch.full((cfg.target_vocab_size,), -1, dtype=torch.long)
-            self.register_buffer("output_index", index.index_copy_(0, torch.arange(k), torch.arange(k)))
+            self.out_proj = nn.Linear(cfg.d_model, cfg.target_vocab_size, bias=False)
+        self.out_bias = nn.Parameter(torch.zeros(cfg.target_vocab_size)) if cfg.output_bias else None
         self._init_weights()
-
-    def set_output_ids(self, ids) -> None:
-        """The target ids that get logits (``cfg.output_vocab_size`` distinct ids, ``eos_id``
-        among them); all others are never produced. Set before training."""
-        ids = torch.as_tensor(sorted(set(int(i) for i in ids)), dtype=torch.long)
-        k, v = self.cfg.output_vocab_size, self.cfg.target_vocab_size
-        if self.output_ids is None or len(ids) != k:
-            raise ValueError(f"set_output_ids: expected {k} distinct ids, got {len(ids)}")
-        if ids[0] < 0 or ids[-1] >= v or self.cfg.eos_id not in ids.tolist():
-            raise ValueError(f"set_output_ids: ids must lie in [0, {v}) and include eos_id {self.cfg.eos_id}")
-        self.output_ids.copy_(ids)
-        self.output_index.fill_(-1)[self.output_ids] = torch.arange(k, device=self.output_index.device)
-
-    def with_output_ids(self, ids) -> "Transformer":
-        """A copy of this (unrestricted) model whose output keeps only ``ids``: the same
-        logits there, -inf elsewhere."""
-        if self.output_ids is not None:
-            raise ValueError("with_output_ids: the model's output is restricted already")
-        ids = sorted(set(int(i) for i in ids))
-        out = Transformer(self.cfg.replace(output_vocab_size=len(ids)))
-        out.set_output_ids(ids)
-        state = {**self.state_dict(), "output_ids": out.output_ids, "output_index": out.output_index}
-        for name in ("out_bias", "out_proj.weight"):  # one row per output id
-            if name in state:
-                state[name] = state[name][out.output_ids]
-        out.load_state_dict(state)
-        return out.to(self.tgt_embed.weight.device).train(self.training)
-
-    def output_positions(self, target: Tensor) -> Tensor:
-        """Target ids -> their columns in :meth:`project_outputs`'s logits (-1 for an id the
-        output vocabulary lacks); the ids themselves when the output is not restricted."""
-        return target if self.output_index is None else self.output_index[target]
 
     def _init_weights(self) -> None:
         for name, p in self.named_parameters():
@@ -174,52 +135,28 @@ class Transformer(nn.Module):
         return (logits, cache, weights) if return_weights else (logits, cache)
 
     def project(self, h: Tensor) -> Tensor:
-        """Final linear layer: (B, T, C) -> (B, T, V) logits; -inf for the ids outside
-        ``output_ids`` when the output vocabulary is restricted."""
-        logits = self.project_outputs(h)
-        if self.output_ids is None:
-            return logits
-        full = logits.new_full((*logits.shape[:-1], self.cfg.target_vocab_size), float("-inf"))
-        return full.index_copy_(-1, self.output_ids, logits)
-
-    def project_outputs(self, h: Tensor) -> Tensor:
-        """(..., C) -> (..., K) logits for the ids ``output_ids`` (K = V, all ids, when the
-        output is not restricted). Training's loss works on these."""
+        """Final linear layer: (..., C) -> (..., V) logits."""
         if self.out_proj is None:
-            weight = self.tgt_embed.weight
-            if self.output_ids is not None:
-                weight = weight.index_select(0, self.output_ids)
-            return nn.functional.linear(h, weight, self.out_bias)
-        logits = self.out_proj(h)  # a module call: it may be a quantised layer (decode/precision.py)
+            return nn.functional.linear(h, self.tgt_embed.weight, self.out_bias)
+        logits = self.out_proj(h)  # a module call: it may be an int8 layer (decode/precision.py)
         return logits if self.out_bias is None else logits + self.out_bias
 
-    def dense_output_layer(self) -> tuple[Tensor, Tensor | None]:
-        """The projection as one (V, C) weight and (V,) bias, for exporters: a restricted
-        output gets bias -1e4 (probability ~0) at the ids it lacks and zero rows for them."""
+    def output_layer(self) -> tuple[Tensor, Tensor | None]:
+        """The projection as one (V, C) weight and its (V,) bias or None, for exporters."""
         weight = self.tgt_embed.weight if self.out_proj is None else self.out_proj.weight
-        if self.output_ids is None:
-            return weight, self.out_bias
-        v, ids = self.cfg.target_vocab_size, self.output_ids
-        if self.out_proj is not None:
-            weight = weight.new_zeros(v, weight.size(1)).index_copy_(0, ids, weight)
-        bias = weight.new_full((v,), -1e4).index_fill_(0, ids, 0.0)
-        if self.out_bias is not None:
-            bias = bias.index_copy(0, ids, self.out_bias.to(bias.dtype))
-        return weight, bias
+        return weight, self.out_bias
 
     def forward(self, src: Tensor, tgt: Tensor, select: Tensor | None = None) -> Tensor:
         """Teacher forcing: (B, S) source ids, (B, T) target-input ids -> (B, T, V) logits.
 
-        ``select`` (B, T) bool computes logits only where True and returns them as (N, K)
-        in row-major order, over the ids ``output_ids`` (K = V when the output is not
-        restricted; :meth:`output_positions` maps gold ids to columns): training skips the
-        vocabulary projection at padding positions and at ids that are never produced.
+        ``select`` (B, T) bool computes logits only where True and returns them as (N, V)
+        in row-major order: training skips the vocabulary projection at padding positions.
         """
         memory = self.encode(src)
         x = self.dropout(self.positions(self.tgt_embed(tgt)))
         h, _, _ = self.decoder(x, self.start_cache(memory, src))
         if select is not None:
-            return self.project_outputs(h[select])  # (N, K)
+            return self.project(h[select])  # (N, V)
         return self.project(h)
 
     def num_parameters(self) -> int:

@@ -52,12 +52,15 @@ class Service:
     def __init__(self, translator: Translator, cfg: ServeConfig) -> None:
         self.cfg = cfg
         self.base = translator
-        self._by_beam: dict[int, Translator] = {translator.beam_size: translator}
+        if translator.decoding.beam > cfg.max_beam:
+            raise ValueError(f"the translator's beam ({translator.decoding.beam}) is larger than max_beam "
+                             f"({cfg.max_beam})")
+        self._by_beam: dict[int, Translator] = {translator.decoding.beam: translator}
         self.batcher = DynamicBatcher(self._decode, cfg.max_batch, cfg.max_wait_ms / 1000, cfg.batching)
 
     def translator(self, beam: int) -> Translator:
         if beam not in self._by_beam:
-            self._by_beam[beam] = self.base.with_beam(beam)
+            self._by_beam[beam] = self.base.with_decoding(beam=beam, n_best=1)
         return self._by_beam[beam]
 
     def _decode(self, key: tuple[int, int], texts: list[str]) -> list[list[Translation]]:
@@ -80,7 +83,7 @@ class Service:
             if len(t) > cfg.max_chars:
                 where = f"text {i}" if len(texts) > 1 else "the text"
                 raise ServeError(413, f"{where} is {len(t)} characters long; the limit is {cfg.max_chars}")
-        beam = cfg.beam if beam is None else beam
+        beam = self.base.decoding.beam if beam is None else beam
         if beam > cfg.max_beam:
             raise ServeError(422, f"beam must be at most {cfg.max_beam}, got {beam}")
         if n_best > beam:
@@ -132,8 +135,8 @@ def create_app(translator: Translator, cfg: ServeConfig | None = None, model_nam
         """Liveness, and the model's shape."""
         mcfg = service.base.model.cfg
         return {"status": "ok", "model": model_name, "n_layers": mcfg.n_layers, "n_heads": mcfg.n_heads,
-                "d_model": mcfg.d_model, "max_len": mcfg.max_len, "beam": service.cfg.beam,
-                "max_beam": service.cfg.max_beam, "precision": service.base.precision}
+                "d_model": mcfg.d_model, "max_len": mcfg.max_len, "beam": service.base.decoding.beam,
+                "max_beam": service.cfg.max_beam, "precision": service.base.decoding.precision}
 
     @app.get("/stats")
     async def stats() -> dict:

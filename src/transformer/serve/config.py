@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ServeConfig:
-    """How the HTTP service batches and what it accepts.
+    """How the HTTP service batches and what it accepts. How it decodes (the beam when a
+    request names none, length penalty, precision) is the translator's DecodingConfig.
 
     Args:
-        beam: beam size when a request names none (1 = greedy).
         max_beam: the largest beam a request may ask for.
         max_batch: the most texts decoded in one call (dynamic batching).
         max_wait_ms: how long the first request of a batch waits for company, in milliseconds.
@@ -20,7 +20,6 @@ class ServeConfig:
         attention_decimals: attention weights are rounded to this many decimals.
     """
 
-    beam: int = 4
     max_beam: int = 16
     max_batch: int = 32
     max_wait_ms: float = 5.0
@@ -31,9 +30,7 @@ class ServeConfig:
     attention_decimals: int = 3
 
     def __post_init__(self) -> None:
-        if not 1 <= self.beam <= self.max_beam:
-            raise ValueError(f"beam must be between 1 and max_beam ({self.max_beam}), got {self.beam}")
-        for name in ("max_batch", "max_chars", "max_texts", "max_body_bytes"):
+        for name in ("max_beam", "max_batch", "max_chars", "max_texts", "max_body_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.max_wait_ms < 0:

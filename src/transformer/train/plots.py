@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..run.files import atomic_write
+
 
 def plot_learning_curve(metrics: Path, out: Path) -> Path:
     import matplotlib
@@ -31,8 +33,8 @@ def plot_learning_curve(metrics: Path, out: Path) -> Path:
     ax.legend(loc="upper right")
     ax.set_title(f"learning curve: {Path(metrics).parent.name}")
     fig.tight_layout()
-    tmp = Path(out).with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(out)
+    try:
+        atomic_write(out, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
+    finally:
+        plt.close(fig)
     return Path(out)

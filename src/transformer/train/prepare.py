@@ -1,16 +1,20 @@
-"""Training data for a run: read the corpus, learn (or reload) the subwords, encode, filter."""
+"""Training data for a run: read the corpus, learn (or reload) the subwords, encode, filter;
+and the run directory's own files before the first update (subwords, config.yaml)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..data import (Subwords, clean_pairs, example_lengths, filter_long, fits, load_multi30k, read_parallel,
-                    read_tsv, train_subwords)
-from ..data.subword_dropout import SubwordDropout
-from ..errors import UserError
-from .config import TrainConfig
+import shutil
+import tempfile
 
-SUBWORDS = "subwords.model"
+import yaml
+
+from ..data import Subwords, clean_pairs, filter_long, load_multi30k, read_parallel, read_tsv, train_subwords
+from ..errors import UserError
+from ..run.files import atomic_write, write_text_atomic
+from ..run.layout import CONFIG, SUBWORDS, remove_stale_files
+from .config import TrainConfig
 
 
 @dataclass
@@ -69,41 +73,27 @@ def prepare_data(cfg: TrainConfig, run_dir: Path, max_len: int | None = None, lo
     return PreparedData(subwords, encoded, valid, n_empty, n_too_long)
 
 
-class EpochExamples:
-    """The training examples of each epoch, for the sampler (``lengths``) and the batches.
-
-    With ``subword_dropout == 0`` every epoch has the fixed encoding ``data.train``. Otherwise
-    each epoch re-segments the training text with BPE-dropout (:class:`SubwordDropout`),
-    seeded by ``(seed, epoch)``, so a resumed or data-parallel run sees the same pieces. An
-    example whose sampled pieces no longer fit ``max_len`` keeps its fixed encoding (which
-    fits: longer ones were filtered out), so the example indices never change.
-    """
-
-    def __init__(self, data: PreparedData, subword_dropout: float, seed: int, max_len: int | None):
-        self.data, self.max_len = data, max_len
-        self.dropout: SubwordDropout | None = None
-        if subword_dropout:
-            self.dropout = SubwordDropout(data.subwords, [s for s, _ in data.train] + [t for _, t in data.train],
-                                          subword_dropout, seed)
-        self._cache: dict[int, list[tuple[list[int], list[int]]]] = {}
-
-    def __call__(self, epoch: int) -> list[tuple[list[int], list[int]]]:
-        if self.dropout is None:
-            return self.data.train
-        if epoch not in self._cache:
-            if len(self._cache) >= 2:  # the current epoch and the next one are enough
-                del self._cache[min(self._cache)]
-            self._cache[epoch] = self._sample(epoch)
-        return self._cache[epoch]
-
-    def lengths(self, epoch: int) -> list[tuple[int, int]]:
-        return example_lengths(self(epoch))
-
-    def _sample(self, epoch: int) -> list[tuple[list[int], list[int]]]:
-        n = len(self.data.train)
-        ids = self.dropout.epoch(epoch)
-        sampled = list(zip(ids[:n], ids[n:]))
-        if self.max_len is None:
-            return sampled
-        keep = fits(sampled, self.max_len)
-        return [ex if k else fixed for ex, fixed, k in zip(sampled, self.data.train, keep)]
+def prepare_run(cfg: TrainConfig, run_dir: Path, max_len: int | None, log=print) -> PreparedData:
+    """Rank 0 before training: tidy the leftovers of a crash, read the corpus, learn or
+    reload the subwords, write config.yaml. The subwords are learned in a private folder
+    and moved in complete (the model last: its presence means complete), so a crash while
+    sentencepiece writes never leaves a truncated subwords.model to be reused."""
+    remove_stale_files(run_dir)
+    if (run_dir / SUBWORDS).is_file():
+        data = prepare_data(cfg, run_dir, max_len, log)
+    else:
+        try:
+            staging = Path(tempfile.mkdtemp(prefix=".prepare.", dir=run_dir))
+        except OSError as e:
+            raise UserError(f"{run_dir}: cannot write ({e.strerror or e})") from None
+        try:
+            data = prepare_data(cfg, staging, max_len,
+                                lambda *a: log(" ".join(map(str, a)).replace(str(staging), str(run_dir))))
+            for name in ("subwords.vocab", SUBWORDS):
+                if (staging / name).is_file():
+                    atomic_write(run_dir / name, lambda tmp, f=staging / name: shutil.copyfile(f, tmp))
+            data.subwords.path = run_dir / SUBWORDS
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    write_text_atomic(run_dir / CONFIG, yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    return data

@@ -29,6 +29,31 @@ def paper_adam(params, weight_decay: float = 0.0) -> torch.optim.Adam:
     return torch.optim.Adam(params, lr=0.0, weight_decay=weight_decay, fused=True, **paper_adam_kwargs())
 
 
+def resolve_precision(name: str, device: torch.device) -> torch.dtype | None:
+    """auto: bf16 where the hardware has bf16 arithmetic (AVX512-BF16 / AMX CPUs, Ampere+
+    GPUs), else fp16 on older GPUs and fp32 on other CPUs."""
+    if name == "fp32":
+        return None
+    if name == "bf16":
+        return torch.bfloat16
+    if name == "fp16":
+        return torch.float16
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.bfloat16 if cpu_has_bf16() else None
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes in bfloat16 natively (the ``avx512_bf16`` or ``amx_bf16``
+    flag); elsewhere bf16 is emulated and slower than fp32."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def autocast(device: torch.device, dtype: torch.dtype | None):
     """bf16 / fp16 autocast context, or a no-op for fp32 (dtype None)."""
     if dtype is None:
@@ -55,14 +80,13 @@ def train_step(
     update, so an update split into micro-batches gives the same gradient as one big batch.
 
     Args:
-        micro_batches: objects with ``src``, ``tgt_in``, ``tgt_out`` (B, T) tensors and an
-            ``n_tgt_tokens`` int (see :class:`transformer.data.Batch`).
+        micro_batches: objects with ``inputs`` (the tensors the model reads), ``tgt_out``
+            (B, T) labels and an ``n_tgt_tokens`` int (see :class:`transformer.data.Batch`).
         lr: learning rate for this update.
         amp_dtype: torch.bfloat16 / torch.float16 for mixed precision, None for fp32.
         grad_scaler: a GradScaler, for fp16 only.
-        forward: the callable that maps (src, tgt_in, select) to the (N, K) logits of the
-            selected positions over the model's output vocabulary (default: ``model``; pass
-            a DistributedDataParallel wrapper here).
+        forward: the callable that maps (*inputs, select) to the (N, V) logits of the
+            selected positions (default: ``model``; pass a DistributedDataParallel wrapper here).
         loss_kernels: compiled loss passes from :func:`~transformer.train.loss.compile_loss`
             (None: the eager loss).
 
@@ -81,17 +105,17 @@ def train_step(
         group["lr"] = lr
     total = sum(int(b.n_tgt_tokens) for b in micro_batches)
     if world > 1:
-        total = int(_all_reduce_sum([total], micro_batches[0].src.device, forward.process_group)[0])
+        total = int(_all_reduce_sum([total], micro_batches[0].tgt_out.device, forward.process_group)[0])
     optimizer.zero_grad(set_to_none=True)
     loss_sum = nll_sum = 0.0
     for i, b in enumerate(micro_batches):
-        device = b.src.device
+        device = b.tgt_out.device
         select = b.tgt_out != pad_id  # the vocabulary projection runs on real tokens only
         last = i == len(micro_batches) - 1
         with forward.no_sync() if ddp and not last else contextlib.nullcontext():
             with autocast(device, amp_dtype):
-                logits = forward(b.src, b.tgt_in, select)  # (N, K): the output vocabulary's columns
-            gold = model.output_positions(b.tgt_out[select])  # every one >= 0: the ids came from this data
+                logits = forward(*b.inputs, select)  # (N, V)
+            gold = b.tgt_out[select]
             loss, nll, _ = fused_label_smoothed_nll_loss(logits, gold, epsilon, -1, loss_kernels)
             scaled = loss * world / max(total, 1)
             (grad_scaler.scale(scaled) if grad_scaler is not None else scaled).backward()

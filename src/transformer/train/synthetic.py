@@ -27,6 +27,10 @@ class SyntheticBatch:
     n_tgt_tokens: int
     target: list[list[int]]  # the expected output, without EOS
 
+    @property
+    def inputs(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.src, self.tgt_in
+
 
 def make_batch(task: str, batch_size: int, n_symbols: int, min_len: int, max_len: int,
                gen: torch.Generator, pad: int = 0, bos: int = 1, eos: int = 2) -> SyntheticBatch:

@@ -108,7 +108,7 @@ def _draw_one(sf, maps: AttentionMaps, kind: str, layer: int, head: int, family:
 
 def save_png(fig, path: str | Path) -> Path:
     """Write ``fig`` to ``path`` atomically and close it."""
-    from ..fileio import atomic_write
+    from ..run.files import atomic_write
 
     plt = _pyplot()
     try:

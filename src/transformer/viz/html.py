@@ -33,7 +33,7 @@ def render_html(maps: AttentionMaps) -> str:
 
 
 def write_html(maps: AttentionMaps, path: str | Path) -> Path:
-    from ..fileio import write_text_atomic
+    from ..run.files import write_text_atomic
 
     return write_text_atomic(path, render_html(maps))
 

@@ -237,14 +237,8 @@ def linear_step(cfg, model, logits, t_dims, V) -> Step:
     st.shapes = [f"W_vocab: {dims(('d_model', cfg.d_model, None), ('V', V, 'subwords'))}"
                  + (" = E^T, the embedding table shared (tied)" if tied else ""),
                  f"Logits: {dims(t_dims, ('V', V, 'subwords'))}"]
-    real = logits[torch.isfinite(logits)]  # a restricted output gives the ids it lacks -inf
-    st.numbers = {"tied": tied, "logit_min": _r(real.min()), "logit_max": _r(real.max())}
-    st.lines = [f"logits range {real.min():.2f} .. {real.max():.2f}" + ("; W_vocab is the embedding table E" if tied else "")]
-    if model.output_ids is not None:
-        k = cfg.output_vocab_size
-        st.numbers["output_vocab_size"] = k
-        st.lines.append(f"restricted output: only {k} of the {V} subwords (those of the target training text) "
-                        "get a logit, the others -inf: they are never produced")
+    st.numbers = {"tied": tied, "logit_min": _r(logits.min()), "logit_max": _r(logits.max())}
+    st.lines = [f"logits range {logits.min():.2f} .. {logits.max():.2f}" + ("; W_vocab is the embedding table E" if tied else "")]
     return st
 
 

@@ -1,0 +1,78 @@
+"""How to decode: one frozen config, validated once, shared by the Python API
+(:class:`~transformer.translator.Translator`), every command and the service.
+
+A run may store the settings its recipe was tuned with (``decoding:`` in its config.yaml);
+a command without flags decodes that way, and each flag overrides one field. Field names
+are the command-line option names (``n_best`` is ``--n-best``).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from .precision import check_precision
+
+
+@dataclass(frozen=True)
+class DecodingConfig:
+    # ---- search (translation) ----
+    beam: int = 4  # beam size; 1 = greedy search
+    alpha: float = 0.6  # length penalty exponent (GNMT): score / ((5 + len) / 6) ** alpha
+    n_best: int = 1  # hypotheses returned per input, best first (at most beam)
+    max_len_a: float = 1.0  # outputs stop at max_len_a * source length + max_len_b tokens
+    max_len_b: int = 50
+    # ---- sampling (generation; temperature 0 is greedy) ----
+    temperature: float = 1.0
+    top_k: int = 0  # sample among the k most probable tokens (0 = all)
+    top_p: float = 1.0  # nucleus: the smallest set whose probability reaches top_p
+    seed: int | None = None  # the same seed gives the same text
+    # ---- how the work runs ----
+    max_tokens: int = 4000  # source tokens per batch (padded)
+    precision: str = "fp32"  # fp32, bf16 or int8 (CPU); see decode/precision.py
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):  # YAML and JSON give 1 for 1.0
+            value = getattr(self, f.name)
+            if f.type == "float" and isinstance(value, int) and not isinstance(value, bool):
+                object.__setattr__(self, f.name, float(value))
+        _need(isinstance(self.beam, int) and self.beam >= 1, "beam", "must be at least 1", self.beam)
+        _need(isinstance(self.alpha, float), "alpha", "must be a number", self.alpha)
+        _need(isinstance(self.n_best, int) and 1 <= self.n_best <= self.beam, "n_best",
+              f"must be between 1 and the beam size ({self.beam})", self.n_best)
+        _need(isinstance(self.max_len_a, float) and self.max_len_a >= 0, "max_len_a", "must not be negative",
+              self.max_len_a)
+        _need(isinstance(self.max_len_b, int) and self.max_len_b >= 0, "max_len_b", "must not be negative",
+              self.max_len_b)
+        _need(isinstance(self.temperature, float) and self.temperature >= 0, "temperature",
+              "must be at least 0 (0 = greedy)", self.temperature)
+        _need(isinstance(self.top_k, int) and self.top_k >= 0, "top_k", "must be at least 0 (0 = off)", self.top_k)
+        _need(isinstance(self.top_p, float) and 0 < self.top_p <= 1, "top_p", "must be in (0, 1]", self.top_p)
+        _need(self.seed is None or (isinstance(self.seed, int) and self.seed >= 0), "seed",
+              "must be a non-negative integer", self.seed)
+        _need(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", "must be positive",
+              self.max_tokens)
+        _need(isinstance(self.device, str), "device", "must be a device name such as cpu or cuda:0", self.device)
+        check_precision(self.precision, self.device)  # ValueError: "precision ..." names the field too
+
+    def replace(self, **changes: Any) -> "DecodingConfig":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str = "decoding") -> "DecodingConfig":
+        unknown = sorted(set(d) - set(FIELDS))
+        if unknown:
+            raise ValueError(f"{where}: unknown key(s) {unknown}; choose from {list(FIELDS)}")
+        return cls(**d)
+
+
+FIELDS = {f.name: f.default for f in dataclasses.fields(DecodingConfig)}
+
+
+def _need(ok: bool, name: str, what: str, value: Any) -> None:
+    if not ok:
+        raise ValueError(f"{name} {what}, got {value!r}")

@@ -1,0 +1,142 @@
+"""The run directory: what lives where, and finding it from any path inside a run.
+
+    RUN_DIR/config.yaml               the training config (its ``decoding`` section: how the recipe decodes)
+    RUN_DIR/subwords.model            the sentencepiece model (translation preprocesses with it)
+    RUN_DIR/metrics.jsonl             one JSON object per log / evaluation line
+    RUN_DIR/checkpoints/step-0001000/ model.safetensors + state.pt (optimizer, step, RNG, data position)
+    RUN_DIR/best.safetensors          the weights with the best validation BLEU
+    RUN_DIR/averaged.safetensors      the average of the last K checkpoints (``transformer average``)
+    RUN_DIR/learning_curve.png        training and validation loss by update
+
+A model path given to any command may be the run directory, a weights file in it, or a
+checkpoint directory or its weights file (``checkpoints/step-N/model.safetensors``).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from ..errors import UserError
+
+CONFIG = "config.yaml"
+SUBWORDS = "subwords.model"
+METRICS = "metrics.jsonl"
+CURVE = "learning_curve.png"
+CKPT_DIR = "checkpoints"
+WEIGHTS = "model.safetensors"  # inside a checkpoint directory
+STATE = "state.pt"  # inside a checkpoint directory
+BEST = "best.safetensors"
+AVERAGED = "averaged.safetensors"
+PREFERRED = (AVERAGED, BEST)  # the weights a run directory is read from, in this order
+
+# Temporary names a crash can leave in a run directory (run.files writes them).
+STALE_PATTERNS = (f".{CONFIG}.*.tmp", f".{BEST}.*.tmp", f".{AVERAGED}.*.tmp", f".{METRICS}.*.tmp",
+                  f".{CURVE}.*.tmp", f".{SUBWORDS}.*.tmp", ".subwords.vocab.*.tmp", ".prepare.*")
+
+
+def run_file(path: str | Path, name: str) -> Path | None:
+    """The file ``name`` (subwords.model, config.yaml) of the run that ``path`` belongs to: a
+    run directory, or a weights file or checkpoint in one, as deep as
+    checkpoints/step-N/model.safetensors; None when there is none."""
+    path = Path(path)
+    root = path if path.is_dir() else path.parent
+    for folder in (root, root.parent, root.parent.parent):
+        if (folder / name).is_file():
+            return folder / name
+    return None
+
+
+def find_subwords(path: str | Path) -> Path:
+    """The subwords.model of the run that ``path`` belongs to (see :func:`run_file`)."""
+    found = run_file(path, SUBWORDS)
+    if found is None:
+        raise UserError(f"{path}: no {SUBWORDS} found beside the weights; give the run directory")
+    return found
+
+
+def read_run_config(path: str | Path) -> dict[str, Any]:
+    """The config.yaml of the run that ``path`` belongs to, as a mapping; {} when there is none."""
+    import yaml
+
+    found = run_file(path, CONFIG)
+    if found is None:
+        return {}
+    try:
+        data = yaml.safe_load(found.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise UserError(f"{found}: not a readable run config ({type(e).__name__}); "
+                        "restore it from the run, or give the options it would have supplied") from None
+    return data if isinstance(data, dict) else {}
+
+
+def resolve_weights(path: str | Path) -> Path:
+    """The weights file a model path stands for: the file itself; a checkpoint's weights; in
+    a run directory averaged, else best, else the latest checkpoint's."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    if not path.is_dir():
+        raise UserError(f"{path}: no such model (give a run directory or a .safetensors file)")
+    if (path / WEIGHTS).is_file():
+        return path / WEIGHTS
+    for name in PREFERRED:
+        if (path / name).is_file():
+            return path / name
+    latest = latest_checkpoint(path)
+    if latest is None:
+        raise UserError(f"{path}: no weights found (no {AVERAGED} or {BEST}, no {CKPT_DIR}/)")
+    return latest / WEIGHTS
+
+
+def checkpoint_dirs(run_dir: str | Path) -> list[Path]:
+    """Complete checkpoints, oldest first."""
+    root = Path(run_dir) / CKPT_DIR
+    if not root.is_dir():
+        return []
+    done = [p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-")
+            and (p / WEIGHTS).is_file() and (p / STATE).is_file()]
+    return sorted(done, key=lambda p: p.name)
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    dirs = checkpoint_dirs(run_dir)
+    return dirs[-1] if dirs else None
+
+
+def discard(path: Path) -> None:
+    """Delete a checkpoint directory: first renamed out of the ``step-*`` namespace (atomic),
+    then removed, so a crash midway never leaves a half-deleted checkpoint that looks whole."""
+    trash = path.with_name(f".old-{path.name}")
+    try:
+        if trash.exists():
+            shutil.rmtree(trash, ignore_errors=True)
+        os.replace(path, trash)
+    except OSError:
+        return
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def set_aside(ckpt: Path) -> Path:
+    """Move an unreadable checkpoint to ``checkpoints/corrupt-step-*`` (kept for inspection,
+    out of the way of resume, translation and keep_last)."""
+    target = ckpt.with_name(f"corrupt-{ckpt.name}")
+    if target.exists():
+        shutil.rmtree(target, ignore_errors=True)
+    os.replace(ckpt, target)
+    return target
+
+
+def remove_stale_files(run_dir: str | Path) -> None:
+    """Delete the temporary files and folders a crash left in ``run_dir``."""
+    run_dir = Path(run_dir)
+    stale = [p for pattern in STALE_PATTERNS for p in run_dir.glob(pattern)]
+    root = run_dir / CKPT_DIR
+    if root.is_dir():
+        stale += [*root.glob(".step-*"), *root.glob(".old-*")]
+    for p in stale:
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)

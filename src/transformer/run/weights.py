@@ -1,0 +1,120 @@
+"""Model weights on disk: safetensors files that carry their model config in the metadata,
+so a file alone rebuilds its model. Nothing here unpickles anything."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save_file
+
+from ..config import ModelConfig
+from ..errors import UserError
+from ..model import Transformer
+from .files import atomic_write
+from .layout import WEIGHTS, resolve_weights
+
+FORMAT = "transformer-v1"
+
+
+def unique_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict with each shared (tied) tensor stored once, ``_orig_mod.`` stripped."""
+    seen: dict[int, str] = {}
+    out = {}
+    for name, t in model.state_dict().items():
+        name = name.replace("_orig_mod.", "")
+        key = t.data_ptr() if t.numel() else id(t)
+        if key in seen:
+            continue
+        seen[key] = name
+        out[name] = t.detach().contiguous().cpu()
+    return out
+
+
+def weights_metadata(model: Transformer, extra: dict[str, str] | None = None) -> dict[str, str]:
+    return {"model_config": json.dumps(model.cfg.to_dict()), "format": FORMAT, **(extra or {})}
+
+
+def write_weights_file(model: Transformer, path: str | Path, extra: dict[str, str] | None = None) -> None:
+    """Write the weights to ``path`` directly (inside a folder that is itself written atomically)."""
+    save_file(unique_state_dict(model), str(path), metadata=weights_metadata(model, extra))
+
+
+def save_weights(model: Transformer, path: str | Path, extra: dict[str, str] | None = None) -> None:
+    """Write weights and the model config (in the safetensors metadata) atomically."""
+    tensors, meta = unique_state_dict(model), weights_metadata(model, extra)
+    atomic_write(Path(path), lambda tmp: save_file(tensors, tmp, metadata=meta))
+
+
+def read_weights(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor], dict[str, str]]:
+    """Read a weights file: (config, tensors, metadata). Clear errors for bad files."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: weights file not found")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise UserError(f"{path}: not a readable safetensors file, truncated or corrupt ({e})") from None
+    if "model_config" not in meta:
+        raise UserError(f"{path}: no model config in the file's metadata; was it written by transformer?")
+    try:
+        cfg = ModelConfig.from_dict(json.loads(meta["model_config"]))
+    except (ValueError, TypeError) as e:
+        raise UserError(f"{path}: bad model config in metadata ({e})") from None
+    return cfg, tensors, meta
+
+
+def load_weights_into(model: Transformer, tensors: dict[str, torch.Tensor], source: str | Path) -> None:
+    """Copy tensors into ``model``; every parameter must be present with the right shape."""
+    own = unique_state_dict(model)
+    missing = sorted(set(own) - set(tensors))
+    unexpected = sorted(set(tensors) - set(own))
+    if missing or unexpected:
+        raise UserError(f"{source}: weights do not fit this model (missing {missing[:3]}, "
+                        f"unexpected {unexpected[:3]}); was it written for another config?")
+    for name, t in tensors.items():
+        if own[name].shape != t.shape:
+            raise UserError(f"{source}: {name} has shape {tuple(t.shape)}, the model expects "
+                            f"{tuple(own[name].shape)}; the checkpoint belongs to another config")
+    with torch.no_grad():
+        params = dict(model.named_parameters())
+        buffers = dict(model.named_buffers())
+        for name, t in tensors.items():
+            (params.get(name) if name in params else buffers[name]).copy_(t)
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[Transformer, dict[str, str]]:
+    """A model from a weights file, a checkpoint directory or a run directory (in a run
+    directory: averaged, else best, else the latest checkpoint), in eval mode, with the
+    file's metadata and its ``path``."""
+    weights = resolve_weights(path)
+    cfg, tensors, meta = read_weights(weights)
+    model = Transformer(cfg)
+    load_weights_into(model, tensors, weights)
+    return model.to(device).eval(), {**meta, "path": str(weights)}
+
+
+@torch.no_grad()
+def average_checkpoints(paths: list[Path], out: str | Path) -> Path:
+    """Average the weights of several checkpoints or weights files (one config) into ``out``."""
+    if not paths:
+        raise UserError("no checkpoints to average")
+    cfg0, acc, _ = read_weights(paths[0] / WEIGHTS if paths[0].is_dir() else paths[0])
+    acc = {k: v.double() if v.is_floating_point() else v for k, v in acc.items()}
+    for p in paths[1:]:
+        cfg, tensors, _ = read_weights(p / WEIGHTS if p.is_dir() else p)
+        if cfg != cfg0 or set(tensors) != set(acc):
+            raise UserError(f"{p}: checkpoint has a different config; cannot average")
+        for k, v in tensors.items():
+            if v.is_floating_point():
+                acc[k] += v.double()
+            elif not torch.equal(v, acc[k]):  # integer buffers: the same in every checkpoint
+                raise UserError(f"{p}: {k} differs from {paths[0]}; cannot average")
+    model = Transformer(cfg0)
+    load_weights_into(model, {k: (v / len(paths)).float() if v.is_floating_point() else v for k, v in acc.items()},
+                      paths[0])
+    save_weights(model, out, {"averaged_from": ",".join(p.name for p in paths)})
+    return Path(out)
