@@ -132,7 +132,11 @@ def _export(graph: nn.Module, args: tuple, dynamic_shapes: tuple, input_names: l
 
     The ExportedProgram goes to ``torch.onnx.export`` rather than the module with
     ``dynamic_shapes``: given Dims, the exporter renames the axes itself but warns once for
-    every input after the first that shares a Dim (here every input shares one)."""
+    every input after the first that shares a Dim (here every input shares one).
+    ``verbose=False`` drops the exporter's progress lines. Two messages from torch 2.13 itself
+    remain, neither about this model: a logged "torchvision is not installed" per torchvision
+    op in the registry, and a FutureWarning from ``copy.deepcopy`` of a pytree ``LeafSpec``
+    inside ``run_decompositions``."""
     program = torch.export.export(graph.eval(), args, dynamic_shapes=dynamic_shapes)
     onnx_program = torch.onnx.export(program, dynamo=True, input_names=input_names, output_names=output_names,
                                      opset_version=OPSET, verbose=False)
