@@ -66,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
     _require({"ctranslate2": "ctranslate2", "marian": "transformers", "onnx": "onnxruntime"}[args.format])
     if args.format == "onnx":
         _require("onnx")
+        _require("onnxscript")
     model, meta = load_model(Path(args.model))
     spm_path = find_subwords(args.model)
     subwords = Subwords.load(spm_path)

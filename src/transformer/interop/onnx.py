@@ -1,7 +1,7 @@
 """Export to ONNX: the encoder and one decoder step, with the KV cache as explicit tensors.
 
-Two graphs, exported with torch's TorchScript-based exporter (``dynamo=False``; the newer
-exporter needs ``onnxscript``, which the project does not install), opset 17:
+Two graphs, exported with torch's ``torch.export``-based exporter
+(``torch.onnx.export(..., dynamo=True)``, which builds the graphs with ``onnxscript``), opset 18:
 
     encoder.onnx
         in:  src        (B, S) int64, right-padded with pad_id, each sentence ending in EOS
@@ -17,26 +17,29 @@ exporter needs ``onnxscript``, which the project does not install), opset 17:
         out: logits     (B, V) float32, for the next token
              present_k_i, present_v_i   (B, H, T_past + 1, D): feed them back as past_*
 
-All of B, S and T_past are dynamic. The position of ``tokens`` is T_past, read from the
-shape of ``past_k_0``. :func:`check_onnx` runs both graphs with onnxruntime against the
-model; :func:`greedy_onnx` is a reference decoding loop on them.
+All of B, S and T_past are dynamic: the ONNX dims ``batch``, ``src_len``, ``past_len`` (and
+``past_len + 1``), for S <= max_len and T_past <= max_len - 1 (the model's ``max_len``
+positions). At the first step T_past = 0: feed zero-size (B, H, 0, D) arrays as past_*.
+The position of ``tokens`` is T_past, read from the shape of ``past_k_0``. :func:`check_onnx`
+runs both graphs with onnxruntime against the model; :func:`greedy_onnx` is a reference
+decoding loop on them.
 
-``onnx`` and ``onnxruntime`` are optional dependencies (the ``export`` extra).
+``onnx``, ``onnxscript`` and ``onnxruntime`` are optional dependencies (the ``export`` extra).
 """
 from __future__ import annotations
 
 import copy
 import json
-import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor, nn
+from torch.export import Dim
 
 from ..model import KVCache, Transformer
 
-OPSET = 17
+OPSET = 18  # the lowest the exporter builds natively (lower ones are converted from it)
 ENCODER, DECODER = "encoder.onnx", "decoder_step.onnx"
 
 
@@ -103,39 +106,45 @@ def export_onnx(model: Transformer, out_dir: str | Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     model = _fp32(model)
     src, tokens, src_mask, cross, past = _example_inputs(model)
-
-    with warnings.catch_warnings():
-        # The tracer warns where a shape becomes a Python int: the max_len check, and the
-        # causal mask that a one-token step never builds. Both are right for one-token steps.
-        # The other warning says the TorchScript exporter is the older one (see the docstring).
-        warnings.simplefilter("ignore", torch.jit.TracerWarning)
-        warnings.simplefilter("ignore", DeprecationWarning)
-        _export(model, out_dir, src, tokens, src_mask, cross, past)
-    return out_dir
-
-
-def _export(model, out_dir, src, tokens, src_mask, cross, past) -> None:
-    n = model.cfg.n_layers
+    n, max_len = model.cfg.n_layers, model.cfg.max_len
+    batch, src_len = Dim("batch"), Dim("src_len", max=max_len)
+    past_len = Dim("past_len", min=0, max=max_len - 1)  # the position of ``tokens`` must be < max_len
     cross_names, past_names, present_names = _kv_names("cross", n), _kv_names("past", n), _kv_names("present", n)
-    enc_out = ["memory", *cross_names]
-    enc_axes = {"src": {0: "batch", 1: "src_len"}, "memory": {0: "batch", 1: "src_len"},
-                **{name: {0: "batch", 2: "src_len"} for name in cross_names}}
-    torch.onnx.export(_EncoderGraph(model), (src,), str(out_dir / ENCODER), dynamo=False,
-                      input_names=["src"], output_names=enc_out, dynamic_axes=enc_axes, opset_version=OPSET)
 
+    enc_out = ["memory", *cross_names]
+    _export(_EncoderGraph(model), (src,), ({0: batch, 1: src_len},), ["src"], enc_out, out_dir / ENCODER)
     dec_in = ["tokens", "src_mask", *cross_names, *past_names]
     dec_out = ["logits", *present_names]
-    dec_axes = {"tokens": {0: "batch"}, "src_mask": {0: "batch", 1: "src_len"}, "logits": {0: "batch"},
-                **{name: {0: "batch", 2: "src_len"} for name in cross_names},
-                **{name: {0: "batch", 2: "past_len"} for name in past_names},
-                **{name: {0: "batch", 2: "total_len"} for name in present_names}}
-    torch.onnx.export(_DecoderStepGraph(model), (tokens, src_mask, *cross, *past), str(out_dir / DECODER),
-                      dynamo=False, input_names=dec_in, output_names=dec_out, dynamic_axes=dec_axes,
-                      opset_version=OPSET)
+    kv_shapes = tuple([{0: batch, 2: src_len}] * (2 * n) + [{0: batch, 2: past_len}] * (2 * n))
+    _export(_DecoderStepGraph(model), (tokens, src_mask, *cross, *past),
+            ({0: batch}, {0: batch, 1: src_len}, kv_shapes), dec_in, dec_out, out_dir / DECODER)
+
     info = {"model_config": model.cfg.to_dict(), "opset": OPSET,
             "encoder": {"inputs": ["src"], "outputs": enc_out},
             "decoder_step": {"inputs": dec_in, "outputs": dec_out}}
     (out_dir / "onnx_config.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    return out_dir
+
+
+def _export(graph: nn.Module, args: tuple, dynamic_shapes: tuple, input_names: list[str],
+            output_names: list[str], path: Path) -> None:
+    """torch.export, then the ONNX conversion, then the dynamic axes named after their Dims.
+
+    The ExportedProgram goes to ``torch.onnx.export`` rather than the module with
+    ``dynamic_shapes``: given Dims, the exporter renames the axes itself but warns once for
+    every input after the first that shares a Dim (here every input shares one).
+    ``verbose=False`` drops the exporter's progress lines. Two messages from torch 2.13 itself
+    remain, neither about this model: a logged "torchvision is not installed" per torchvision
+    op in the registry, and a FutureWarning from ``copy.deepcopy`` of a pytree ``LeafSpec``
+    inside ``run_decompositions``."""
+    program = torch.export.export(graph.eval(), args, dynamic_shapes=dynamic_shapes)
+    onnx_program = torch.onnx.export(program, dynamo=True, input_names=input_names, output_names=output_names,
+                                     opset_version=OPSET, verbose=False)
+    flat_shapes = [s for shapes in dynamic_shapes for s in (shapes if isinstance(shapes, tuple) else (shapes,))]
+    names = {value.shape[axis]: dim.__name__ for value, shapes in zip(onnx_program.model.graph.inputs, flat_shapes)
+             for axis, dim in shapes.items()}
+    onnx_program.rename_axes(names)
+    onnx_program.save(path)
 
 
 def _sessions(out_dir: Path):

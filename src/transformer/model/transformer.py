@@ -165,5 +165,9 @@ class Transformer(nn.Module):
 
 def _has_padding(mask: Tensor) -> bool:
     """Whether a padding mask masks anything. Without padding, attention runs without a mask:
-    the same numbers, fewer operations (sorted or bucketed batches are often unpadded)."""
+    the same numbers, fewer operations (sorted or bucketed batches are often unpadded).
+    Under ``torch.export`` (the ONNX exporter) the answer would depend on the data, so
+    exported graphs always apply the mask."""
+    if torch.compiler.is_exporting():
+        return True
     return not bool(mask.all())
