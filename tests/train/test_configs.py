@@ -36,5 +36,9 @@ def test_recipe_loads_and_builds_its_model(path):
         assert (cfg.max_tokens, cfg.peak_lr, cfg.warmup, cfg.save_every) == (2048, peak_lr, warmup, 500)
         assert cfg.max_minutes <= 60 and cfg.average_last == 10  # the 60-minute CPU budget
         assert cfg.max_steps * cfg.max_tokens > 60 * 60 * 10_000  # the clock, not max_steps, ends the run
+        assert cfg.decoding == {"beam": 5, "alpha": 1.0}  # chosen on the validation set
     if path.name.startswith("wmt14-"):
         assert cfg.model["preset"] in ("base", "big") and cfg.vocab_size == 37000
+        assert cfg.decoding == {"beam": 4, "alpha": 0.6}  # the paper's section 6.1
+    if path.name == "demo.yaml":
+        assert cfg.decoding == {}  # the defaults

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -133,13 +134,19 @@ def _export(graph: nn.Module, args: tuple, dynamic_shapes: tuple, input_names: l
     The ExportedProgram goes to ``torch.onnx.export`` rather than the module with
     ``dynamic_shapes``: given Dims, the exporter renames the axes itself but warns once for
     every input after the first that shares a Dim (here every input shares one).
-    ``verbose=False`` drops the exporter's progress lines. Two messages from torch 2.13 itself
-    remain, neither about this model: a logged "torchvision is not installed" per torchvision
-    op in the registry, and a FutureWarning from ``copy.deepcopy`` of a pytree ``LeafSpec``
-    inside ``run_decompositions``."""
+    ``verbose=False`` drops the exporter's progress lines, and the op registry's logged notes
+    that torchvision (whose ops this model never uses) is not installed are kept to errors.
+    One message from torch 2.13 itself remains, not about this model: a FutureWarning from
+    ``copy.deepcopy`` of a pytree ``LeafSpec`` inside ``run_decompositions``."""
     program = torch.export.export(graph.eval(), args, dynamic_shapes=dynamic_shapes)
-    onnx_program = torch.onnx.export(program, dynamo=True, input_names=input_names, output_names=output_names,
-                                     opset_version=OPSET, verbose=False)
+    registry_log = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = registry_log.level
+    registry_log.setLevel(logging.ERROR)
+    try:
+        onnx_program = torch.onnx.export(program, dynamo=True, input_names=input_names,
+                                         output_names=output_names, opset_version=OPSET, verbose=False)
+    finally:
+        registry_log.setLevel(level)
     flat_shapes = [s for shapes in dynamic_shapes for s in (shapes if isinstance(shapes, tuple) else (shapes,))]
     names = {value.shape[axis]: dim.__name__ for value, shapes in zip(onnx_program.model.graph.inputs, flat_shapes)
              for axis, dim in shapes.items()}

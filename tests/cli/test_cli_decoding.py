@@ -1,0 +1,100 @@
+"""One decoding config: declared once (decode/config.py), validated once, shared by the
+Python API and every command; a run's config.yaml may carry the settings its recipe was
+tuned with, which a command without flags uses and each flag overrides."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import yaml
+
+from transformer.cli import build_parser
+from transformer.decode.config import FIELDS, DecodingConfig
+from transformer.translator import Translator, load_translator, run_decoding
+
+LINES = ["red dog runs", "the big cat sits under the tree", "a woman plays with a ball near the house", "green ball"]
+
+
+@pytest.fixture
+def run_with(trained, tmp_path):
+    """A copy of the trained run whose config.yaml has the given ``decoding`` section."""
+    def make(decoding) -> str:
+        run = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(trained.run, run)
+        cfg = yaml.safe_load((run / "config.yaml").read_text())
+        cfg["decoding"] = decoding
+        (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+        return run
+
+    return make
+
+
+@pytest.mark.parametrize("bad, field", [(dict(beam=0), "beam"), (dict(beam=2, n_best=3), "n_best"),
+                                        (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"),
+                                        (dict(temperature=-1.0), "temperature"), (dict(top_k=-1), "top_k"),
+                                        (dict(max_tokens=0), "max_tokens"), (dict(precision="fp8"), "precision"),
+                                        (dict(precision="bf16", device="cuda"), "precision"),
+                                        (dict(seed=-2), "seed"), (dict(max_len_b=-1), "max_len_b")])
+def test_bad_settings_name_their_field(bad, field):
+    with pytest.raises(ValueError, match=f"^{field} "):
+        DecodingConfig(**bad)
+
+
+def test_defaults_and_integers_for_floats():
+    d = DecodingConfig(alpha=1, temperature=0)
+    assert (d.beam, d.n_best, d.alpha, d.temperature) == (4, 1, 1.0, 0.0)
+    assert isinstance(d.alpha, float) and d.to_dict() == {**FIELDS, "alpha": 1.0, "temperature": 0.0}
+
+
+def test_the_runs_settings_are_used_and_flags_override_them(run_with):
+    run = run_with({"beam": 1, "alpha": 1.0})
+    assert run_decoding(run) == DecodingConfig(beam=1, alpha=1.0)
+    assert run_decoding(run, {"beam": 3}) == DecodingConfig(beam=3, alpha=1.0)
+    assert load_translator(run).decoding.beam == 1
+    assert Translator.from_pretrained(run, beam=2).decoding == DecodingConfig(beam=2, alpha=1.0)
+
+
+def test_translate_without_flags_decodes_as_the_run_says(run_with, trained, cli):
+    run = run_with({"beam": 1})
+    greedy = load_translator(trained.run, beam=1).translate(LINES)
+    beam4 = load_translator(trained.run, beam=4).translate(LINES)
+    assert greedy != beam4  # the control: the two searches differ on these lines
+    stdin = "".join(line + "\n" for line in LINES)
+    assert cli("translate", "--model", run, stdin=stdin).out.splitlines() == greedy
+    assert cli("translate", "--model", run, "--beam", "4", stdin=stdin).out.splitlines() == beam4
+    assert cli("translate", "--model", trained.run, stdin=stdin).out.splitlines() == beam4  # no section: beam 4
+
+
+def test_evaluate_reports_the_settings_it_used(run_with, trained, cli, tmp_path):
+    run = run_with({"beam": 2, "alpha": 1.0})
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    src.write_text("".join(line + "\n" for line in LINES))
+    ref.write_text("".join(line + "\n" for line in LINES))
+    out = json.loads(cli("evaluate", "--model", run, "--src", src, "--ref", ref, "--json").out)
+    assert (out["beam"], out["alpha"], out["precision"]) == (2, 1.0, "fp32")
+    out = json.loads(cli("evaluate", "--model", run, "--src", src, "--ref", ref, "--json", "--alpha", "0.2").out)
+    assert (out["beam"], out["alpha"]) == (2, 0.2)
+
+
+@pytest.mark.parametrize("argv, option", [(["--beam", "0"], "--beam"), (["--n-best", "9"], "--n-best"),
+                                          (["--max-tokens", "0"], "--max-tokens"), (["--precision", "x"], "--precision")])
+def test_bad_flags_are_one_line_errors_naming_the_option(trained, cli, one_line_error, argv, option):
+    one_line_error(cli("translate", "--model", trained.run, *argv, stdin="red dog\n"), "translate", option)
+
+
+def test_a_bad_decoding_section_names_the_run_config(run_with, cli, one_line_error):
+    run = run_with({"beam": 0})
+    one_line_error(cli("translate", "--model", run, stdin="red dog\n"), "translate", "config.yaml", "beam")
+    run = run_with({"bream": 5})
+    one_line_error(cli("evaluate", "--model", run, "--src", "x", "--ref", "x"), "evaluate", "config.yaml")
+
+
+@pytest.mark.parametrize("command", ["translate", "evaluate", "serve", "attention", "explain"])
+def test_help_shows_every_decoding_default(command):
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices[command]
+    text = " ".join(sub.format_help().split())
+    for action in sub._actions:
+        if action.dest in FIELDS:
+            assert f"default: the run's decoding.{action.dest}, else {FIELDS[action.dest]}" in text, action.dest
+    assert "--beam" in text
