@@ -8,11 +8,10 @@ block, ``--blocks`` blocks each, the same batches for every variant), and the ta
 median target tokens/s and the ratio to the first variant. bf16 autocast, as the recipe.
 With ``--d-ff 256,512`` the variants are instead models of those FFN widths (each its own
 model and optimizer, from the same seed), all on the current code with the compiled loss.
-With ``--output full,restricted`` they are the en->de recipe's model (d_ff 512) with logits
-over the whole vocabulary and over the subwords of the German training text only
-(``restrict_output``), from the same seed, with the compiled loss.
+(The ``--output full,restricted`` race of the removed ``restrict_output`` option is in this
+file's history, at commit 757600f.)
 
-    TRANSFORMER_DATA=../shared/data .venv/bin/python benchmarks/train_ab.py [--run runs/multi30k-en-de] [--d-ff 256,512 | --output full,restricted]
+    TRANSFORMER_DATA=../shared/data .venv/bin/python benchmarks/train_ab.py [--run runs/multi30k-en-de] [--d-ff 256,512]
 
 Without ``--run`` a joint 8k BPE is learned on the training text first (~20 s).
 """
@@ -79,13 +78,9 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=8)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--d-ff", help="comma-separated FFN widths to race instead of the code variants")
-    ap.add_argument("--output", help="full,restricted: race the whole output vocabulary against restrict_output")
     args = ap.parse_args()
     widths = [int(w) for w in args.d_ff.split(",")] if args.d_ff else []
-    outputs = args.output.split(",") if args.output else []
-    if set(outputs) - {"full", "restricted"}:
-        raise SystemExit(f"--output: expected full and/or restricted, got {args.output}")
-    names = [f"d_ff={w}" for w in widths] or [f"output={o}" for o in outputs] or args.variants.split(",")
+    names = [f"d_ff={w}" for w in widths] or args.variants.split(",")
     torch.manual_seed(0)
     pairs, _ = clean_pairs(load_multi30k("train", "en", "de"))
     if args.run:
@@ -96,10 +91,8 @@ def main() -> None:
     examples = encoded[:12000]
     cfg = ModelConfig.preset("tiny", vocab_size=sw.vocab_size, dropout=0.2)
 
-    def build(config: ModelConfig, output_ids=None):
+    def build(config: ModelConfig):
         model = Transformer(config).train()
-        if output_ids is not None:
-            model.set_output_ids(output_ids)
         return model, paper_adam(model.parameters())
 
     if widths:  # each width its own model and optimizer, from the same seed
@@ -107,17 +100,6 @@ def main() -> None:
         for name, width in zip(names, widths):
             torch.manual_seed(0)
             trained[name] = build(dataclasses.replace(cfg, d_ff=width))
-    elif outputs:  # the en->de recipe's model, whole or restricted output, from the same seed
-        target_ids = sorted({i for _, t in encoded for i in t} | {cfg.eos_id})
-        print(f"output vocabulary: {len(target_ids)} of {sw.vocab_size} subwords")
-        trained = {}
-        for name, out in zip(names, outputs):
-            torch.manual_seed(0)
-            config = dataclasses.replace(cfg, d_ff=512)
-            if out == "restricted":
-                trained[name] = build(dataclasses.replace(config, output_vocab_size=len(target_ids)), target_ids)
-            else:
-                trained[name] = build(config)
     else:  # the code variants train one shared model in turn
         trained = dict.fromkeys(names, build(cfg))
     sampler = TokenBatchSampler(example_lengths(examples), 2048, 1)
@@ -126,7 +108,7 @@ def main() -> None:
                for idx in list(sampler)[:n_batches]]
 
     def block(name, bs) -> int:
-        kernels = use("compiled-loss" if widths or outputs else name)
+        kernels = use("compiled-loss" if widths else name)
         model, opt = trained[name]
         return sum(train_step(model, [b], opt, 1e-4, amp_dtype=torch.bfloat16, loss_kernels=kernels).n_tokens
                    for b in bs)

@@ -172,13 +172,13 @@ def test_lower_precisions_translate_like_fp32(trained, cli, alone, precision):
     assert sum(o == alone[line] for o, line in zip(out, LINES)) >= len(LINES) // 2
 
 
-def test_with_beam_shares_the_converted_model(trained):
+def test_with_decoding_shares_the_converted_model(trained):
     """The service keeps one Translator per beam size: each shares the converted model and
     translates like a Translator built for that beam size."""
     tr = load_translator(trained.run, beam=4, precision="bf16")
-    greedy = tr.with_beam(1)
-    assert greedy.model is tr.model and greedy.precision == "bf16"
-    assert (greedy.beam_size, tr.beam_size) == (1, 4)
+    greedy = tr.with_decoding(beam=1)
+    assert greedy.model is tr.model and greedy.decoding.precision == "bf16"
+    assert (greedy.decoding.beam, tr.decoding.beam) == (1, 4)
     assert greedy.translate(LINES) == load_translator(trained.run, beam=1, precision="bf16").translate(LINES)
 
 

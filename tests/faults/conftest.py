@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 from pathlib import Path
 from typing import Callable
 
@@ -54,3 +55,23 @@ def write_config(corpus) -> Callable[..., Path]:
         return path
 
     return write
+
+
+FOUR_STEPS = ("max_steps=4", "save_every=2", "keep_last=5")
+
+
+@pytest.fixture(scope="session")
+def four_steps(tmp_path_factory, make_cfg) -> Path:
+    """A finished run with checkpoints at steps 2 and 4 (``FOUR_STEPS``); copy it before damaging it."""
+    from transformer.train.trainer import Trainer
+
+    run = tmp_path_factory.mktemp("four-steps") / "run"
+    Trainer(make_cfg(*FOUR_STEPS), run, log=lambda *a: None).train()
+    return run
+
+
+@pytest.fixture
+def four_steps_copy(four_steps, tmp_path) -> Path:
+    dst = tmp_path / "run"
+    shutil.copytree(four_steps, dst)
+    return dst

@@ -16,22 +16,13 @@ from transformer.run import checkpoint_dirs, latest_checkpoint
 from transformer.train import checkpoint as ckpt
 from transformer.train.trainer import Trainer
 
-RUN = ("max_steps=4", "save_every=2", "keep_last=5")
-
-
-@pytest.fixture(scope="module")
-def four_steps(tmp_path_factory, make_cfg) -> Path:
-    """Checkpoints at steps 2 and 4."""
-    run = tmp_path_factory.mktemp("corrupt") / "run"
-    Trainer(make_cfg(*RUN), run, log=lambda *a: None).train()
-    return run
+RUN = ("max_steps=4", "save_every=2", "keep_last=5")  # conftest's FOUR_STEPS
 
 
 @pytest.fixture
-def run(four_steps, tmp_path) -> Path:
-    dst = tmp_path / "run"
-    shutil.copytree(four_steps, dst)
-    return dst
+def run(four_steps_copy) -> Path:
+    """Checkpoints at steps 2 and 4."""
+    return four_steps_copy
 
 
 def _truncate(path: Path) -> None:

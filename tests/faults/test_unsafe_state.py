@@ -17,7 +17,7 @@ from transformer.errors import UserError
 from transformer.train import checkpoint as ckpt
 from transformer.train.trainer import Trainer
 
-RUN = ("max_steps=4", "save_every=2", "keep_last=5")
+RUN = ("max_steps=4", "save_every=2", "keep_last=5")  # conftest's FOUR_STEPS
 
 
 class _Payload:
@@ -29,18 +29,10 @@ class _Payload:
         return open, (str(self.marker), "w")
 
 
-@pytest.fixture(scope="module")
-def four_steps(tmp_path_factory, make_cfg) -> Path:
-    run = tmp_path_factory.mktemp("unsafe") / "run"
-    Trainer(make_cfg(*RUN), run, log=lambda *a: None).train()
-    return run
-
-
 @pytest.fixture
-def crafted(four_steps, tmp_path) -> tuple[Path, Path]:
+def crafted(four_steps_copy, tmp_path) -> tuple[Path, Path]:
     """A copy of the run whose newest state.pt carries the payload, and the payload's marker."""
-    run = tmp_path / "run"
-    shutil.copytree(four_steps, run)
+    run = four_steps_copy
     marker = tmp_path / "code-ran"
     payload = _Payload()
     payload.marker = marker

@@ -1,8 +1,14 @@
-"""Weights in and out of other implementations: torch.nn.Transformer (import) and
-Hugging Face Marian (import and export).
+"""Weights in and out of other implementations:
 
-``transformers`` is an optional dependency (the ``interop`` extra); it is imported only
-when a Marian function is called.
+    torch.nn.Transformer   import (torch_nn.py)
+    Hugging Face Marian    import and export (marian.py; needs ``transformers``)
+    CTranslate2            export (ctranslate2.py; needs ``ctranslate2``)
+    ONNX                   export of the encoder and one decoder step with its KV cache, and
+                           a check and greedy loop on onnxruntime (onnx.py; needs ``onnx``,
+                           ``onnxscript`` and ``onnxruntime``)
+
+The optional packages (the ``export`` extra) are imported only when a function that needs
+them is called.
 """
 from .marian import config_from_marian, config_to_marian, from_marian, load_marian, save_marian, to_marian
 from .ctranslate2 import save_ctranslate2, to_ctranslate2_spec

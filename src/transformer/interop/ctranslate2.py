@@ -22,7 +22,7 @@ stops on the piece of ``eos_id``, and EOS is appended to the source (``add_sourc
 as :class:`~transformer.translator.Translator` does. Feed CTranslate2 the pieces of
 ``Subwords.pieces(text)``.
 
-Decoding differences to know (see ``tests/export/test_ctranslate2.py``):
+Decoding differences to know (see ``tests/export/test_export_ctranslate2.py``):
   * CTranslate2's ``length_penalty`` divides by ``len ** alpha`` (len without EOS); ours by
     GNMT's ``((5 + len) / 6) ** alpha`` (len with EOS). They agree at 0:
     ``length_penalty=0`` here is ``alpha=0`` in :func:`~transformer.decode.beam_search`.
