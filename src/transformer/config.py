@@ -6,6 +6,12 @@ Presets:
     small  a CPU-sized model for Multi30k (4+4 layers, d_model 256)
     tiny   the published Multi30k text-only setting (4+4, d_model 128, d_ff 256, 4 heads)
     toy    a very small model for synthetic tasks and tests
+
+Decoder-only language models (``kind="decoder-only"``):
+    nanogpt-char  nanoGPT's CPU Shakespeare shape (4 layers, 4 heads, 128 wide, context 64)
+    llama-char    the same size, Llama-style (RMSNorm, SwiGLU, rotary positions, no biases)
+    gpt2-small    GPT-2 small's shape (124M parameters with its 50,257-token vocabulary)
+    llama-300m    a Llama of about 300M parameters (grouped-query attention, 32k vocabulary)
 """
 from __future__ import annotations
 
@@ -13,8 +19,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-FFN_ACTIVATIONS = ("relu", "gelu", "silu", "swiglu")
+FFN_ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu")
 SINUSOID_LAYOUTS = ("interleaved", "concat")
+KINDS = ("encoder-decoder", "decoder-only")
+NORMS = ("layer", "rms")
+POSITIONS = ("sinusoidal", "learned", "rope")
 
 
 @dataclass(frozen=True)
@@ -26,10 +35,12 @@ class ModelConfig:
     """
 
     vocab_size: int
+    kind: str = "encoder-decoder"  # the paper's translation model, or "decoder-only" (a GPT / Llama language model)
     d_model: int = 512
     n_heads: int = 8
     d_ff: int = 2048
     n_layers: int = 6  # encoder layers and decoder layers (N in the paper)
+    n_kv_heads: int | None = None  # grouped-query attention: K/V heads shared by n_heads / n_kv_heads queries; None = n_heads
     dropout: float = 0.1  # P_drop: sub-layer outputs and embedding + position sums
     attn_dropout: float = 0.0  # on the attention weights (0 in the paper)
     max_len: int = 1024  # longest sequence the positional table covers
@@ -37,7 +48,12 @@ class ModelConfig:
     tie_embeddings: bool = True  # share source, target and output weights (needs a shared vocabulary)
     norm_first: bool = False  # False: post-norm as in the paper; True: pre-norm
     final_norm: bool | None = None  # LayerNorm after each stack; None: only with pre-norm
-    ffn_activation: str = "relu"  # relu (paper), gelu, silu, or swiglu (gated, 3 matrices)
+    ffn_activation: str = "relu"  # relu (paper), gelu, gelu_tanh (GPT-2), silu, or swiglu (gated, 3 matrices)
+    norm: str = "layer"  # LayerNorm (paper, GPT) or "rms": RMSNorm (Llama)
+    bias: bool = True  # biases in the attention and FFN matrices and the norms (Llama and nanoGPT: none)
+    positions: str = "sinusoidal"  # the paper's sinusoids, "learned" (GPT-2) or "rope": rotary (Llama)
+    rope_theta: float = 10000.0  # the rotary base frequency
+    embed_scale: bool = True  # multiply embeddings by sqrt(d_model) (paper section 3.4; GPT and Llama do not)
     sinusoid_layout: str = "interleaved"  # paper: sin on even dims, cos on odd; concat: [sin | cos]
     output_bias: bool = False  # a bias on the vocabulary projection (Marian has one)
     layer_norm_eps: float = 1e-5
@@ -55,6 +71,15 @@ class ModelConfig:
         need(self.d_model % self.n_heads == 0,
              f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         need(self.d_ff > 0 and self.n_layers > 0, "d_ff and n_layers must be positive")
+        need(self.kind in KINDS, f"kind must be one of {KINDS}, got {self.kind!r}")
+        need(self.norm in NORMS, f"norm must be one of {NORMS}, got {self.norm!r}")
+        need(self.positions in POSITIONS, f"positions must be one of {POSITIONS}, got {self.positions!r}")
+        if self.n_kv_heads is not None:
+            need(0 < self.n_kv_heads <= self.n_heads and self.n_heads % self.n_kv_heads == 0,
+                 f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads})")
+        need(self.positions != "rope" or self.d_head % 2 == 0, "rotary positions need an even head size")
+        need(self.kind == "decoder-only" or self.positions == "sinusoidal",
+             "the encoder-decoder model uses sinusoidal positions (learned and rope are for decoder-only models)")
         need(0.0 <= self.dropout < 1.0 and 0.0 <= self.attn_dropout < 1.0, "dropout must be in [0, 1)")
         need(self.max_len > 1, "max_len must be > 1")
         need(self.ffn_activation in FFN_ACTIVATIONS,
@@ -79,12 +104,20 @@ class ModelConfig:
         return self.d_model // self.n_heads
 
     @property
+    def kv_heads(self) -> int:
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
     def target_vocab_size(self) -> int:
         return self.vocab_size if self.tgt_vocab_size is None else self.tgt_vocab_size
 
     @property
     def use_final_norm(self) -> bool:
         return self.norm_first if self.final_norm is None else self.final_norm
+
+    @property
+    def decoder_only(self) -> bool:
+        return self.kind == "decoder-only"
 
     def replace(self, **changes: Any) -> "ModelConfig":
         return dataclasses.replace(self, **changes)
@@ -124,3 +157,21 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(d_model=128, n_heads=4, d_ff=256, n_layers=4, dropout=0.3, max_len=256),
     "toy": dict(d_model=64, n_heads=4, d_ff=128, n_layers=2, dropout=0.0, max_len=128),
 }
+
+# Decoder-only language models: the two families of the seed's opening note.
+_GPT = dict(kind="decoder-only", norm="layer", norm_first=True, final_norm=True, positions="learned",
+            embed_scale=False, tie_embeddings=True)
+_LLAMA = dict(kind="decoder-only", norm="rms", norm_first=True, final_norm=True, positions="rope", bias=False,
+              ffn_activation="swiglu", embed_scale=False, tie_embeddings=False, layer_norm_eps=1e-5)
+PRESETS.update({
+    # nanoGPT's CPU Shakespeare recipe: 4 layers, 4 heads, 128 wide, context 64, no biases, GELU
+    "nanogpt-char": dict(_GPT, d_model=128, n_heads=4, d_ff=512, n_layers=4, max_len=64, dropout=0.0,
+                         bias=False, ffn_activation="gelu"),
+    # a Llama-style model of about the same size (SwiGLU's three matrices at 2/3 of 4 x 128, rounded up)
+    "llama-char": dict(_LLAMA, d_model=128, n_heads=4, d_ff=352, n_layers=4, max_len=64, dropout=0.0),
+    # shapes only (recipes to scale to; parameter counts checked by tests/model/test_lm_presets.py)
+    "gpt2-small": dict(_GPT, d_model=768, n_heads=12, d_ff=3072, n_layers=12, max_len=1024, dropout=0.1,
+                       ffn_activation="gelu_tanh"),
+    "llama-300m": dict(_LLAMA, d_model=1024, n_heads=16, n_kv_heads=8, d_ff=2816, n_layers=20, max_len=2048,
+                       dropout=0.0, rope_theta=500000.0),
+})

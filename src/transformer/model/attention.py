@@ -69,28 +69,30 @@ class MultiHeadAttention(nn.Module):
     layer ``q_proj`` (likewise ``k_proj``, ``v_proj``); ``out_proj`` is W^O.
     """
 
-    def __init__(self, d_model: int, n_heads: int, attn_dropout: float = 0.0) -> None:
+    def __init__(self, d_model: int, n_heads: int, attn_dropout: float = 0.0, n_kv_heads: int | None = None,
+                 bias: bool = True) -> None:
         super().__init__()
         self.n_heads = n_heads
+        self.n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads  # < n_heads: grouped-query attention
         self.d_head = d_model // n_heads
         self.attn_dropout = attn_dropout
-        self.q_proj = nn.Linear(d_model, d_model)
-        self.k_proj = nn.Linear(d_model, d_model)
-        self.v_proj = nn.Linear(d_model, d_model)
-        self.out_proj = nn.Linear(d_model, d_model)
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(d_model, self.n_kv_heads * self.d_head, bias=bias)
+        self.v_proj = nn.Linear(d_model, self.n_kv_heads * self.d_head, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
 
     def split_heads(self, x: Tensor) -> Tensor:
         b, t, _ = x.shape
         return x.view(b, t, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, D)
 
     def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """(B, T, C) -> Q, K, V each (B, H, T, D), for self-attention: one matmul with the
-        three weight matrices side by side (C x 3C), which runs faster than three."""
-        return tuple(fused_projection(x, (self.q_proj, self.k_proj, self.v_proj), self.n_heads))
+        """(B, T, C) -> Q (B, H, T, D), K and V (B, H_kv, T, D), for self-attention: one
+        matmul with the three weight matrices side by side, which runs faster than three."""
+        return tuple(fused_projection(x, (self.q_proj, self.k_proj, self.v_proj), self.d_head))
 
     def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """(B, T_k, C) -> K, V each (B, H, T_k, D). Used for caching."""
-        return tuple(fused_projection(x, (self.k_proj, self.v_proj), self.n_heads))
+        """(B, T_k, C) -> K, V each (B, H_kv, T_k, D). Used for caching."""
+        return tuple(fused_projection(x, (self.k_proj, self.v_proj), self.d_head))
 
     def forward(
         self,
@@ -117,26 +119,29 @@ class MultiHeadAttention(nn.Module):
         """Attention of projected ``q`` (B, H, T_q, D) over ``k``, ``v``, then the heads
         concatenated and projected by W^O: (B, T_q, C) and the weights or None."""
         p = self.attn_dropout if self.training else 0.0
+        if self.n_kv_heads != self.n_heads:  # each K/V head serves n_heads / n_kv_heads query heads
+            k = k.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
+            v = v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
         out, weights = attention(q, k, v, mask, p, need_weights)
         b, _, t, _ = out.shape
         out = out.transpose(1, 2).reshape(b, t, self.n_heads * self.d_head)  # (B, T_q, C): concat heads
         return self.out_proj(out), weights
 
 
-def fused_projection(x: Tensor, linears, n_heads: int) -> list[Tensor]:
-    """Apply several C -> C linear layers to the same ``x`` (B, T, C) as one matmul, and
-    split the result into heads: a list of (B, H, T, D), one per layer, in order.
+def fused_projection(x: Tensor, linears, d_head: int) -> list[Tensor]:
+    """Apply several linear layers to the same ``x`` (B, T, C) as one matmul, and split each
+    result into heads of size ``d_head``: a list of (B, H_i, T, D), one per layer, in order.
 
     The weights stay separate parameters (checkpoints and exporters see ``q_proj``,
     ``k_proj``, ...); only the matmul is shared. One (C x nC) product uses the CPU's matrix
     units much better than n small (C x C) ones, forward and backward.
     """
-    b, t, c = x.shape
+    b, t, _ = x.shape
+    sizes = [lin.out_features for lin in linears]
     if all(isinstance(lin.weight, Tensor) for lin in linears):
-        weight = torch.cat([lin.weight for lin in linears])  # (n*C, C)
-        bias = torch.cat([lin.bias for lin in linears])
+        weight = torch.cat([lin.weight for lin in linears])  # (sum of sizes, C)
+        bias = None if linears[0].bias is None else torch.cat([lin.bias for lin in linears])
         y = F.linear(x, weight, bias)
-    else:  # e.g. torch.ao dynamically quantised int8 layers: no weight tensor to stack
+    else:  # e.g. int8 layers with no weight tensor to stack
         y = torch.cat([lin(x) for lin in linears], dim=-1)
-    y = y.view(b, t, len(linears), n_heads, c // n_heads)
-    return list(y.permute(2, 0, 3, 1, 4).unbind(0))  # n x (B, H, T, D)
+    return [part.view(b, t, n // d_head, d_head).transpose(1, 2) for part, n in zip(y.split(sizes, -1), sizes)]

@@ -21,13 +21,22 @@ class KVCache:
             of one sentence share its cross-attention K/V instead of holding copies.
         padded: False when no source holds padding; cross-attention then skips the mask
             (the same result, fewer operations).
+        key_mask: decoder-only models: (B, T) True where a cached position holds a real
+            token (a batch of prompts of different lengths is left-padded); None: all real.
+        next_position: decoder-only models: (B,) the position of each row's next token
+            (its real tokens so far), for the positional encoding.
+
+    A decoder-only model's cache has no cross-attention: ``cross_kv`` holds None per layer
+    and ``memory_mask`` is None.
     """
 
-    cross_kv: tuple[tuple[Tensor, Tensor], ...]
+    cross_kv: tuple[tuple[Tensor, Tensor] | None, ...]
     self_kv: tuple[tuple[Tensor, Tensor] | None, ...]
-    memory_mask: Tensor
+    memory_mask: Tensor | None
     group: int = 1
     padded: bool = True
+    key_mask: Tensor | None = None
+    next_position: Tensor | None = None
 
     @property
     def attend_mask(self) -> Tensor | None:
@@ -43,6 +52,8 @@ class KVCache:
     @property
     def batch_size(self) -> int:
         """Decoder rows."""
+        if self.memory_mask is None:
+            return self.next_position.size(0)
         return self.memory_mask.size(0) * self.group
 
     def expand(self, group: int) -> "KVCache":
@@ -65,6 +76,9 @@ class KVCache:
             return None if kv is None else (kv[0].index_select(0, idx), kv[1].index_select(0, idx))
 
         self_kv = tuple(pick(kv, index) for kv in self.self_kv)
+        if self.memory_mask is None:  # decoder-only: every row is its own
+            return replace(self, self_kv=self_kv, next_position=self.next_position.index_select(0, index),
+                           key_mask=None if self.key_mask is None else self.key_mask.index_select(0, index))
         sources = index.view(-1, self.group)[:, 0] // self.group if self.group > 1 else index
         n_src = self.memory_mask.size(0)
         if sources.numel() == n_src and bool((sources == torch.arange(n_src, device=index.device)).all()):

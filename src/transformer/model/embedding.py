@@ -39,20 +39,43 @@ class PositionalEncoding(nn.Module):
 
     def forward(self, x: Tensor, start: int = 0) -> Tensor:
         end = start + x.size(1)
-        if end > self.max_len:
-            raise ValueError(
-                f"sequence of {end} positions is longer than the model's max_len={self.max_len}; "
-                "shorten the input or build the model with a larger max_len")
+        _check_length(end, self.max_len)
         return x + self.pe[start:end].to(x.dtype)
+
+    def at(self, x: Tensor, positions: Tensor) -> Tensor:
+        """Adds PE[positions] to (B, T, C) inputs; ``positions`` (B, T), one row per sequence."""
+        _check_length(int(positions.max()) + 1 if positions.numel() else 0, self.max_len)
+        return x + self.pe[positions].to(x.dtype)
+
+
+class LearnedPositions(nn.Module):
+    """A trained vector per position (GPT-2's ``wpe``), added to the token embeddings."""
+
+    def __init__(self, d_model: int, max_len: int) -> None:
+        super().__init__()
+        self.max_len = max_len
+        self.weight = nn.Parameter(torch.empty(max_len, d_model))
+        nn.init.normal_(self.weight, mean=0.0, std=0.02)
+
+    def at(self, x: Tensor, positions: Tensor) -> Tensor:
+        _check_length(int(positions.max()) + 1 if positions.numel() else 0, self.max_len)
+        return x + nn.functional.embedding(positions, self.weight).to(x.dtype)
+
+
+def _check_length(n: int, max_len: int) -> None:
+    if n > max_len:
+        raise ValueError(f"sequence of {n} positions is longer than the model's max_len={max_len}; "
+                         "shorten the input or build the model with a larger max_len")
 
 
 class TokenEmbedding(nn.Module):
-    """Embedding lookup multiplied by sqrt(d_model) (section 3.4 of the paper)."""
+    """Embedding lookup multiplied by sqrt(d_model) (section 3.4 of the paper; ``scale=False``:
+    the plain lookup, as GPT and Llama do)."""
 
-    def __init__(self, vocab_size: int, d_model: int, pad_id: int) -> None:
+    def __init__(self, vocab_size: int, d_model: int, pad_id: int, scale: bool = True) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(vocab_size, d_model))
-        self.scale = math.sqrt(d_model)
+        self.scale = math.sqrt(d_model) if scale else 1.0
         self.pad_id = pad_id
         nn.init.normal_(self.weight, mean=0.0, std=d_model ** -0.5)
 

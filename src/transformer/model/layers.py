@@ -15,18 +15,32 @@ from torch import Tensor, nn
 from ..config import ModelConfig
 from .attention import MultiHeadAttention
 from .dropout import Dropout
+from .rotary import apply_rotary
+
+
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    """LayerNorm (the paper, GPT) or RMSNorm (Llama: no centring, no bias), per ``cfg.norm``."""
+    if cfg.norm == "rms":
+        return nn.RMSNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+    return nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps, bias=cfg.bias)
+
+
+def make_attention(cfg: ModelConfig) -> MultiHeadAttention:
+    return MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attn_dropout, cfg.n_kv_heads, cfg.bias)
 
 
 class FeedForward(nn.Module):
     """FFN(x) = max(0, x W1 + b1) W2 + b2, or the gated SwiGLU variant
-    (x W1 * silu(x W_gate)) W2 that modern models use (three matrices)."""
+    (x W_up * silu(x W_gate)) W_down that Llama uses (three matrices).
+
+    ``fc1`` is W1 (W_up), ``fc2`` is W2 (W_down), ``gate`` is W_gate."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.activation = cfg.ffn_activation
-        self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff)
-        self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model)
-        self.gate = nn.Linear(cfg.d_model, cfg.d_ff) if cfg.ffn_activation == "swiglu" else None
+        self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
+        self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
+        self.gate = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias) if cfg.ffn_activation == "swiglu" else None
 
     def hidden(self, x: Tensor) -> Tensor:
         """The inner layer after its activation: (B, T, C) -> (B, T, d_ff)."""
@@ -37,6 +51,8 @@ class FeedForward(nn.Module):
             return F.relu(h)
         if self.activation == "gelu":
             return F.gelu(h)
+        if self.activation == "gelu_tanh":
+            return F.gelu(h, approximate="tanh")
         return F.silu(h)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -48,7 +64,7 @@ class SublayerConnection(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.norm = make_norm(cfg)
         self.dropout = Dropout(cfg.dropout)
         self.norm_first = cfg.norm_first
 
@@ -64,7 +80,7 @@ class SublayerConnection(nn.Module):
 class EncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attn_dropout)
+        self.self_attn = make_attention(cfg)
         self.ffn = FeedForward(cfg)
         self.attn_block = SublayerConnection(cfg)
         self.ffn_block = SublayerConnection(cfg)
@@ -82,34 +98,41 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+    """Masked self-attention, cross-attention to the encoder's output, FFN; each with Add &
+    Norm. A decoder-only model (``cfg.decoder_only``) has no cross-attention: its layer is
+    masked self-attention and FFN, the block of GPT and Llama."""
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attn_dropout)
-        self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attn_dropout)
+        self.self_attn = make_attention(cfg)
+        self.cross_attn = None if cfg.decoder_only else make_attention(cfg)
         self.ffn = FeedForward(cfg)
         self.self_block = SublayerConnection(cfg)
-        self.cross_block = SublayerConnection(cfg)
+        self.cross_block = None if cfg.decoder_only else SublayerConnection(cfg)
         self.ffn_block = SublayerConnection(cfg)
 
     def forward(
         self,
         x: Tensor,
         past_kv: tuple[Tensor, Tensor] | None,
-        cross_kv: tuple[Tensor, Tensor],
+        cross_kv: tuple[Tensor, Tensor] | None,
         self_mask: Tensor | None,
         memory_mask: Tensor | None,
         need_weights: bool = False,
         group: int = 1,
+        rotary: tuple[Tensor, Tensor] | None = None,
     ):
         """One decoder layer on the new target positions.
 
         Args:
             x: (B, T_new, C) the positions being decoded now.
             past_kv: self-attention K, V (B, H, T_past, D) of earlier positions, or None.
-            cross_kv: K, V (B / group, H, S, D) projected from the encoder output (computed once).
+            cross_kv: K, V (B / group, H, S, D) projected from the encoder output (computed
+                once); None in a decoder-only model.
             self_mask: (1, 1, T_new, T_past + T_new) causal mask, or None when T_new == 1.
             memory_mask: (B / group, 1, 1, S) source padding mask.
             group: consecutive rows of x that belong to one source sentence (beams).
+            rotary: cos, sin of the new positions (rotary position embeddings), or None.
 
         Returns:
             x (B, T_new, C), the self-attention K, V now covering T_past + T_new
@@ -117,7 +140,9 @@ class DecoderLayer(nn.Module):
         """
 
         def masked_self_attention(h: Tensor):
-            q, k, v = self.self_attn.project_qkv(h)  # (B, H, T_new, D) each
+            q, k, v = self.self_attn.project_qkv(h)  # (B, H, T_new, D); K, V (B, H_kv, T_new, D)
+            if rotary is not None:  # keys are cached rotated: each turned once, at its own position
+                q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
             if past_kv is not None:
                 k = torch.cat([past_kv[0], k], dim=2)
                 v = torch.cat([past_kv[1], v], dim=2)
@@ -138,7 +163,9 @@ class DecoderLayer(nn.Module):
             return out.reshape(n, t, c), w
 
         x, (k, v, self_w) = self.self_block(x, masked_self_attention)
-        x, cross_w = self.cross_block(x, cross_attention)
+        cross_w = None
+        if self.cross_attn is not None:
+            x, cross_w = self.cross_block(x, cross_attention)
         x, _ = self.ffn_block(x, lambda h: (self.ffn(h), None))
         return x, (k, v), (self_w, cross_w)
 

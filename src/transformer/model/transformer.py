@@ -18,7 +18,7 @@ from .attention import fused_projection
 from .cache import KVCache
 from .dropout import Dropout
 from .embedding import PositionalEncoding, TokenEmbedding
-from .layers import DecoderLayer, EncoderLayer
+from .layers import DecoderLayer, EncoderLayer, make_norm
 
 
 class Encoder(nn.Module):
@@ -27,7 +27,7 @@ class Encoder(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_layers))
-        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.use_final_norm else None
+        self.norm = make_norm(cfg) if cfg.use_final_norm else None
 
     def forward(self, x: Tensor, mask: Tensor | None, need_weights: bool = False):
         """x (B, S, C), mask (B, 1, 1, S) -> (B, S, C), list of per-layer weights (or Nones)."""
@@ -46,15 +46,20 @@ class Decoder(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_layers))
-        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.use_final_norm else None
+        self.norm = make_norm(cfg) if cfg.use_final_norm else None
 
-    def forward(self, x: Tensor, cache: KVCache, need_weights: bool = False):
-        """x (B, T_new, C) -> (B, T_new, C), the grown cache, and per-layer (self, cross) weights."""
+    def forward(self, x: Tensor, cache: KVCache, need_weights: bool = False, rotary=None, key_mask=None):
+        """x (B, T_new, C) -> (B, T_new, C), the grown cache, and per-layer (self, cross) weights.
+
+        ``key_mask`` (B, T_past + T_new), True = a real token, masks the padding of a
+        decoder-only model's left-padded batch; ``rotary`` is the new positions' cos, sin."""
         t_past, t_new = cache.length, x.size(1)
         self_mask = None if t_new == 1 else masks.causal_mask(t_new, t_past + t_new, x.device)
+        if key_mask is not None:
+            self_mask = masks.combine(self_mask, key_mask[:, None, None, :])
         new_self_kv, weights = [], []
         for layer, past, cross in zip(self.layers, cache.self_kv, cache.cross_kv):
-            x, kv, w = layer(x, past, cross, self_mask, cache.attend_mask, need_weights, cache.group)
+            x, kv, w = layer(x, past, cross, self_mask, cache.attend_mask, need_weights, cache.group, rotary)
             new_self_kv.append(kv)
             weights.append(w)
         if self.norm is not None:
@@ -113,7 +118,7 @@ class Transformer(nn.Module):
         """Project the encoder output to each decoder layer's cross-attention K, V once
         (all layers' K and V in one matmul: they read the same memory)."""
         attns = [layer.cross_attn for layer in self.decoder.layers]
-        kv = fused_projection(memory, [lin for a in attns for lin in (a.k_proj, a.v_proj)], self.cfg.n_heads)
+        kv = fused_projection(memory, [lin for a in attns for lin in (a.k_proj, a.v_proj)], self.cfg.d_head)
         cross = tuple(zip(kv[0::2], kv[1::2]))
         mask = self.src_mask(src)
         return KVCache(cross_kv=cross, self_kv=(None,) * len(cross), memory_mask=mask, padded=_has_padding(mask))

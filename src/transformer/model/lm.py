@@ -1,0 +1,154 @@
+"""The decoder-only Transformer: a language model (GPT, Llama) built from the same parts as
+the encoder-decoder (the decoder layers without cross-attention, the one attention function,
+the one mask convention, the one KV cache).
+
+    logits = model(tokens)                             # (B, T) ids -> (B, T, V), causal
+    cache = model.start_cache(batch_size)
+    logits, cache = model.decode(tokens, cache)        # the next T positions; cache grows by T
+
+As the seed's opening note puts it, the model is a stack of trained matrices: two global ones,
+the embedding ``We`` (``embed.weight``) and the output head ``Whead`` (``out_proj.weight``, or
+``We`` itself when tied), and in each layer ``WQ, WK, WV, WO`` (``self_attn.q_proj`` ...
+``out_proj``) and the FFN's ``W_up, W_down`` (``ffn.fc1, ffn.fc2``) and, gated (SwiGLU),
+``W_gate`` (``ffn.gate``). :func:`weight_matrices` lists them under those names.
+
+A batch of sequences of different lengths is left-padded with ``pad_id``: padding is masked
+as keys, and each row's positions count its real tokens only, so a row decodes as it would
+alone.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import torch
+from torch import Tensor, nn
+
+from ..config import ModelConfig
+from .cache import KVCache
+from .dropout import Dropout
+from .embedding import LearnedPositions, PositionalEncoding, TokenEmbedding
+from .rotary import Rotary
+from .transformer import Decoder
+
+
+class LanguageModel(nn.Module):
+    """Decoder-only Transformer; see :class:`~transformer.ModelConfig` (``kind="decoder-only"``).
+
+    Shape:
+        tokens: (B, T) ids (left-padded with ``cfg.pad_id`` when rows differ in length).
+        output: (B, T, V) logits for the token after each position.
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        if not cfg.decoder_only:
+            raise ValueError("LanguageModel needs kind='decoder-only'; the encoder-decoder is Transformer")
+        self.cfg = cfg
+        self.embed = TokenEmbedding(cfg.vocab_size, cfg.d_model, cfg.pad_id, scale=cfg.embed_scale)
+        self.positions = None
+        if cfg.positions == "learned":
+            self.positions = LearnedPositions(cfg.d_model, cfg.max_len)
+        elif cfg.positions == "sinusoidal":
+            self.positions = PositionalEncoding(cfg.d_model, cfg.max_len, cfg.sinusoid_layout)
+        self.rotary = Rotary(cfg.d_head, cfg.max_len, cfg.rope_theta) if cfg.positions == "rope" else None
+        self.dropout = Dropout(cfg.dropout)
+        self.decoder = Decoder(cfg)
+        self.out_proj = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.out_bias = nn.Parameter(torch.zeros(cfg.vocab_size)) if cfg.output_bias else None
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        """GPT-2's initialisation (Llama's too): every matrix from N(0, 0.02), the two that
+        write into the residual stream (W_O and W_down) scaled by 1/sqrt(2N), biases 0."""
+        std = 0.02
+        for name, p in self.named_parameters():
+            if p.dim() == 2:
+                residual = name.endswith(("self_attn.out_proj.weight", "ffn.fc2.weight"))
+                nn.init.normal_(p, 0.0, std / math.sqrt(2 * self.cfg.n_layers) if residual else std)
+            elif name.endswith("bias"):
+                nn.init.zeros_(p)
+
+    # ---- the cache --------------------------------------------------------------------
+    def start_cache(self, batch_size: int, device: torch.device | str | None = None) -> KVCache:
+        """An empty cache for ``batch_size`` sequences."""
+        device = device or self.embed.weight.device
+        n = self.cfg.n_layers
+        return KVCache(cross_kv=(None,) * n, self_kv=(None,) * n, memory_mask=None, padded=False,
+                       next_position=torch.zeros(batch_size, dtype=torch.long, device=device))
+
+    def decode(self, tokens: Tensor, cache: KVCache, return_weights: bool = False):
+        """The next ``T`` positions of each sequence.
+
+        Args:
+            tokens: (B, T) ids; the first call may hold left-padded prompts.
+            cache: from :meth:`start_cache` or an earlier ``decode``.
+
+        Returns:
+            logits (B, T, V) and the grown cache; with ``return_weights`` also a list of
+            (B, H, T, T_total) self-attention weights, one per layer.
+        """
+        h, cache, weights = self.hidden(tokens, cache, return_weights)
+        logits = self.project(h)
+        return (logits, cache, weights) if return_weights else (logits, cache)
+
+    def hidden(self, tokens: Tensor, cache: KVCache, need_weights: bool = False):
+        """The final hidden states (B, T, C), the grown cache and the attention weights."""
+        real = tokens != self.cfg.pad_id
+        key_mask = cache.key_mask
+        if key_mask is not None or not bool(real.all()):
+            past = key_mask if key_mask is not None else real.new_ones(tokens.size(0), cache.length)
+            key_mask = torch.cat([past, real], dim=1)
+        positions = (cache.next_position[:, None] + real.long().cumsum(1) - 1).clamp(min=0)  # padding: 0, unused
+        x = self.embed(tokens)
+        if self.positions is not None:
+            x = self.positions.at(x, positions)
+        rotary = self.rotary(positions) if self.rotary is not None else None
+        x = self.dropout(x)
+        h, cache, weights = self.decoder(x, cache, need_weights, rotary, key_mask)
+        cache = replace(cache, key_mask=key_mask, next_position=cache.next_position + real.sum(1))
+        return h, cache, [w for w, _ in weights]
+
+    # ---- the output -------------------------------------------------------------------
+    def project(self, h: Tensor) -> Tensor:
+        """Whead: (..., C) -> (..., V) logits."""
+        if self.out_proj is None:
+            return nn.functional.linear(h, self.embed.weight, self.out_bias)
+        logits = self.out_proj(h)
+        return logits if self.out_bias is None else logits + self.out_bias
+
+    def output_layer(self) -> tuple[Tensor, Tensor | None]:
+        weight = self.embed.weight if self.out_proj is None else self.out_proj.weight
+        return weight, self.out_bias
+
+    def forward(self, tokens: Tensor, select: Tensor | None = None) -> Tensor:
+        """(B, T) ids -> (B, T, V) logits for the next token at every position; ``select``
+        (B, T) bool: only there, as (N, V) in row-major order (training skips the
+        vocabulary projection where there is no label)."""
+        h, _, _ = self.hidden(tokens, self.start_cache(tokens.size(0), tokens.device))
+        return self.project(h[select] if select is not None else h)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+def weight_matrices(model: LanguageModel) -> list[tuple[str, str, tuple[int, ...], int]]:
+    """The model's matrices in the seed's names: (seed name, parameter name, shape, count),
+    We and Whead first, then per layer WQ, WK, WV, WO, W_gate, W_up, W_down."""
+    rows = [("We", "embed.weight", tuple(model.embed.weight.shape), model.embed.weight.numel())]
+    if model.positions is not None and isinstance(model.positions, LearnedPositions):
+        w = model.positions.weight
+        rows.append(("Wpos", "positions.weight", tuple(w.shape), w.numel()))
+    for i, layer in enumerate(model.decoder.layers):
+        a, f = layer.self_attn, layer.ffn
+        named = [("WQ", a.q_proj), ("WK", a.k_proj), ("WV", a.v_proj), ("WO", a.out_proj),
+                 ("W_gate", f.gate), ("W_up", f.fc1), ("W_down", f.fc2)]
+        for seed_name, lin in named:
+            if lin is None:
+                continue
+            param = next(n for n, p in model.named_parameters() if p is lin.weight)
+            rows.append((f"layer {i + 1} {seed_name}", param, tuple(lin.weight.shape), lin.weight.numel()))
+    head = model.embed.weight if model.out_proj is None else model.out_proj.weight
+    rows.append(("Whead", "embed.weight (tied: We)" if model.out_proj is None else "out_proj.weight",
+                 tuple(head.shape), 0 if model.out_proj is None else head.numel()))
+    return rows
