@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from ..config import ModelConfig
 from ..errors import UserError
-from ..model import Transformer
+from ..model import Transformer, build_model
 from .files import atomic_write
 from .layout import WEIGHTS, resolve_weights
 
@@ -92,7 +92,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> tuple[Tr
     file's metadata and its ``path``."""
     weights = resolve_weights(path)
     cfg, tensors, meta = read_weights(weights)
-    model = Transformer(cfg)
+    model = build_model(cfg)
     load_weights_into(model, tensors, weights)
     return model.to(device).eval(), {**meta, "path": str(weights)}
 
@@ -113,7 +113,7 @@ def average_checkpoints(paths: list[Path], out: str | Path) -> Path:
                 acc[k] += v.double()
             elif not torch.equal(v, acc[k]):  # integer buffers: the same in every checkpoint
                 raise UserError(f"{p}: {k} differs from {paths[0]}; cannot average")
-    model = Transformer(cfg0)
+    model = build_model(cfg0)
     load_weights_into(model, {k: (v / len(paths)).float() if v.is_floating_point() else v for k, v in acc.items()},
                       paths[0])
     save_weights(model, out, {"averaged_from": ",".join(p.name for p in paths)})

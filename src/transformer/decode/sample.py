@@ -1,0 +1,103 @@
+"""Generation for the decoder-only language model: greedy (temperature 0) or sampling with
+temperature, top-k and top-p (nucleus), batched on the KV cache, tokens yielded as they come.
+
+Each row draws from its own random generator, seeded ``seed + row``: the same seed gives the
+same text, and a row's text does not depend on the other rows of the batch.
+
+Context longer than the model's ``max_len``: when a row's sequence fills the positions, the
+cache is rebuilt from its last ``max_len // 2`` tokens and generation goes on (a sliding
+window that moves by half a context at a time; each token still sees at least
+``max_len // 2`` tokens before it).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+
+
+def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """(B, V) logits with every token outside the top-k and outside the nucleus set to -inf.
+
+    The nucleus is the smallest set of most probable tokens whose probability reaches
+    ``top_p`` (the token that crosses the threshold is in it, so it is never empty)."""
+    if top_k and top_k < logits.size(-1):
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        before = probs.cumsum(dim=-1) - probs  # the probability of the tokens ranked above each
+        drop = before >= top_p
+        logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    return logits
+
+
+def next_tokens(logits: Tensor, temperature: float, top_k: int, top_p: float,
+                generators: list[torch.Generator] | None) -> Tensor:
+    """(B, V) logits of the next position -> (B,) chosen ids."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = filter_logits(logits.float() / temperature, top_k, top_p).softmax(dim=-1)
+    return torch.cat([torch.multinomial(p, 1, generator=g) for p, g in zip(probs, generators)])
+
+
+def left_pad(prompts: list[list[int]], pad_id: int, device) -> Tensor:
+    width = max(len(p) for p in prompts)
+    out = torch.full((len(prompts), width), pad_id, dtype=torch.long, device=device)
+    for i, p in enumerate(prompts):
+        if p:
+            out[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+    return out
+
+
+@torch.inference_mode()
+def generate_stream(model, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0,
+                    top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
+                    stop_id: int | None = None) -> Iterator[Tensor]:
+    """Yield the next token of every row, (B,) ids, ``max_new_tokens`` times (fewer when every
+    row has produced ``stop_id``; a finished row then repeats ``stop_id``).
+
+    ``prompts`` are token ids, each non-empty and at most ``max_len - 1`` long (the callers
+    cut longer ones from the left and start empty ones with BOS)."""
+    cfg, device = model.cfg, model.output_layer()[0].device
+    if any(not p or len(p) >= cfg.max_len for p in prompts):
+        raise ValueError(f"every prompt needs 1 to {cfg.max_len - 1} tokens")
+    generators = None
+    if temperature > 0:
+        base = torch.seed() if seed is None else seed
+        generators = [torch.Generator(device=device).manual_seed(base + i) for i in range(len(prompts))]
+    history = [list(p) for p in prompts]
+    cache = model.start_cache(len(prompts), device)
+    logits, cache = model.decode(left_pad(prompts, cfg.pad_id, device), cache)
+    done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
+    for step in range(max_new_tokens):
+        token = next_tokens(logits[:, -1], temperature, top_k, top_p, generators)
+        if stop_id is not None:
+            token = token.masked_fill(done, stop_id)
+            done |= token == stop_id
+        yield token
+        if bool(done.all()) or step == max_new_tokens - 1:
+            return
+        for row, t in zip(history, token.tolist()):
+            row.append(t)
+        if int(cache.next_position.max()) >= cfg.max_len:  # the positions are full: slide the window
+            keep = [row[-(cfg.max_len // 2):] for row in history]
+            cache = model.start_cache(len(prompts), device)
+            logits, cache = model.decode(left_pad(keep, cfg.pad_id, device), cache)
+        else:
+            logits, cache = model.decode(token[:, None], cache)
+
+
+def generate(model, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0, top_k: int = 0,
+             top_p: float = 1.0, seed: int | None = None, stop_id: int | None = None) -> list[list[int]]:
+    """The new tokens of each row (without the prompt; cut after ``stop_id``, which is kept)."""
+    out: list[list[int]] = [[] for _ in prompts]
+    finished = [False] * len(prompts)
+    for token in generate_stream(model, prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_id):
+        for i, t in enumerate(token.tolist()):
+            if not finished[i]:
+                out[i].append(t)
+                finished[i] = t == stop_id
+    return out

@@ -1,0 +1,93 @@
+"""Generation for the language model: greedy equals a loop over the full forward pass,
+top-k / top-p never sample outside their set (a hand-made distribution), a seed gives the
+same text, a row's text does not depend on its batch, and the sliding window goes past the
+model's positions."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from transformer import ModelConfig
+from transformer.decode import filter_logits, generate
+from transformer.decode.sample import next_tokens
+from transformer.model import LanguageModel
+
+V = 19
+
+
+def lm(**over) -> LanguageModel:
+    torch.manual_seed(0)
+    cfg = ModelConfig.preset("llama-char", vocab_size=V, d_model=32, n_heads=4, d_ff=64, n_layers=2, max_len=24, **over)
+    return LanguageModel(cfg).eval()
+
+
+def naive_greedy(model, prompt: list[int], n: int) -> list[int]:
+    seq = list(prompt)
+    for _ in range(n):
+        seq.append(int(model(torch.tensor([seq]))[0, -1].argmax()))
+    return seq[len(prompt):]
+
+
+PROMPTS = [[5, 6, 7, 8, 9], [3], [10, 4, 12]]
+
+
+def test_greedy_is_the_argmax_of_the_full_forward_at_every_step():
+    model = lm()
+    out = generate(model, PROMPTS, 10, temperature=0)
+    assert out == [naive_greedy(model, p, 10) for p in PROMPTS]
+
+
+def test_hand_made_distribution_top_k_and_top_p_sets():
+    probs = torch.tensor([[0.5, 0.2, 0.15, 0.1, 0.05]])
+    logits = probs.log()
+    kept = lambda lg: (~torch.isinf(lg[0])).nonzero().flatten().tolist()  # noqa: E731
+    assert kept(filter_logits(logits, top_k=2)) == [0, 1]
+    assert kept(filter_logits(logits, top_p=0.5)) == [0]  # 0.5 reaches 0.5 alone
+    assert kept(filter_logits(logits, top_p=0.6)) == [0, 1]  # the token crossing the threshold is in
+    assert kept(filter_logits(logits, top_p=0.85)) == [0, 1, 2]
+    assert kept(filter_logits(logits, top_p=1.0)) == [0, 1, 2, 3, 4]
+    assert kept(filter_logits(logits, top_k=3, top_p=0.6)) == [0, 1]
+    gens = [torch.Generator().manual_seed(i) for i in range(2000)]
+    for top_k, top_p, allowed in [(2, 1.0, {0, 1}), (0, 0.6, {0, 1}), (0, 0.85, {0, 1, 2}), (1, 1.0, {0})]:
+        drawn = next_tokens(logits.expand(2000, -1), 1.0, top_k, top_p, gens)
+        assert set(drawn.tolist()) == allowed, (top_k, top_p)  # all of the set, nothing outside it
+    # within the set, in proportion: top_k=2 renormalises 0.5 / 0.2 to 0.714 / 0.286
+    drawn = next_tokens(logits.expand(2000, -1), 1.0, 2, 1.0, gens)
+    assert abs(float((drawn == 0).float().mean()) - 0.5 / 0.7) < 0.04
+
+
+def test_the_same_seed_gives_the_same_text_and_rows_do_not_depend_on_the_batch():
+    model = lm()
+    a = generate(model, PROMPTS, 12, temperature=1.0, top_k=10, seed=7)
+    assert generate(model, PROMPTS, 12, temperature=1.0, top_k=10, seed=7) == a
+    assert generate(model, PROMPTS, 12, temperature=1.0, top_k=10, seed=8) != a
+    assert generate(model, PROMPTS[:1], 12, temperature=1.0, top_k=10, seed=7) == a[:1]  # row 0 alone
+
+
+def test_sampling_at_low_temperature_is_greedy():
+    model = lm()
+    assert generate(model, PROMPTS, 8, temperature=1e-4, seed=1) == generate(model, PROMPTS, 8, temperature=0)
+
+
+def test_generation_goes_past_the_positions_with_a_sliding_window():
+    model = lm()
+    out = generate(model, [[5, 6, 7]], 60, temperature=0)[0]  # max_len 24
+    assert len(out) == 60
+    # up to the first slide it is the plain greedy continuation
+    assert out[:21] == naive_greedy(model, [5, 6, 7], 21)
+
+
+def test_stop_id_ends_a_row():
+    model = lm()
+    first = generate(model, PROMPTS, 6, temperature=0)
+    stop = first[0][2]
+    out = generate(model, PROMPTS, 6, temperature=0, stop_id=stop)
+    assert out[0] == first[0][: first[0].index(stop) + 1]
+
+
+def test_prompts_must_fit():
+    model = lm()
+    with pytest.raises(ValueError, match="1 to 23 tokens"):
+        generate(model, [[]], 3)
+    with pytest.raises(ValueError, match="1 to 23 tokens"):
+        generate(model, [[4] * 24], 3)
