@@ -2,6 +2,7 @@
 
     torch.nn.Transformer   import (torch_nn.py)
     Hugging Face Marian    import and export (marian.py; needs ``transformers``)
+    Hugging Face Llama     import and export of the language model (llama.py; ``transformers``)
     CTranslate2            export (ctranslate2.py; needs ``ctranslate2``)
     ONNX                   export of the encoder and one decoder step with its KV cache, and
                            a check and greedy loop on onnxruntime (onnx.py; needs ``onnx``,
@@ -12,6 +13,7 @@ them is called.
 """
 from .marian import config_from_marian, config_to_marian, from_marian, load_marian, save_marian, to_marian
 from .ctranslate2 import save_ctranslate2, to_ctranslate2_spec
+from .llama import from_llama, to_llama
 from .layout import to_concat_layout
 from .onnx import check_onnx, export_onnx, greedy_onnx
 from .torch_nn import load_from_torch_nn
@@ -21,6 +23,8 @@ __all__ = [
     "to_concat_layout",
     "save_ctranslate2",
     "to_ctranslate2_spec",
+    "from_llama",
+    "to_llama",
     "export_onnx",
     "check_onnx",
     "greedy_onnx",
