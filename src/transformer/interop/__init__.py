@@ -3,6 +3,7 @@
     torch.nn.Transformer   import (torch_nn.py)
     Hugging Face Marian    import and export (marian.py; needs ``transformers``)
     Hugging Face Llama     import and export of the language model (llama.py; ``transformers``)
+    Hugging Face GPT-2     import and export of the language model (gpt2.py; ``transformers``)
     CTranslate2            export (ctranslate2.py; needs ``ctranslate2``)
     ONNX                   export of the encoder and one decoder step with its KV cache, and
                            a check and greedy loop on onnxruntime (onnx.py; needs ``onnx``,
@@ -13,6 +14,7 @@ them is called.
 """
 from .marian import config_from_marian, config_to_marian, from_marian, load_marian, save_marian, to_marian
 from .ctranslate2 import save_ctranslate2, to_ctranslate2_spec
+from .gpt2 import from_gpt2, to_gpt2
 from .llama import from_llama, to_llama
 from .layout import to_concat_layout
 from .onnx import check_onnx, export_onnx, greedy_onnx
@@ -25,6 +27,8 @@ __all__ = [
     "to_ctranslate2_spec",
     "from_llama",
     "to_llama",
+    "from_gpt2",
+    "to_gpt2",
     "export_onnx",
     "check_onnx",
     "greedy_onnx",
