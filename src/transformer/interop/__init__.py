@@ -4,7 +4,8 @@
     Hugging Face Marian    import and export (marian.py; needs ``transformers``)
     Hugging Face Llama     import and export of the language model (llama.py; ``transformers``)
     Hugging Face GPT-2     import and export of the language model (gpt2.py; ``transformers``)
-    CTranslate2            export (ctranslate2.py; needs ``ctranslate2``)
+    CTranslate2            export (ctranslate2.py; needs ``ctranslate2``); the language
+                           model to its decoder-only Generator (ctranslate2_lm.py)
     ONNX                   export of the encoder and one decoder step with its KV cache, and
                            a check and greedy loop on onnxruntime (onnx.py; needs ``onnx``,
                            ``onnxscript`` and ``onnxruntime``)
@@ -14,6 +15,7 @@ them is called.
 """
 from .marian import config_from_marian, config_to_marian, from_marian, load_marian, save_marian, to_marian
 from .ctranslate2 import save_ctranslate2, to_ctranslate2_spec
+from .ctranslate2_lm import save_ctranslate2_lm, to_ctranslate2_lm_spec
 from .gpt2 import from_gpt2, to_gpt2
 from .llama import from_llama, to_llama
 from .layout import to_concat_layout
@@ -25,6 +27,8 @@ __all__ = [
     "to_concat_layout",
     "save_ctranslate2",
     "to_ctranslate2_spec",
+    "save_ctranslate2_lm",
+    "to_ctranslate2_lm_spec",
     "from_llama",
     "to_llama",
     "from_gpt2",

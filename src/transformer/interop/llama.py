@@ -49,8 +49,6 @@ from ..model.lm import LanguageModel
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import LlamaConfig, LlamaForCausalLM
 
-_TOL = 1e-12
-
 
 def _check(cond: bool, where: str, msg: str) -> None:
     if not cond:
