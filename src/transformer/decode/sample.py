@@ -43,13 +43,16 @@ def next_tokens(logits: Tensor, temperature: float, top_k: int, top_p: float,
     return torch.cat([torch.multinomial(p, 1, generator=g) for p, g in zip(probs, generators)])
 
 
-def left_pad(prompts: list[list[int]], pad_id: int, device) -> Tensor:
+def left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[Tensor, Tensor]:
+    """(B, T) ids left-padded with ``pad_id``, and (B, T) True at the real tokens."""
     width = max(len(p) for p in prompts)
     out = torch.full((len(prompts), width), pad_id, dtype=torch.long, device=device)
+    real = torch.zeros((len(prompts), width), dtype=torch.bool, device=device)
     for i, p in enumerate(prompts):
         if p:
             out[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-    return out
+            real[i, width - len(p):] = True
+    return out, real
 
 
 @torch.inference_mode()
@@ -70,7 +73,9 @@ def generate_stream(model, prompts: list[list[int]], max_new_tokens: int, temper
         generators = [torch.Generator(device=device).manual_seed(base + i) for i in range(len(prompts))]
     history = [list(p) for p in prompts]
     cache = model.start_cache(len(prompts), device)
-    logits, cache = model.decode(left_pad(prompts, cfg.pad_id, device), cache)
+    ids, real = left_pad(prompts, cfg.pad_id, device)
+    logits, cache = model.decode(ids, cache, real=real)
+    every = torch.ones(len(prompts), 1, dtype=torch.bool, device=device)  # a generated token is real, whatever its id
     done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
     for step in range(max_new_tokens):
         token = next_tokens(logits[:, -1], temperature, top_k, top_p, generators)
@@ -85,9 +90,10 @@ def generate_stream(model, prompts: list[list[int]], max_new_tokens: int, temper
         if int(cache.next_position.max()) >= cfg.max_len:  # the positions are full: slide the window
             keep = [row[-(cfg.max_len // 2):] for row in history]
             cache = model.start_cache(len(prompts), device)
-            logits, cache = model.decode(left_pad(keep, cfg.pad_id, device), cache)
+            ids, real = left_pad(keep, cfg.pad_id, device)
+            logits, cache = model.decode(ids, cache, real=real)
         else:
-            logits, cache = model.decode(token[:, None], cache)
+            logits, cache = model.decode(token[:, None], cache, real=every)
 
 
 def generate(model, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0, top_k: int = 0,

@@ -12,9 +12,10 @@ the embedding ``We`` (``embed.weight``) and the output head ``Whead`` (``out_pro
 ``out_proj``) and the FFN's ``W_up, W_down`` (``ffn.fc1, ffn.fc2``) and, gated (SwiGLU),
 ``W_gate`` (``ffn.gate``). :func:`weight_matrices` lists them under those names.
 
-A batch of sequences of different lengths is left-padded with ``pad_id``: padding is masked
-as keys, and each row's positions count its real tokens only, so a row decodes as it would
-alone.
+A batch of sequences of different lengths is left-padded: ``real`` (B, T) marks the real
+tokens (by default, every token that is not ``pad_id``); padding is masked as keys, and each
+row's positions count its real tokens only, so a row decodes as it would alone. Pass
+``real`` explicitly for a model whose ``pad_id`` is also a real token (an imported GPT-2).
 """
 from __future__ import annotations
 
@@ -77,24 +78,25 @@ class LanguageModel(nn.Module):
         return KVCache(cross_kv=(None,) * n, self_kv=(None,) * n, memory_mask=None, padded=False,
                        next_position=torch.zeros(batch_size, dtype=torch.long, device=device))
 
-    def decode(self, tokens: Tensor, cache: KVCache, return_weights: bool = False):
+    def decode(self, tokens: Tensor, cache: KVCache, return_weights: bool = False, real: Tensor | None = None):
         """The next ``T`` positions of each sequence.
 
         Args:
             tokens: (B, T) ids; the first call may hold left-padded prompts.
             cache: from :meth:`start_cache` or an earlier ``decode``.
+            real: (B, T) bool, True at real tokens (default: ``tokens != pad_id``).
 
         Returns:
             logits (B, T, V) and the grown cache; with ``return_weights`` also a list of
             (B, H, T, T_total) self-attention weights, one per layer.
         """
-        h, cache, weights = self.hidden(tokens, cache, return_weights)
+        h, cache, weights = self.hidden(tokens, cache, return_weights, real)
         logits = self.project(h)
         return (logits, cache, weights) if return_weights else (logits, cache)
 
-    def hidden(self, tokens: Tensor, cache: KVCache, need_weights: bool = False):
+    def hidden(self, tokens: Tensor, cache: KVCache, need_weights: bool = False, real: Tensor | None = None):
         """The final hidden states (B, T, C), the grown cache and the attention weights."""
-        real = tokens != self.cfg.pad_id
+        real = tokens != self.cfg.pad_id if real is None else real
         key_mask = cache.key_mask
         if key_mask is not None or not bool(real.all()):
             past = key_mask if key_mask is not None else real.new_ones(tokens.size(0), cache.length)
@@ -121,11 +123,11 @@ class LanguageModel(nn.Module):
         weight = self.embed.weight if self.out_proj is None else self.out_proj.weight
         return weight, self.out_bias
 
-    def forward(self, tokens: Tensor, select: Tensor | None = None) -> Tensor:
+    def forward(self, tokens: Tensor, select: Tensor | None = None, real: Tensor | None = None) -> Tensor:
         """(B, T) ids -> (B, T, V) logits for the next token at every position; ``select``
         (B, T) bool: only there, as (N, V) in row-major order (training skips the
-        vocabulary projection where there is no label)."""
-        h, _, _ = self.hidden(tokens, self.start_cache(tokens.size(0), tokens.device))
+        vocabulary projection where there is no label); ``real`` as in :meth:`decode`."""
+        h, _, _ = self.hidden(tokens, self.start_cache(tokens.size(0), tokens.device), real=real)
         return self.project(h[select] if select is not None else h)
 
     def num_parameters(self) -> int:
