@@ -2,9 +2,10 @@
 
 The data folder is resolved by :func:`find_data_dir` (option > ``$TRANSFORMER_DATA`` >
 ``~/.cache/transformer/data``); a dataset keeps its files in a sub-folder named after it,
-e.g. ``<data_dir>/multi30k/train.de.gz``. Local files are used as they are; a missing file is
-downloaded (when allowed), checked against the SHA-256 in :data:`MULTI30K`, and only then
-moved into place, so the folder never holds a partial or corrupt download.
+e.g. ``<data_dir>/multi30k/train.de.gz`` or ``<data_dir>/tinyshakespeare/input.txt``. Local files
+are used as they are; a missing file is downloaded (when allowed), checked against the SHA-256
+in :data:`MULTI30K` or :data:`TINY_SHAKESPEARE`, and only then moved into place, so the folder
+never holds a partial or corrupt download.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from ..errors import UserError
 from ..run.files import atomic_write
 from .corpus import read_parallel
 
-__all__ = ["Dataset", "MULTI30K", "DATA_ENV_VAR", "find_data_dir", "load_multi30k", "fetch_url"]
+__all__ = ["Dataset", "MULTI30K", "TextFile", "TINY_SHAKESPEARE", "DATA_ENV_VAR", "find_data_dir", "load_multi30k",
+           "tinyshakespeare_path", "fetch_url"]
 
 DATA_ENV_VAR = "TRANSFORMER_DATA"
 
@@ -78,6 +80,25 @@ MULTI30K = Dataset(
 )
 
 
+@dataclass(frozen=True)
+class TextFile:
+    """A plain-text corpus published as one file: ``<data_dir>/<name>/<file_name>``."""
+
+    name: str
+    file_name: str
+    url: str
+    sha256: str
+
+
+# The 1,115,394 characters nanoGPT's shakespeare_char trains on (Karpathy's char-rnn data).
+TINY_SHAKESPEARE = TextFile(
+    name="tinyshakespeare",
+    file_name="input.txt",
+    url="https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt",
+    sha256="86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed",
+)
+
+
 def find_data_dir(data_dir: str | Path | None = None) -> Path | None:
     """The data folder: ``data_dir`` if given, else ``$TRANSFORMER_DATA`` if set and non-empty,
     else ``~/.cache/transformer/data``; ``None`` only when no home directory can be found.
@@ -114,16 +135,18 @@ def fetch_url(url: str, timeout: float = 60.0) -> bytes:
 def _download(dataset: Dataset, split: str, lang: str, folder: Path, fetch: Fetch) -> Path:
     """Fetch one file, verify its SHA-256, then move it into ``folder`` atomically."""
     name = dataset.file_name(split, lang)
-    url = dataset.url.format(split=split, lang=lang)
+    return _fetch_verified(dataset.url.format(split=split, lang=lang), dataset.sha256[name], folder / name, fetch)
+
+
+def _fetch_verified(url: str, expected: str, target: Path, fetch: Fetch) -> Path:
+    """Fetch ``url``, check its SHA-256 against ``expected``, then write ``target`` atomically."""
     data = fetch(url)
     got = hashlib.sha256(data).hexdigest()
-    expected = dataset.sha256[name]
     if got != expected:
         raise UserError(
             f"checksum mismatch for {url}: expected sha256 {expected}, got {got}; "
-            f"the download is corrupt or changed upstream: retry, or place a verified copy at {folder / name}"
+            f"the download is corrupt or changed upstream: retry, or place a verified copy at {target}"
         )
-    target = folder / name
     atomic_write(target, lambda tmp: Path(tmp).write_bytes(data))  # a crash never leaves half a file
     return target
 
@@ -180,3 +203,23 @@ def load_multi30k(
             path = _download(dataset, split, lang, folder, fetch or fetch_url)
         paths.append(path)
     return read_parallel(*paths)
+
+
+def tinyshakespeare_path(data_dir: str | Path | None = None, download: bool = True, fetch: Fetch | None = None) -> Path:
+    """The path of Tiny Shakespeare: ``<data_dir>/tinyshakespeare/input.txt`` (``data_dir``
+    resolved by :func:`find_data_dir`), used as it is when present; else downloaded from
+    :data:`TINY_SHAKESPEARE`'s URL and verified against its SHA-256 (when ``download``).
+
+    Raises:
+        UserError: missing with ``download=False``, failed download or checksum mismatch.
+    """
+    root = find_data_dir(data_dir)
+    if root is None:
+        raise UserError(f"no data folder: pass a data directory or set ${DATA_ENV_VAR}")
+    ds = TINY_SHAKESPEARE
+    path = root / ds.name / ds.file_name
+    if path.exists():
+        return path
+    if not download:
+        raise UserError(f"{path}: not found and downloading is off; allow downloading or place {ds.url} there")
+    return _fetch_verified(ds.url, ds.sha256, path, fetch or fetch_url)

@@ -1,0 +1,180 @@
+"""Plain text as one token stream, for a decoder-only language model: reading, the
+train/validation split, random training windows and fixed validation windows.
+
+    text = read_texts(paths)                       # the files' contents, in order
+    train_text, valid_text = split_text(text, 0.1)  # nanoGPT's split: the last 10% for validation
+    stream = torch.tensor(tokenizer.encode(train_text))
+    sampler = WindowSampler(len(stream), context=64, batch_size=12, seed=1)
+    batch = windows(stream, sampler.next_starts(), 64)  # x (B, T) and y = x shifted by one
+
+A window of context ``T`` reads tokens ``s .. s+T-1`` and predicts ``s+1 .. s+T``, so it
+needs ``T + 1`` tokens of the stream.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..errors import UserError
+from .corpus import decode_lines
+from .subwords import PAD_ID, Subwords
+
+__all__ = ["read_text", "read_texts", "split_text", "LineSubwords", "WindowSampler", "TextBatch", "windows",
+           "validation_windows"]
+
+
+def read_text(path: str | Path) -> str:
+    """A UTF-8 file's text, as it is (newlines kept; a leading byte-order mark removed).
+
+    Raises:
+        UserError: the file is missing, a directory, empty, or not UTF-8 (file and line named).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: {'is a directory, expected a text file' if path.is_dir() else 'file not found'}")
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror or e})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        decode_lines(data, str(path))  # raises the one-line error that names the line
+        raise
+    text = text.removeprefix("\ufeff")
+    if not text.strip():
+        raise UserError(f"{path}: the file holds no text; give a text to train on")
+    return text
+
+
+def read_texts(paths: Sequence[str | Path]) -> str:
+    """Several files read as one text, in order (nothing inserted between them)."""
+    return "".join(read_text(p) for p in paths)
+
+
+def split_text(text: str, valid_fraction: float) -> tuple[str, str]:
+    """The first ``1 - valid_fraction`` of the characters for training, the rest for
+    validation: nanoGPT's contiguous split (``data[:int(n * 0.9)]``), made on the text so
+    that both tokenizers split at the same place (for characters it is the token split)."""
+    cut = int(len(text) * (1 - valid_fraction))
+    return text[:cut], text[cut:]
+
+
+class LineSubwords:
+    """A sentencepiece BPE model over a text stream: each line's subwords, then EOS for its
+    newline (fairseq's language-model convention: the subword model never sees a newline).
+    ``decode(encode(text)) == text`` for text of characters the model knows."""
+
+    def __init__(self, subwords: Subwords) -> None:
+        self.subwords = subwords
+        self.pad_id, self.bos_id, self.eos_id = subwords.pad_id, subwords.bos_id, subwords.eos_id
+
+    @property
+    def path(self) -> Path | None:
+        return self.subwords.path
+
+    @path.setter
+    def path(self, path: Path | None) -> None:
+        self.subwords.path = path
+
+    @property
+    def vocab_size(self) -> int:
+        return self.subwords.vocab_size
+
+    def encode(self, text: str) -> list[int]:
+        lines = text.split("\n")
+        ids: list[int] = []
+        for line in lines[:-1]:
+            ids += self.subwords.encode(line) + [self.eos_id]
+        return ids + self.subwords.encode(lines[-1])
+
+    def decode(self, ids: Sequence[int]) -> str:
+        lines, line = [], []
+        for i in map(int, ids):
+            if i == self.eos_id:
+                lines.append(self.subwords.decode(line))
+                line = []
+            else:
+                line.append(i)
+        return "\n".join([*lines, self.subwords.decode(line)])
+
+
+class WindowSampler:
+    """Where each training window starts: ``batch_size`` positions drawn uniformly (with
+    replacement, as nanoGPT's ``get_batch``) from a generator seeded by ``(seed, g)``, where
+    ``g`` counts the micro-batches of all ranks: rank ``r`` of ``W`` draws ``g = k * W + r``
+    for its ``k``-th batch. A draw is a function of the position alone, so a restored
+    position continues exactly, on the same or (see ``reshard_position``) another number of ranks.
+
+    Random windows have no epochs: ``state_dict()`` is ``{"epoch": 0, "batch_in_epoch": k,
+    "seed": seed}`` (the shape of :class:`TokenBatchSampler`'s, which the trainer saves).
+    """
+
+    def __init__(self, n_tokens: int, context: int, batch_size: int, seed: int,
+                 num_shards: int = 1, shard_index: int = 0) -> None:
+        if n_tokens < context + 1:
+            raise ValueError(f"a stream of {n_tokens} tokens holds no window of {context} + 1")
+        self.n_tokens, self.context, self.batch_size = n_tokens, context, batch_size
+        self.seed, self.num_shards, self.shard_index = seed, num_shards, shard_index
+        self.batches = 0  # drawn by this rank
+
+    def next_starts(self) -> torch.Tensor:
+        """(batch_size,) start positions of the next micro-batch."""
+        g = self.batches * self.num_shards + self.shard_index
+        rng = np.random.default_rng([self.seed, g])
+        self.batches += 1
+        return torch.from_numpy(rng.integers(0, self.n_tokens - self.context, self.batch_size))
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": 0, "batch_in_epoch": self.batches, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.seed, self.batches = int(state["seed"]), int(state["batch_in_epoch"])
+
+
+@dataclass
+class TextBatch:
+    """Windows of a token stream: ``x`` (B, T) the model reads, ``y`` (B, T) the next
+    tokens (the labels; ``pad_id`` marks a position not scored)."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+
+    @property
+    def inputs(self) -> tuple[torch.Tensor]:
+        return (self.x,)
+
+    @property
+    def tgt_out(self) -> torch.Tensor:
+        return self.y
+
+    @property
+    def n_tgt_tokens(self) -> int:
+        return int((self.y != PAD_ID).sum())
+
+    def to(self, device: torch.device | str) -> TextBatch:
+        return TextBatch(self.x.to(device), self.y.to(device))
+
+
+def windows(stream: torch.Tensor, starts: torch.Tensor, context: int) -> TextBatch:
+    """The windows of ``stream`` (N,) starting at ``starts`` (B,): x (B, T), y (B, T)."""
+    idx = starts[:, None] + torch.arange(context + 1)  # (B, T + 1)
+    w = stream[idx]
+    return TextBatch(w[:, :-1], w[:, 1:])
+
+
+def validation_windows(n_tokens: int, context: int) -> list[tuple[int, int]]:
+    """Fixed windows that score every token of a stream once (but the first, which nothing
+    predicts): non-overlapping windows from position 0, then, when tokens remain, one last
+    window ending at the end of the stream that scores only those. Each entry is
+    ``(start, first scored position in the window)``."""
+    full = (n_tokens - 1) // context
+    out = [(k * context, 0) for k in range(full)]
+    rest = n_tokens - 1 - full * context
+    if rest:
+        out.append((n_tokens - 1 - context, context - rest))
+    return out
