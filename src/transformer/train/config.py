@@ -13,7 +13,10 @@ from ..decode.config import FIELDS as DECODING_FIELDS
 from ..decode.config import DecodingConfig
 from ..errors import UserError
 
-LR_SCHEDULES = ("noam", "inverse_sqrt")
+LR_SCHEDULES = ("noam", "inverse_sqrt", "cosine")
+OPTIMIZERS = ("adam", "adamw")
+TOKENIZERS = ("bpe", "chars")
+TEXT_DATASETS = ("text", "tinyshakespeare")  # a decoder-only language model trains on these
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
 
@@ -29,7 +32,7 @@ class TrainConfig:
     :func:`resumable` may change when a run is resumed; a change of any other is refused."""
 
     # ---- data ----
-    dataset: str = "multi30k"  # "multi30k", or "files" (train_src/train_tgt/valid_src/valid_tgt)
+    dataset: str = "multi30k"  # translation: "multi30k" or "files"; a language model: "text" or "tinyshakespeare"
     src_lang: str = "en"
     tgt_lang: str = "de"
     data_dir: str | None = resumable(None)  # where multi30k/ lives (else $TRANSFORMER_DATA, else a cache)
@@ -40,21 +43,31 @@ class TrainConfig:
     train_limit: int = 0  # use only the first N training pairs (0 = all)
     valid_limit: int = resumable(0)  # BLEU on the first N validation pairs (0 = all)
     vocab_size: int = 8000  # joint sentencepiece BPE
+    # ---- a language model's text (dataset text / tinyshakespeare) ----
+    text_files: list[str] = field(default_factory=list)  # dataset text: UTF-8 files read as one stream, in order
+    tokenizer: str = "bpe"  # "bpe": sentencepiece of vocab_size learned on the training text; "chars": nanoGPT's
+    valid_fraction: float = 0.1  # the last part of the text validates (nanoGPT: 10%); 0 = no validation
     lowercase: bool = False  # the subword model lower-cases all text (as published Multi30k systems were trained)
     # ---- model: a preset plus overrides of any ModelConfig field ----
     model: dict[str, Any] = field(default_factory=lambda: {"preset": "tiny"})
     # ---- optimisation ----
     max_tokens: int = 4096  # tokens per micro-batch (padded, the larger of source / target)
+    batch_size: int = 12  # a language model's micro-batch: windows of the context length
+    context: int = 0  # a language model's window in tokens; 0 = model.max_len, the longest its positions allow
     accum_steps: int = resumable(1)  # micro-batches per update (a run resumed on other ranks keeps its batch)
     max_steps: int = resumable(10000)
     max_epochs: int = resumable(0)  # 0 = no limit
     max_minutes: float = resumable(0.0)  # wall-clock limit on training (0 = none); checkpoints then stops
-    lr_schedule: str = "noam"  # noam: lr_scale * d_model^-0.5 * min(...); inverse_sqrt: peak_lr
+    optimizer: str = "adam"  # adam: the paper's (eps 1e-9, weight_decay as L2); adamw: decoupled, 2-D weights only
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])  # Adam's (beta1, beta2); the paper: 0.9, 0.98
+    lr_schedule: str = "noam"  # noam: lr_scale * d_model^-0.5 * min(...); inverse_sqrt, cosine: peak_lr
     lr_scale: float = 1.0
     peak_lr: float = 1e-3
     warmup: int = 4000
+    min_lr: float = 0.0  # cosine: the rate reached at lr_decay_steps (nanoGPT's min_lr)
+    lr_decay_steps: int = 0  # cosine: the update where it reaches min_lr (nanoGPT's lr_decay_iters); 0 = max_steps
     cooldown: int = resumable(0)  # the last N updates before max_steps decay the learning rate linearly to 0
-    label_smoothing: float = 0.1
+    label_smoothing: float | None = None  # None: 0.1 for translation (the paper), 0 for a language model
     dropout_ramp: int = 0  # the first N updates move the model's dropout linearly from dropout_start to model.dropout
     dropout_start: float = 0.1  # the dropout of update 1 when dropout_ramp > 0
     clip_norm: float = 0.0  # 0 = no clipping
@@ -82,24 +95,38 @@ class TrainConfig:
             if not cond:
                 raise UserError(f"config: {msg}")
 
+        if self.label_smoothing is None:
+            object.__setattr__(self, "label_smoothing", 0.0 if self.is_language_model else 0.1)
+        if isinstance(self.text_files, str):  # text_files: one.txt
+            object.__setattr__(self, "text_files", [self.text_files])
+        if isinstance(self.betas, (list, tuple)) and all(_is_number(b) for b in self.betas):
+            object.__setattr__(self, "betas", [float(b) for b in self.betas])
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.type == "float" and isinstance(value, int) and not isinstance(value, bool):
+            if f.type in ("float", "float | None") and isinstance(value, int) and not isinstance(value, bool):
                 object.__setattr__(self, f.name, float(value))  # 1 is a fine float
             elif not _has_type(value, f.type):
                 raise UserError(f"config: {f.name} must be {_TYPE_NAMES.get(f.type, f.type)}, got {value!r}")
         need(self.seed >= 0, f"seed must be non-negative, got {self.seed}")
         for name in ("max_epochs", "max_minutes", "clip_norm", "weight_decay", "patience", "average_last",
-                     "threads", "train_limit", "valid_limit", "lr_scale", "peak_lr"):
+                     "threads", "train_limit", "valid_limit", "lr_scale", "peak_lr", "min_lr", "lr_decay_steps", "context"):
             need(getattr(self, name) >= 0, f"{name} must not be negative, got {getattr(self, name)}")
 
-        need(self.dataset in ("multi30k", "files"), f"dataset must be 'multi30k' or 'files', not {self.dataset!r}")
+        datasets = ("multi30k", "files", *TEXT_DATASETS)
+        need(self.dataset in datasets, f"dataset must be one of {datasets}, not {self.dataset!r}")
         if self.dataset == "files":
             need(bool(self.train_src and self.train_tgt),
                  "dataset 'files' needs train_src and train_tgt (and valid_src/valid_tgt for validation)")
+        if self.dataset == "text":
+            need(bool(self.text_files), "dataset 'text' needs text_files: [one or more UTF-8 files]")
+        need(self.tokenizer in TOKENIZERS, f"tokenizer must be one of {TOKENIZERS}, not {self.tokenizer!r}")
+        need(0.0 <= self.valid_fraction < 1.0, f"valid_fraction must be in [0, 1), got {self.valid_fraction}")
+        need(self.optimizer in OPTIMIZERS, f"optimizer must be one of {OPTIMIZERS}, not {self.optimizer!r}")
+        need(len(self.betas) == 2 and all(0.0 <= b < 1.0 for b in self.betas),
+             f"betas must be two numbers in [0, 1), got {self.betas}")
         need(self.lr_schedule in LR_SCHEDULES, f"lr_schedule must be one of {LR_SCHEDULES}")
         need(self.precision in PRECISIONS, f"precision must be one of {PRECISIONS}")
-        for name in ("max_tokens", "accum_steps", "max_steps", "warmup", "eval_every", "save_every",
+        for name in ("max_tokens", "batch_size", "accum_steps", "max_steps", "warmup", "eval_every", "save_every",
                      "keep_last", "log_every", "vocab_size", "max_bad_steps"):
             need(getattr(self, name) > 0, f"{name} must be positive, got {getattr(self, name)}")
         need(0 <= self.cooldown <= self.max_steps, f"cooldown must be in [0, max_steps], got {self.cooldown}")
@@ -108,10 +135,28 @@ class TrainConfig:
         need(0.0 <= self.dropout_start < 1.0, f"dropout_start must be in [0, 1), got {self.dropout_start}")
         need(isinstance(self.model, dict) and self.model.get("preset", "tiny") in PRESETS,
              f"model.preset must be one of {sorted(PRESETS)}")
+        kind = self.model.get("kind", PRESETS[self.model.get("preset", "tiny")].get("kind", "encoder-decoder"))
+        lm_presets = sorted(k for k, v in PRESETS.items() if v.get("kind") == "decoder-only")
+        if self.is_language_model:
+            need(kind == "decoder-only", f"dataset {self.dataset!r} trains a language model: choose a decoder-only "
+                                         f"model.preset ({', '.join(lm_presets)})")
+            need(not self.max_epochs, "max_epochs does not apply to a language model (random windows have no "
+                                      "epochs); use max_steps")
+            max_len = self.model_config(vocab_size=max(self.vocab_size, 8)).max_len
+            need(self.context <= max_len, f"context {self.context} is longer than the positions allow "
+                                          f"(model.max_len {max_len}); lower context or raise model.max_len")
+        else:
+            need(kind == "encoder-decoder", f"dataset {self.dataset!r} is a translation corpus: a decoder-only "
+                                            "model.preset trains on dataset text or tinyshakespeare")
         try:
             DecodingConfig.from_dict(self.decoding)
         except (ValueError, TypeError) as e:
             raise UserError(f"config: decoding.{e}") from None
+
+    @property
+    def is_language_model(self) -> bool:
+        """Whether this config trains a decoder-only language model on text (else translation)."""
+        return self.dataset in TEXT_DATASETS
 
     def model_config(self, vocab_size: int, **extra: Any) -> ModelConfig:
         """The ModelConfig for a vocabulary of ``vocab_size`` subwords."""
@@ -133,7 +178,12 @@ class TrainConfig:
 
 
 _TYPE_NAMES = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
-               "str | None": "a string", "dict[str, Any]": "a mapping"}
+               "str | None": "a string", "dict[str, Any]": "a mapping", "float | None": "a number",
+               "list[str]": "a list of strings", "list[float]": "a list of numbers"}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _has_type(value: Any, annotation: str) -> bool:
@@ -149,6 +199,12 @@ def _has_type(value: Any, annotation: str) -> bool:
         return value is None or isinstance(value, str)
     if annotation == "dict[str, Any]":
         return isinstance(value, dict)
+    if annotation == "float | None":
+        return value is None or isinstance(value, float)
+    if annotation == "list[str]":
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if annotation == "list[float]":
+        return isinstance(value, list) and all(isinstance(v, float) for v in value)
     return True
 
 

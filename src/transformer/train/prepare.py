@@ -1,5 +1,8 @@
 """Training data for a run: read the corpus, learn (or reload) the subwords, encode, filter;
-and the run directory's own files before the first update (subwords, config.yaml)."""
+and the run directory's own files before the first update (subwords or chars.json, config.yaml).
+
+A language model's text (:func:`prepare_text`) becomes two token streams: the first
+``1 - valid_fraction`` of the text for training, the rest for validation."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,9 +11,13 @@ from pathlib import Path
 import shutil
 import tempfile
 
+import torch
 import yaml
 
 from ..data import Subwords, clean_pairs, filter_long, load_multi30k, read_parallel, read_tsv, train_subwords
+from ..data.chars import Chars
+from ..data.registry import tinyshakespeare_path
+from ..data.text import LineSubwords, read_texts, split_text
 from ..errors import UserError
 from ..run.files import atomic_write, write_text_atomic
 from ..run.layout import CONFIG, SUBWORDS, remove_stale_files
@@ -26,6 +33,56 @@ class PreparedData:
     n_too_long: int  # training pairs longer than the model's max_len
 
 
+@dataclass
+class PreparedText:
+    tokenizer: Chars | LineSubwords
+    train: torch.Tensor  # (N,) token ids of the training part of the text
+    valid: torch.Tensor  # (M,) token ids of the validation part (empty with valid_fraction 0)
+
+
+CHARS = "chars.json"  # a character vocabulary in the run directory (tokenizer: chars)
+
+
+def tokenizer_file(cfg: TrainConfig, run_dir: Path) -> Path:
+    """The run's vocabulary file: chars.json for tokenizer chars, else subwords.model."""
+    return Path(run_dir) / (CHARS if cfg.is_language_model and cfg.tokenizer == "chars" else SUBWORDS)
+
+
+def text_paths(cfg: TrainConfig) -> list[Path]:
+    if cfg.dataset == "tinyshakespeare":
+        return [tinyshakespeare_path(cfg.data_dir)]
+    return [Path(p) for p in cfg.text_files]
+
+
+def prepare_text(cfg: TrainConfig, run_dir: Path, context: int, log=print) -> PreparedText:
+    """A language model's streams. The vocabulary is learned once and kept in the run
+    directory: characters from the whole text (as nanoGPT, so validation has no unknown
+    character), BPE from the training part only."""
+    paths = text_paths(cfg)
+    text = read_texts(paths)
+    train_text, valid_text = split_text(text, cfg.valid_fraction)
+    path = tokenizer_file(cfg, run_dir)
+    if cfg.tokenizer == "chars":
+        tokenizer = Chars.load(path) if path.is_file() else Chars.learn(text)
+        if tokenizer.path is None:
+            tokenizer.save(path)
+            log(f"{len(tokenizer.chars)} distinct characters -> {path}")
+    elif path.is_file():
+        tokenizer = LineSubwords(Subwords.load(path))
+    else:
+        tokenizer = LineSubwords(train_subwords(train_text.split("\n"), path.with_suffix(""), cfg.vocab_size))
+        log(f"learned a BPE vocabulary of {tokenizer.vocab_size} subwords -> {path}")
+    train, valid = (torch.tensor(tokenizer.encode(t), dtype=torch.long) for t in (train_text, valid_text))
+    names = ", ".join(map(str, paths))
+    for part, stream in (("training part", train), ("validation part", valid)):
+        if len(stream) < 2 * context + 1 and (part == "training part" or cfg.valid_fraction):
+            raise UserError(f"{names}: the {part} of the text holds {len(stream)} tokens, fewer than two context "
+                            f"windows ({2 * context} + 1); give a longer text or a shorter context")
+    log(f"text: {len(text):,} characters; {len(train):,} training and {len(valid):,} validation tokens "
+        f"({cfg.tokenizer}, vocabulary {tokenizer.vocab_size})")
+    return PreparedText(tokenizer, train, valid)
+
+
 def _read_pairs(cfg: TrainConfig, split: str) -> list[tuple[str, str]]:
     if cfg.dataset == "multi30k":
         name = {"train": "train", "valid": "val"}[split]
@@ -38,9 +95,12 @@ def _read_pairs(cfg: TrainConfig, split: str) -> list[tuple[str, str]]:
     return read_parallel(src, tgt)
 
 
-def prepare_data(cfg: TrainConfig, run_dir: Path, max_len: int | None = None, log=print) -> PreparedData:
+def prepare_data(cfg: TrainConfig, run_dir: Path, max_len: int | None = None,
+                 log=print) -> PreparedData | PreparedText:
     """Everything the training loop needs from the corpus. The subword model is learned
     once, on the training text, and saved in the run directory; later runs reuse it."""
+    if cfg.is_language_model:
+        return prepare_text(cfg, run_dir, cfg.context or max_len, log)
     train_pairs, n_empty = clean_pairs(_read_pairs(cfg, "train"))
     if cfg.train_limit:
         train_pairs = train_pairs[: cfg.train_limit]
@@ -73,13 +133,13 @@ def prepare_data(cfg: TrainConfig, run_dir: Path, max_len: int | None = None, lo
     return PreparedData(subwords, encoded, valid, n_empty, n_too_long)
 
 
-def prepare_run(cfg: TrainConfig, run_dir: Path, max_len: int | None, log=print) -> PreparedData:
+def prepare_run(cfg: TrainConfig, run_dir: Path, max_len: int | None, log=print) -> PreparedData | PreparedText:
     """Rank 0 before training: tidy the leftovers of a crash, read the corpus, learn or
     reload the subwords, write config.yaml. The subwords are learned in a private folder
     and moved in complete (the model last: its presence means complete), so a crash while
     sentencepiece writes never leaves a truncated subwords.model to be reused."""
     remove_stale_files(run_dir)
-    if (run_dir / SUBWORDS).is_file():
+    if tokenizer_file(cfg, run_dir).is_file():
         data = prepare_data(cfg, run_dir, max_len, log)
     else:
         try:
@@ -89,10 +149,13 @@ def prepare_run(cfg: TrainConfig, run_dir: Path, max_len: int | None, log=print)
         try:
             data = prepare_data(cfg, staging, max_len,
                                 lambda *a: log(" ".join(map(str, a)).replace(str(staging), str(run_dir))))
-            for name in ("subwords.vocab", SUBWORDS):
+            for name in ("subwords.vocab", SUBWORDS, CHARS):
                 if (staging / name).is_file():
                     atomic_write(run_dir / name, lambda tmp, f=staging / name: shutil.copyfile(f, tmp))
-            data.subwords.path = run_dir / SUBWORDS
+            if isinstance(data, PreparedText):
+                data.tokenizer.path = tokenizer_file(cfg, run_dir)
+            else:
+                data.subwords.path = run_dir / SUBWORDS
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     write_text_atomic(run_dir / CONFIG, yaml.safe_dump(cfg.to_dict(), sort_keys=False))

@@ -1,5 +1,8 @@
-"""The paper's learning-rate schedule (section 5.3) and a dropout ramp, as pure functions."""
+"""The paper's learning-rate schedule (section 5.3), nanoGPT's cosine one and a dropout
+ramp, as pure functions."""
 from __future__ import annotations
+
+import math
 
 
 def noam_lr(step: int, d_model: int, warmup: int = 4000, scale: float = 1.0) -> float:
@@ -26,6 +29,23 @@ def linear_decay_lr(step: int, peak_lr: float, warmup: int, total: int) -> float
     if step <= warmup:
         return peak_lr * step / warmup
     return peak_lr * max(0.0, (total - step) / max(total - warmup, 1))
+
+
+def cosine_lr(step: int, peak_lr: float, min_lr: float, warmup: int, total: int) -> float:
+    """nanoGPT's ``get_lr``: linear warmup to ``peak_lr`` over ``warmup`` updates, then a
+    cosine from ``peak_lr`` down to ``min_lr`` at update ``total``, and ``min_lr`` after it.
+
+    ``step`` counts updates from 1; nanoGPT counts iterations from 0, so update ``step`` gets
+    its ``get_lr(step - 1)``: ``peak_lr * step / (warmup + 1)`` while warming up.
+    """
+    it = max(step, 1) - 1
+    if it < warmup:
+        return peak_lr * (it + 1) / (warmup + 1)
+    if it > total:
+        return min_lr
+    decay_ratio = (it - warmup) / max(total - warmup, 1)
+    coeff = 0.5 * (1.0 + math.cos(math.pi * decay_ratio))  # 1 -> 0
+    return min_lr + coeff * (peak_lr - min_lr)
 
 
 def cooldown_factor(step: int, total: int, cooldown: int) -> float:

@@ -23,10 +23,27 @@ class StepStats:
     skipped: bool  # True when the loss or a gradient was not finite (no update made)
 
 
-def paper_adam(params, weight_decay: float = 0.0) -> torch.optim.Adam:
+def paper_adam(params, weight_decay: float = 0.0, betas: tuple[float, float] | None = None) -> torch.optim.Adam:
     """Adam(beta1 0.9, beta2 0.98, eps 1e-9), the fused implementation (one kernel for all
     parameters instead of a loop of small ones)."""
-    return torch.optim.Adam(params, lr=0.0, weight_decay=weight_decay, fused=True, **paper_adam_kwargs())
+    kwargs = paper_adam_kwargs() if betas is None else {**paper_adam_kwargs(), "betas": tuple(betas)}
+    return torch.optim.Adam(params, lr=0.0, weight_decay=weight_decay, fused=True, **kwargs)
+
+
+def nanogpt_adamw(model: nn.Module, weight_decay: float, betas: tuple[float, float]) -> torch.optim.AdamW:
+    """AdamW as nanoGPT configures it: decoupled weight decay on the 2-D parameters (every
+    matrix and the embeddings), none on biases and norm gains; eps 1e-8 (torch's default)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=0.0, betas=tuple(betas), fused=True)
+
+
+def make_optimizer(model: nn.Module, name: str, weight_decay: float, betas) -> torch.optim.Optimizer:
+    """``adam``: :func:`paper_adam` (weight_decay as L2 on every parameter); ``adamw``: :func:`nanogpt_adamw`."""
+    if name == "adamw":
+        return nanogpt_adamw(model, weight_decay, betas)
+    return paper_adam(model.parameters(), weight_decay, betas)
 
 
 def resolve_precision(name: str, device: torch.device) -> torch.dtype | None:

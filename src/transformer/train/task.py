@@ -1,6 +1,7 @@
 """What the training loop trains on: a task gives the model, the micro-batches and the
 validation. The loop (trainer.py) knows a task only through this seam, so the decoder-only
-language model plugs in as another task (one token stream instead of source/target pairs).
+language model plugs in as another task (one token stream instead of source/target pairs):
+:func:`make_task` picks the task the prepared data calls for.
 
 A batch needs ``inputs`` (what the model reads: ``model(*inputs, select)`` gives the logits
 of the selected positions), ``tgt_out`` (the labels, ``pad_id`` where there is none) and
@@ -14,15 +15,17 @@ from collections.abc import Iterator
 import torch
 
 from ..data import Batch, TokenBatchSampler, collate, example_lengths
+from ..data.chars import Chars
+from ..data.text import TextBatch, WindowSampler, validation_windows, windows
 from ..decode.config import DecodingConfig
 from ..errors import UserError
 from ..evaluate import score
-from ..model import Transformer
+from ..model import LanguageModel, Transformer, build_model
 from ..translator import Translator
 from .config import TrainConfig
 from .distributed import Dist
 from .loss import label_smoothed_nll_loss
-from .prepare import PreparedData
+from .prepare import PreparedData, PreparedText
 from .step import autocast
 
 
@@ -43,6 +46,14 @@ class TranslationTask:
     @property
     def has_validation(self) -> bool:
         return bool(self.data.valid)
+
+    def batch_summary(self, world: int, accum: int) -> str:
+        return (f"global batch: {world} rank(s) x {accum} micro-batch(es) x max_tokens {self.cfg.max_tokens} "
+                f"= up to {world * accum * self.cfg.max_tokens} padded tokens per update")
+
+    @staticmethod
+    def best_summary(best: float) -> str:
+        return f"best validation BLEU {max(best, 0):.2f}"
 
     def build_model(self) -> Transformer:
         return Transformer(self.cfg.model_config(self.data.subwords.vocab_size))
@@ -82,3 +93,78 @@ class TranslationTask:
             scores = score(translator.translate([s for s, _ in self.data.valid]), [t for _, t in self.data.valid])
             rec.update(valid_bleu=scores.bleu, valid_chrf=scores.chrf)
         return rec
+
+
+class LanguageModelTask:
+    """A decoder-only language model on one token stream: micro-batches of ``batch_size``
+    windows of the context length drawn at random from the training stream (one shard of
+    the draws per rank, see :class:`WindowSampler`); validation on fixed windows that score
+    every validation token once (:func:`validation_windows`), so the loss is exact and the
+    same at every evaluation, where nanoGPT estimates it from ``eval_iters`` random batches."""
+
+    score_name = "valid_score"  # -valid_nll: best.safetensors keeps the lowest validation loss
+    eval_windows = 64  # windows per forward pass in validation
+
+    def __init__(self, cfg: TrainConfig, data: PreparedText, dist: Dist) -> None:
+        self.cfg, self.data = cfg, data
+        self.context = cfg.context or cfg.model_config(data.tokenizer.vocab_size).max_len
+        self.sampler = WindowSampler(len(data.train), self.context, cfg.batch_size, cfg.seed,
+                                     num_shards=dist.world_size, shard_index=dist.rank)
+        self._valid_chars: int | None = None
+
+    @property
+    def has_validation(self) -> bool:
+        return len(self.data.valid) > 0
+
+    def batch_summary(self, world: int, accum: int) -> str:
+        n = world * accum * self.cfg.batch_size
+        return (f"global batch: {world} rank(s) x {accum} micro-batch(es) x batch_size {self.cfg.batch_size} "
+                f"= {n} windows of {self.context} tokens ({n * self.context} tokens) per update")
+
+    @staticmethod
+    def best_summary(best: float) -> str:
+        return f"best validation loss {-best:.4f} nats/token" if math.isfinite(best) else "no validation"
+
+    def build_model(self) -> LanguageModel:
+        return build_model(self.cfg.model_config(self.data.tokenizer.vocab_size))
+
+    def batches(self, model: LanguageModel, device: torch.device) -> Iterator[TextBatch]:  # noqa: ARG002
+        """Micro-batches without end (max_steps, max_minutes or a signal ends the run)."""
+        while True:
+            yield windows(self.data.train, self.sampler.next_starts(), self.context).to(device)
+
+    @torch.no_grad()
+    def validate(self, model: LanguageModel, device: torch.device, amp_dtype: torch.dtype | None) -> dict:
+        """``valid_nll`` (nats per token), ``valid_ppl``, ``valid_bpc`` (bits per character of
+        the scored text: for characters, valid_nll / ln 2), for BPE ``valid_nll_per_char``,
+        and ``valid_score`` = -valid_nll, the score to maximise."""
+        pad, valid, spans = model.cfg.pad_id, self.data.valid, validation_windows(len(self.data.valid), self.context)
+        nll_sum, n = 0.0, 0
+        model.eval()
+        for i in range(0, len(spans), self.eval_windows):
+            chunk = spans[i: i + self.eval_windows]
+            b = windows(valid, torch.tensor([start for start, _ in chunk]), self.context)
+            for row, (_, first) in enumerate(chunk):
+                b.y[row, :first] = pad  # scored by the window before
+            b = b.to(device)
+            select = b.y != pad
+            with autocast(device, amp_dtype):
+                logits = model(b.x, select)  # (N, V)
+            _, nll, k = label_smoothed_nll_loss(logits, b.y[select], 0.0, pad)
+            nll_sum, n = nll_sum + float(nll), n + int(k)
+        if self._valid_chars is None:  # the characters the scored tokens (all but the first) stand for
+            self._valid_chars = len(self.data.tokenizer.decode(valid[1:].tolist()))
+        rec = {"valid_nll": nll_sum / max(n, 1)}
+        rec["valid_ppl"] = math.exp(min(rec["valid_nll"], 50))
+        rec["valid_bpc"] = nll_sum / max(self._valid_chars, 1) / math.log(2)
+        if not isinstance(self.data.tokenizer, Chars):
+            rec["valid_nll_per_char"] = nll_sum / max(self._valid_chars, 1)
+        rec["valid_score"] = -rec["valid_nll"]
+        return rec
+
+
+def make_task(cfg: TrainConfig, data: PreparedData | PreparedText, dist: Dist):
+    """The task the prepared data is for: a language model's text or translation pairs."""
+    if isinstance(data, PreparedText):
+        return LanguageModelTask(cfg, data, dist)
+    return TranslationTask(cfg, data, dist)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import random
 import signal
 import time
@@ -28,10 +29,10 @@ from .config import TrainConfig
 from .distributed import Dist, reshard_position
 from .loss import compile_loss
 from .monitor import Monitor
-from .prepare import PreparedData, prepare_data, prepare_run
-from .schedule import cooldown_factor, dropout_ramp, inverse_sqrt_lr, noam_lr
-from .step import StepStats, paper_adam, resolve_precision, train_step
-from .task import TranslationTask
+from .prepare import PreparedData, PreparedText, prepare_data, prepare_run, tokenizer_file
+from .schedule import cooldown_factor, cosine_lr, dropout_ramp, inverse_sqrt_lr, noam_lr
+from .step import StepStats, make_optimizer, resolve_precision, train_step
+from .task import make_task
 
 SIGNAL_CODES = {"SIGINT": 1, "SIGTERM": 2}
 
@@ -66,29 +67,27 @@ class Trainer:
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         _seed_all(cfg.seed)
-        self.data: PreparedData | None = None
+        self.data: PreparedData | PreparedText | None = None
         self.dist.on_main(self._prepare_run_dir)  # rank 0 learns the subwords and writes config.yaml ...
         if self.data is None:  # ... and the other ranks then read them
             self.data = prepare_data(cfg, self.run_dir, self._max_len(), _quiet)
-        self.task = TranslationTask(cfg, self.data, self.dist)
+        self.task = make_task(cfg, self.data, self.dist)  # translation pairs or a language model's text
         self.sampler = self.task.sampler
         self.model = self.task.build_model().to(self.device)  # the same seed on every rank: the same weights
         if self.dist.rank:
             _seed_all(cfg.seed + self.dist.rank)  # but each rank its own dropout masks
-        self.optimizer = paper_adam(self.model.parameters(), cfg.weight_decay)
+        self.optimizer = make_optimizer(self.model, cfg.optimizer, cfg.weight_decay, cfg.betas)
         self.amp_dtype = resolve_precision(cfg.precision, self.device)
         self.scaler = torch.amp.GradScaler("cuda") if self.amp_dtype == torch.float16 else None
         self.loss_kernels = self._loss_kernels()
-        self.step, self.best_bleu, self.bad_evals, self.bad_steps, self.elapsed = 0, -1.0, 0, 0, 0.0
+        self.step, self.best_bleu, self.bad_evals, self.bad_steps, self.elapsed = 0, -math.inf, 0, 0, 0.0
         self.saved_step: int | None = None  # the step of the newest checkpoint
         self._resume()
         self.dist.on_main(self._repair_metrics)
         self.forward = self._wrap()
         self.monitor = Monitor(self.run_dir, active=self.dist.is_main, progress=cfg.progress,
                                tensorboard=cfg.tensorboard, log_every=cfg.log_every, log=self.log)
-        w, a = self.dist.world_size, cfg.accum_steps
-        self.log(f"global batch: {w} rank(s) x {a} micro-batch(es) x max_tokens {cfg.max_tokens} "
-                 f"= up to {w * a * cfg.max_tokens} padded tokens per update")
+        self.log(self.task.batch_summary(self.dist.world_size, cfg.accum_steps))
 
     # ---- the loop ---------------------------------------------------------------------
     def train(self) -> dict:
@@ -171,7 +170,7 @@ class Trainer:
                              "train_minutes": self.elapsed / 60}, self.step)
         self.monitor.finish()
         self.log(f"stopped at step {self.step} ({reason}); {self.elapsed / 60:.1f} training minutes; "
-                 f"best validation BLEU {max(self.best_bleu, 0):.2f}")
+                 f"{self.task.best_summary(self.best_bleu)}")
         return result
 
     # ---- schedule ---------------------------------------------------------------------
@@ -179,6 +178,8 @@ class Trainer:
         c = self.cfg
         if c.lr_schedule == "noam":
             base = noam_lr(step, self.model.cfg.d_model, c.warmup, c.lr_scale)
+        elif c.lr_schedule == "cosine":
+            base = cosine_lr(step, c.peak_lr, c.min_lr, c.warmup, c.lr_decay_steps or c.max_steps)
         else:
             base = inverse_sqrt_lr(step, c.peak_lr, c.warmup)
         return base * cooldown_factor(step, c.max_steps, c.cooldown)
@@ -256,10 +257,10 @@ class Trainer:
                 "accum_steps": self.cfg.accum_steps,
                 "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             }
+            vocab = tokenizer_file(self.cfg, self.run_dir)
             try:
-                sha = files.file_sha256(self.run_dir / layout.SUBWORDS)
                 return ckpt.save_checkpoint(self.run_dir, self.model, state, self.step, self.cfg.keep_last,
-                                            {"subwords_sha256": sha})
+                                            {f"{vocab.stem}_sha256": files.file_sha256(vocab)})
             except OSError as e:
                 raise UserError(f"{self.run_dir}: could not save a checkpoint ({e.strerror or e}); "
                                 "the previous checkpoint is intact") from None
@@ -294,9 +295,10 @@ class Trainer:
     def _restore(self, path: Path, cfg, tensors: dict, meta: dict, state: dict) -> None:
         if cfg != self.model.cfg:
             raise UserError(f"{path}: checkpoint was written for another model config or vocabulary")
-        sw_sha = files.file_sha256(self.run_dir / layout.SUBWORDS)
-        if meta.get("subwords_sha256", sw_sha) != sw_sha:
-            raise UserError(f"{path}: checkpoint was trained with another subwords.model")
+        vocab = tokenizer_file(self.cfg, self.run_dir)
+        sha = files.file_sha256(vocab)
+        if meta.get(f"{vocab.stem}_sha256", sha) != sha:
+            raise UserError(f"{path}: checkpoint was trained with another {vocab.name}")
         weights.load_weights_into(self.model, tensors, path)
         try:
             self.optimizer.load_state_dict(state["optimizer"])
@@ -383,6 +385,7 @@ def check_run_dir(run_dir: Path, cfg: TrainConfig) -> None:
         raise UserError(f"{path}: not readable YAML ({str(e).splitlines()[0]}); "
                         "restore it or use another --out") from None
     new, free = cfg.to_dict(), TrainConfig.resumable_fields()
+    saved = {**TrainConfig().to_dict(), **saved}  # an option newer than the run: its default
     changed = sorted(k for k, v in new.items() if k not in free and k != "model" and saved.get(k) != v)
     old_model, new_model = saved.get("model") or {}, new["model"]
     changed += sorted(f"model.{k}" for k in set(old_model) | set(new_model) if old_model.get(k) != new_model.get(k))
