@@ -1,0 +1,66 @@
+"""Fixtures for the language-model tests: a tiny text written in tmp_path and a toy
+decoder-only config on it (one layer, 32 wide, context 16), so that a training step takes
+a few milliseconds on one core."""
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+import yaml
+
+from transformer.train.config import TrainConfig, load_config
+
+torch.set_num_threads(1)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+WORDS = "the a cat dog sat ran on under mat log and then quickly slowly".split()
+
+
+def make_text(n_lines: int = 120, seed: int = 0) -> str:
+    """Short made-up sentences, one a line: enough structure for the loss to fall fast."""
+    rng = random.Random(seed)
+    return "".join(" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 7))) + ".\n" for _ in range(n_lines))
+
+
+@pytest.fixture
+def text_file(tmp_path) -> Path:
+    path = tmp_path / "tiny.txt"
+    path.write_text(make_text(), encoding="utf-8")
+    return path
+
+
+def lm_overrides(*paths: Path) -> list[str]:
+    return [
+        "dataset=text", f"text_files=[{', '.join(str(p) for p in paths)}]", "tokenizer=chars",
+        "model.preset=nanogpt-char", "model.d_model=32", "model.n_heads=2", "model.d_ff=64", "model.n_layers=1",
+        "model.max_len=16", "batch_size=4", "optimizer=adamw", "betas=[0.9, 0.99]", "weight_decay=0.1",
+        "lr_schedule=cosine", "peak_lr=0.01", "min_lr=0.001", "warmup=2", "clip_norm=1.0", "precision=fp32",
+        "progress=false", "threads=1", "log_every=1", "eval_every=1000", "save_every=1000",
+    ]
+
+
+@pytest.fixture
+def lm_cfg(text_file) -> Callable[..., TrainConfig]:
+    """``lm_cfg("max_steps=4", ...)`` -> a toy language-model TrainConfig on ``text_file``."""
+    def make(*overrides: str) -> TrainConfig:
+        return load_config(None, lm_overrides(text_file) + list(overrides))
+
+    return make
+
+
+@pytest.fixture
+def config_file(tmp_path) -> Callable[..., Path]:
+    """``config_file(*overrides)`` -> a YAML file of the toy config (for the CLI)."""
+    def make(*overrides: str, text: Path | None = None) -> Path:
+        from transformer.train.config import apply_overrides
+
+        data = apply_overrides({}, lm_overrides(text or tmp_path / "tiny.txt") + list(overrides))
+        path = tmp_path / "lm.yaml"
+        path.write_text(yaml.safe_dump(data), encoding="utf-8")
+        return path
+
+    return make

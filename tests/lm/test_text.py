@@ -1,0 +1,98 @@
+"""The token stream: the split, the random training windows (reproducible, resumable and
+sharded), the fixed validation windows, nanoGPT's cosine schedule and AdamW's groups."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from transformer.config import ModelConfig
+from transformer.data.text import WindowSampler, read_texts, split_text, validation_windows, windows
+from transformer.model import build_model
+from transformer.train.schedule import cosine_lr
+from transformer.train.step import make_optimizer
+
+
+def test_split_is_nanogpts_contiguous_90_10():
+    text = "".join(chr(65 + i % 26) for i in range(1001))
+    train, valid = split_text(text, 0.1)
+    assert train == text[: int(1001 * 0.9)] and valid == text[int(1001 * 0.9):]
+    assert split_text(text, 0.0) == (text, "")
+
+
+def test_files_are_one_stream_in_order(tmp_path):
+    (tmp_path / "a.txt").write_text("first\n")
+    (tmp_path / "b.txt").write_text("second")
+    assert read_texts([tmp_path / "a.txt", tmp_path / "b.txt"]) == "first\nsecond"
+
+
+def test_windows_are_the_stream_and_its_next_tokens():
+    stream = torch.arange(100)
+    b = windows(stream, torch.tensor([0, 10, 83]), 16)
+    assert b.x.shape == b.y.shape == (3, 16)
+    assert torch.equal(b.y, b.x + 1) and b.x[2, -1] == 98 and b.y[2, -1] == 99
+    assert b.inputs == (b.x,) and b.tgt_out is b.y and b.n_tgt_tokens == 48
+
+
+def draws(sampler: WindowSampler, n: int) -> list[list[int]]:
+    return [sampler.next_starts().tolist() for _ in range(n)]
+
+
+def test_window_draws_are_reproducible_and_resume_exactly():
+    a = WindowSampler(1000, 16, 4, seed=3)
+    first = draws(a, 6)
+    assert first == draws(WindowSampler(1000, 16, 4, seed=3), 6)
+    assert first != draws(WindowSampler(1000, 16, 4, seed=4), 6)
+    assert all(0 <= s <= 1000 - 17 for batch in first for s in batch)
+    b = WindowSampler(1000, 16, 4, seed=3)
+    draws(b, 2)
+    state = b.state_dict()
+    assert state == {"epoch": 0, "batch_in_epoch": 2, "seed": 3}
+    c = WindowSampler(1000, 16, 4, seed=99)
+    c.load_state_dict(state)
+    assert draws(c, 4) == first[2:]
+
+
+def test_ranks_share_out_the_draws_of_one_process():
+    one = draws(WindowSampler(500, 8, 2, seed=1), 6)
+    rank0, rank1 = (draws(WindowSampler(500, 8, 2, seed=1, num_shards=2, shard_index=r), 3) for r in (0, 1))
+    assert one[0::2] == rank0 and one[1::2] == rank1
+
+
+@pytest.mark.parametrize("n", [33, 34, 40, 48, 49])
+def test_validation_windows_score_every_token_once(n):
+    scored = []
+    for start, first in validation_windows(n, 16):
+        assert 0 <= start and start + 16 + 1 <= n
+        scored += list(range(start + 1 + first, start + 17))
+    assert scored == list(range(1, n))
+
+
+def test_cosine_schedule_is_nanogpts_get_lr():
+    def get_lr(it, lr=1e-3, min_lr=1e-4, warmup=100, decay=2000):  # nanoGPT's train.py
+        if it < warmup:
+            return lr * (it + 1) / (warmup + 1)
+        if it > decay:
+            return min_lr
+        coeff = 0.5 * (1.0 + math.cos(math.pi * (it - warmup) / (decay - warmup)))
+        return min_lr + coeff * (lr - min_lr)
+
+    for step in (1, 2, 100, 101, 102, 1050, 1999, 2000, 2001, 2002, 5000):
+        assert cosine_lr(step, 1e-3, 1e-4, 100, 2000) == pytest.approx(get_lr(step - 1), rel=1e-12)
+    assert cosine_lr(1, 1e-3, 1e-4, 100, 2000) == pytest.approx(1e-3 / 101)
+    assert cosine_lr(101, 1e-3, 1e-4, 100, 2000) == pytest.approx(1e-3)  # the peak
+    assert cosine_lr(2001, 1e-3, 1e-4, 100, 2000) == pytest.approx(1e-4)  # the floor
+
+
+def test_adamw_decays_matrices_and_embeddings_only():
+    model = build_model(ModelConfig.preset("nanogpt-char", vocab_size=20, n_layers=1, bias=True))
+    opt = make_optimizer(model, "adamw", 0.1, [0.9, 0.99])
+    assert isinstance(opt, torch.optim.AdamW)
+    decayed, plain = opt.param_groups
+    assert decayed["weight_decay"] == 0.1 and plain["weight_decay"] == 0.0 and decayed["betas"] == (0.9, 0.99)
+    assert {p.dim() for p in decayed["params"]} == {2} and {p.dim() for p in plain["params"]} == {1}
+    assert any(p is model.embed.weight for p in decayed["params"])
+    assert len(decayed["params"]) + len(plain["params"]) == len(list(model.parameters()))
+    adam = make_optimizer(model, "adam", 0.0, [0.9, 0.98])
+    assert type(adam) is torch.optim.Adam and adam.param_groups[0]["eps"] == 1e-9  # the paper's
