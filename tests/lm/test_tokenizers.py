@@ -52,3 +52,15 @@ def test_bpe_stream_round_trip_keeps_newlines(tmp_path):
         assert bpe.decode(ids) == sample
     assert bpe.encode("a\nb").count(bpe.eos_id) == 1  # EOS stands for the newline
     assert bpe.vocab_size == 60
+
+
+def test_a_run_gives_back_its_tokenizer(tmp_path):
+    from transformer.data.text import load_tokenizer
+
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step-0000001").mkdir(parents=True)
+    Chars.learn("abc").save(run / "chars.json")
+    for path in (run, run / "checkpoints" / "step-0000001" / "model.safetensors"):
+        assert load_tokenizer(path).chars == ["a", "b", "c"]
+    with pytest.raises(UserError, match="no chars.json or subwords.model"):
+        load_tokenizer(tmp_path)

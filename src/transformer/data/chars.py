@@ -18,9 +18,10 @@ from ..errors import UserError
 from ..run.files import write_text_atomic
 from .subwords import BOS_ID, EOS_ID, PAD_ID
 
-__all__ = ["Chars", "FIRST_ID"]
+__all__ = ["Chars", "FIRST_ID", "CHARS_FILE"]
 
 FIRST_ID = 3  # ids 0, 1, 2 are pad, bos, eos
+CHARS_FILE = "chars.json"  # its name in a run directory
 
 
 class Chars:

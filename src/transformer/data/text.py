@@ -20,10 +20,12 @@ import numpy as np
 import torch
 
 from ..errors import UserError
+from ..run.layout import SUBWORDS, run_file
+from .chars import CHARS_FILE, Chars
 from .corpus import decode_lines
 from .subwords import PAD_ID, Subwords
 
-__all__ = ["read_text", "read_texts", "split_text", "LineSubwords", "WindowSampler", "TextBatch", "windows",
+__all__ = ["read_text", "read_texts", "split_text", "LineSubwords", "load_tokenizer", "WindowSampler", "TextBatch", "windows",
            "validation_windows"]
 
 
@@ -101,6 +103,18 @@ class LineSubwords:
             else:
                 line.append(i)
         return "\n".join([*lines, self.subwords.decode(line)])
+
+
+def load_tokenizer(path: str | Path) -> Chars | LineSubwords:
+    """The tokenizer of the language-model run that ``path`` belongs to (the run directory, a
+    checkpoint or a weights file in it): its chars.json, else its subwords.model."""
+    found = run_file(path, CHARS_FILE)
+    if found is not None:
+        return Chars.load(found)
+    found = run_file(path, SUBWORDS)
+    if found is None:
+        raise UserError(f"{path}: no {CHARS_FILE} or {SUBWORDS} found beside the weights; give the run directory")
+    return LineSubwords(Subwords.load(found))
 
 
 class WindowSampler:

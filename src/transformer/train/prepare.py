@@ -15,6 +15,7 @@ import torch
 import yaml
 
 from ..data import Subwords, clean_pairs, filter_long, load_multi30k, read_parallel, read_tsv, train_subwords
+from ..data.chars import CHARS_FILE as CHARS
 from ..data.chars import Chars
 from ..data.registry import tinyshakespeare_path
 from ..data.text import LineSubwords, read_texts, split_text
@@ -38,9 +39,6 @@ class PreparedText:
     tokenizer: Chars | LineSubwords
     train: torch.Tensor  # (N,) token ids of the training part of the text
     valid: torch.Tensor  # (M,) token ids of the validation part (empty with valid_fraction 0)
-
-
-CHARS = "chars.json"  # a character vocabulary in the run directory (tokenizer: chars)
 
 
 def tokenizer_file(cfg: TrainConfig, run_dir: Path) -> Path:
