@@ -66,3 +66,15 @@ def test_checkpoints_average(tmp_path, lm_cfg, log):
     run = tmp_path / "run"
     Trainer(lm_cfg("max_steps=4", "save_every=1", "average_last=3"), run, log=log).train()
     assert (run / "averaged.safetensors").is_file()
+
+
+def test_a_run_resumes_under_options_newer_than_it(tmp_path, lm_cfg, log):
+    """A config.yaml written before an option existed reads as holding its default."""
+    import yaml
+
+    run = tmp_path / "run"
+    Trainer(lm_cfg("max_steps=2"), run, log=log).train()
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    del saved["lr_decay_steps"]  # as a run from before lr_decay_steps would have it
+    (run / "config.yaml").write_text(yaml.safe_dump(saved))
+    assert Trainer(lm_cfg("max_steps=3"), run, log=log).train()["step"] == 3
