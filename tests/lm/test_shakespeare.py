@@ -57,6 +57,7 @@ def test_the_recipe_is_nanogpts_cpu_recipe():
     assert (model.dropout, model.bias) == (0.0, False)
     assert (cfg.batch_size, cfg.accum_steps, cfg.context, cfg.max_steps) == (12, 1, 0, 2000)
     assert (cfg.optimizer, cfg.betas, cfg.weight_decay, cfg.clip_norm) == ("adamw", [0.9, 0.99], 0.1, 1.0)
-    assert (cfg.lr_schedule, cfg.peak_lr, cfg.min_lr, cfg.warmup, cfg.lr_decay_steps) == ("cosine", 1e-3, 1e-4, 100, 2000)
+    schedule = (cfg.lr_schedule, cfg.peak_lr, cfg.min_lr, cfg.warmup, cfg.lr_decay_steps)
+    assert schedule == ("cosine", 1e-3, 1e-4, 100, 2000)
     assert (cfg.label_smoothing, cfg.precision, cfg.compile_loss, cfg.average_last) == (0.0, "fp32", False, 0)
     assert cfg.eval_every == 250

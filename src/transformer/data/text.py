@@ -25,8 +25,8 @@ from .chars import CHARS_FILE, Chars
 from .corpus import decode_lines
 from .subwords import PAD_ID, Subwords
 
-__all__ = ["read_text", "read_texts", "split_text", "LineSubwords", "load_tokenizer", "WindowSampler", "TextBatch", "windows",
-           "validation_windows"]
+__all__ = ["read_text", "read_texts", "split_text", "LineSubwords", "load_tokenizer", "WindowSampler", "TextBatch",
+           "windows", "validation_windows"]
 
 
 def read_text(path: str | Path) -> str:

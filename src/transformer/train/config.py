@@ -109,7 +109,8 @@ class TrainConfig:
                 raise UserError(f"config: {f.name} must be {_TYPE_NAMES.get(f.type, f.type)}, got {value!r}")
         need(self.seed >= 0, f"seed must be non-negative, got {self.seed}")
         for name in ("max_epochs", "max_minutes", "clip_norm", "weight_decay", "patience", "average_last",
-                     "threads", "train_limit", "valid_limit", "lr_scale", "peak_lr", "min_lr", "lr_decay_steps", "context"):
+                     "threads", "train_limit", "valid_limit", "lr_scale", "peak_lr", "min_lr", "lr_decay_steps",
+                     "context"):
             need(getattr(self, name) >= 0, f"{name} must not be negative, got {getattr(self, name)}")
 
         datasets = ("multi30k", "files", *TEXT_DATASETS)
