@@ -64,3 +64,17 @@ def config_file(tmp_path) -> Callable[..., Path]:
         return path
 
     return make
+
+
+@pytest.fixture(scope="session")
+def trained_lm(tmp_path_factory) -> Path:
+    """A toy language-model run, trained for 60 updates (a few seconds), shared by a session."""
+    from transformer.train.trainer import Trainer
+
+    root = tmp_path_factory.mktemp("trained-lm")
+    text = root / "tiny.txt"
+    text.write_text(make_text(), encoding="utf-8")
+    run = root / "run"
+    cfg = load_config(None, lm_overrides(text) + ["max_steps=60", "eval_every=60", "save_every=60"])
+    Trainer(cfg, run, log=lambda *a: None).train()
+    return run

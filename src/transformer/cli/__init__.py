@@ -11,7 +11,7 @@ import sys
 from ..errors import UserError
 
 # The order in `transformer --help`; any other command module follows alphabetically.
-ORDER = ["demo", "train", "translate", "evaluate", "average", "attention", "explain", "serve", "export"]
+ORDER = ["demo", "train", "translate", "generate", "evaluate", "average", "attention", "explain", "serve", "export"]
 
 
 def command_modules() -> list[str]:

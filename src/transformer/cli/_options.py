@@ -18,6 +18,11 @@ _HELP = {
     "precision": ("P", str, f"CPU decoding arithmetic, one of {', '.join(PRECISIONS)}: bf16 weights or int8 "
                             "weights (faster; the BLEU cost is measured in benchmarks/decode/README.md)"),
     "device": ("DEVICE", str, "cpu or cuda[:N]"),
+    "max_new_tokens": ("N", int, "tokens to generate after the prompt"),
+    "temperature": ("T", float, "sampling temperature; 0 = greedy (always the most probable token)"),
+    "top_k": ("K", int, "sample only among the K most probable tokens (0 = all)"),
+    "top_p": ("P", float, "sample only among the most probable tokens whose probability reaches P (1 = all)"),
+    "seed": ("S", int, "random seed: the same seed gives the same text (default: a fresh one each run)"),
 }
 
 

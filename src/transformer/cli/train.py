@@ -1,4 +1,4 @@
-"""``transformer train``: train a translation model from a YAML config.
+"""``transformer train``: train a translation model or a language model from a YAML config.
 
 On several processes: ``torchrun --nproc_per_node N -m transformer train ...`` (one process
 per GPU with ``--device cuda``; gloo on CPUs otherwise). See docs/distributed.md."""
@@ -9,8 +9,8 @@ from pathlib import Path
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="train a translation model (resumes when RUN_DIR holds a run)")
-    p.add_argument("--config", required=True, help="YAML config, e.g. configs/multi30k-en-de.yaml")
+    p = sub.add_parser("train", help="train a translation or language model from a config (resumes when RUN_DIR holds a run)")
+    p.add_argument("--config", required=True, help="YAML config, e.g. configs/multi30k-en-de.yaml or configs/shakespeare-char.yaml")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set max_steps=200 --set model.dropout=0.1")
     p.add_argument("--out", help="run directory (default: runs/<config name>)")

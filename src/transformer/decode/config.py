@@ -23,6 +23,7 @@ class DecodingConfig:
     max_len_a: float = 1.0  # outputs stop at max_len_a * source length + max_len_b tokens
     max_len_b: int = 50
     # ---- sampling (generation; temperature 0 is greedy) ----
+    max_new_tokens: int = 256  # tokens generated after the prompt
     temperature: float = 1.0
     top_k: int = 0  # sample among the k most probable tokens (0 = all)
     top_p: float = 1.0  # nucleus: the smallest set whose probability reaches top_p
@@ -45,6 +46,8 @@ class DecodingConfig:
               self.max_len_a)
         _need(isinstance(self.max_len_b, int) and self.max_len_b >= 0, "max_len_b", "must not be negative",
               self.max_len_b)
+        _need(isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1, "max_new_tokens",
+              "must be at least 1", self.max_new_tokens)
         _need(isinstance(self.temperature, float) and self.temperature >= 0, "temperature",
               "must be at least 0 (0 = greedy)", self.temperature)
         _need(isinstance(self.top_k, int) and self.top_k >= 0, "top_k", "must be at least 0 (0 = off)", self.top_k)

@@ -1,7 +1,8 @@
 """The run directory: what lives where, and finding it from any path inside a run.
 
     RUN_DIR/config.yaml               the training config (its ``decoding`` section: how the recipe decodes)
-    RUN_DIR/subwords.model            the sentencepiece model (translation preprocesses with it)
+    RUN_DIR/subwords.model            the sentencepiece model (translation, and a language model with tokenizer bpe)
+    RUN_DIR/chars.json                a character language model's alphabet (tokenizer chars)
     RUN_DIR/metrics.jsonl             one JSON object per log / evaluation line
     RUN_DIR/checkpoints/step-0001000/ model.safetensors + state.pt (optimizer, step, RNG, data position)
     RUN_DIR/best.safetensors          the weights with the best validation BLEU
@@ -33,7 +34,8 @@ PREFERRED = (AVERAGED, BEST)  # the weights a run directory is read from, in thi
 
 # Temporary names a crash can leave in a run directory (run.files writes them).
 STALE_PATTERNS = (f".{CONFIG}.*.tmp", f".{BEST}.*.tmp", f".{AVERAGED}.*.tmp", f".{METRICS}.*.tmp",
-                  f".{CURVE}.*.tmp", f".{SUBWORDS}.*.tmp", ".subwords.vocab.*.tmp", ".prepare.*")
+                  f".{CURVE}.*.tmp", f".{SUBWORDS}.*.tmp", ".subwords.vocab.*.tmp", ".chars.json.*.tmp",
+                  ".prepare.*")
 
 
 def run_file(path: str | Path, name: str) -> Path | None:

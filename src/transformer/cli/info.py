@@ -1,0 +1,49 @@
+"""``transformer info``: what a trained model is made of. For a language model, the seed's
+list of matrices: We and Whead, and per layer WQ, WK, WV, WO, W_gate, W_up, W_down, with
+their shapes and parameter counts; for a translation model, every parameter tensor."""
+from __future__ import annotations
+
+import argparse
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("info", help="list a model's weight matrices with their shapes and parameter counts")
+    p.add_argument("--model", required=True, help="run directory or .safetensors file")
+    p.add_argument("--json", action="store_true", help="print the table as JSON")
+    p.set_defaults(func=run)
+
+
+def rows(model) -> list[tuple[str, str, tuple[int, ...], int]]:
+    """(name, parameter, shape, count) for every matrix of ``model``."""
+    from ..model import weight_matrices
+
+    if model.cfg.decoder_only:
+        return weight_matrices(model)
+    return [(name, name, tuple(p.shape), p.numel()) for name, p in model.named_parameters()]
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    from ..run import load_model
+
+    model, meta = load_model(args.model)
+    cfg, table = model.cfg, rows(model)
+    total = model.num_parameters()
+    if args.json:
+        print(json.dumps({"weights": meta["path"], "config": cfg.to_dict(), "parameters": total,
+                          "matrices": [{"name": n, "parameter": p, "shape": list(s), "count": c} for n, p, s, c in table]}))
+        return 0
+    family = "decoder-only language model" if cfg.decoder_only else "encoder-decoder translation model"
+    print(f"{meta['path']}: {family}, {cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads} heads"
+          f"{f' ({cfg.kv_heads} K/V heads)' if cfg.kv_heads != cfg.n_heads else ''}, d_ff {cfg.d_ff}, "
+          f"vocabulary {cfg.vocab_size}, context {cfg.max_len}; {total:,} parameters")
+    width = max(len(n) for n, *_ in table)
+    for name, param, shape, count in table:
+        shown = " x ".join(map(str, shape))
+        print(f"  {name:<{width}}  {shown:>12}  {count:>12,}  {param}")
+    matrices = sum(c for *_, c in table)
+    if cfg.decoder_only:
+        print(f"  the matrices above hold {matrices:,} of the {total:,} parameters; the rest are the "
+              f"{'RMSNorm' if cfg.norm == 'rms' else 'LayerNorm'} gains{' and the biases' if cfg.bias else ''}")
+    return 0

@@ -1,0 +1,104 @@
+"""Text in, text out for a language model run: prompts encoded as in training, continued by
+:func:`~transformer.decode.generate` (greedy or sampled, batched on the KV cache), decoded,
+and streamed piece by piece as the tokens come.
+
+    generator = Generator.from_pretrained("runs/shakespeare")
+    generator.generate(["ROMEO:"])           # -> ["ROMEO:\\nWhat ..."] without the prompt: see below
+"""
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from .decode.config import DecodingConfig
+from .decode.precision import for_inference
+from .decode.sample import generate_stream
+from .errors import UserError
+from .model import LanguageModel
+from .run import load_model, run_file
+from .translator import run_decoding
+
+
+def load_tokenizer(path: str | Path):
+    """The tokenizer a language model run was trained with (characters or subwords)."""
+    from .data.text import load_tokenizer as load
+
+    return load(path)
+
+
+class Generator:
+    """Continue prompts with a trained :class:`~transformer.model.LanguageModel`.
+
+    ``decoding`` gives max_new_tokens, temperature (0 = greedy), top_k, top_p, seed, precision
+    and device. A prompt longer than the model's context is cut from the left (its last
+    ``max_len - 1`` tokens are kept) with a warning (``warn=False``: counted in ``truncated``);
+    an empty prompt starts from a newline (as nanoGPT's sampler does) where the tokenizer has
+    one, else from BOS.
+    """
+
+    def __init__(self, model: LanguageModel, tokenizer, decoding: DecodingConfig | None = None,
+                 *, warn: bool = True) -> None:
+        self.decoding = decoding or DecodingConfig()
+        self.model = for_inference(model.to(self.decoding.device), self.decoding.precision)
+        self.tokenizer = tokenizer
+        self.warn = warn
+        self.truncated = 0
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, *, warn: bool = True, **options) -> "Generator":
+        """A generator for a run directory (or a weights file in one); ``options`` are
+        :class:`DecodingConfig` fields that override the run's ``decoding`` settings."""
+        decoding = run_decoding(path, {k: v for k, v in options.items() if v is not None})
+        model, _ = load_model(path, decoding.device)
+        if not model.cfg.decoder_only:
+            raise UserError(f"{path}: a translation model; generate needs a language model (use translate)")
+        if run_file(path, "config.yaml") is None:
+            raise UserError(f"{path}: no config.yaml beside the weights; give the run directory")
+        tokenizer = load_tokenizer(path)
+        if tokenizer.vocab_size != model.cfg.vocab_size:
+            raise UserError(f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model was built for "
+                            f"{model.cfg.vocab_size}; these files belong to different runs")
+        return cls(model, tokenizer, decoding, warn=warn)
+
+    def encode(self, prompt: str) -> list[int]:
+        ids = self.tokenizer.encode(prompt) if prompt else (self.tokenizer.encode("\n") or [self.model.cfg.bos_id])
+        room = self.model.cfg.max_len - 1
+        if len(ids) > room:
+            self.truncated += 1
+            if self.warn:
+                warnings.warn(f"a prompt of {len(ids)} tokens is longer than the model's context; "
+                              f"continuing its last {room} tokens", stacklevel=3)
+            ids = ids[-room:]
+        return ids
+
+    def stream(self, prompts: list[str], seed_offset: int = 0) -> Iterator[list[str]]:
+        """For each new token, the text it adds to each row (possibly "" while a multi-byte
+        character or a subword is incomplete)."""
+        d = self.decoding
+        encoded = [self.encode(p) for p in prompts]
+        seed = None if d.seed is None else d.seed + seed_offset
+        ids: list[list[int]] = [[] for _ in prompts]
+        shown = [""] * len(prompts)
+        for token in generate_stream(self.model, encoded, d.max_new_tokens, d.temperature, d.top_k, d.top_p, seed):
+            pieces = []
+            for i, t in enumerate(token.tolist()):
+                ids[i].append(t)
+                text = self.tokenizer.decode(ids[i])
+                stable = text[: len(text) - 1] if text.endswith("\ufffd") else text  # an incomplete character
+                pieces.append(stable[len(shown[i]):])
+                shown[i] = stable
+            yield pieces
+        final = [self.tokenizer.decode(row) for row in ids]
+        if any(f != s for f, s in zip(final, shown)):
+            yield [f[len(s):] for f, s in zip(final, shown)]
+
+    @torch.inference_mode()
+    def generate(self, prompts: list[str]) -> list[str]:
+        """The continuation of each prompt (without the prompt)."""
+        out = [""] * len(prompts)
+        for pieces in self.stream(prompts):
+            out = [o + p for o, p in zip(out, pieces)]
+        return out
