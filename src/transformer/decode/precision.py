@@ -35,23 +35,18 @@ def check_precision(precision: str, device: str | torch.device = "cpu") -> None:
 
 def for_inference(model: nn.Module, precision: str = "fp32") -> nn.Module:
     """``model`` in eval mode at ``precision``: the model itself when it is already float32
-    and fp32 is asked for, a converted copy otherwise (the caller's model keeps its dtype).
-
-    A tied model with a restricted output vocabulary always gets a copy whose projection
-    holds its output rows once, instead of gathering them from the embedding at every step."""
+    and fp32 is asked for, a converted copy otherwise (the caller's model keeps its dtype)."""
     check_precision(precision, next(model.parameters()).device)
     if isinstance(model, Ensemble):  # each member on its own: the int8 path rebuilds a member's projection
         return Ensemble([for_inference(m, precision) for m in model.members])
-    tied = getattr(model, "out_proj", "absent") is None
-    restricted_tied = tied and model.output_ids is not None
     float32 = all(p.dtype == torch.float32 for p in model.parameters() if p.is_floating_point())
-    if precision == "fp32" and float32 and not restricted_tied:
+    if precision == "fp32" and float32:
         return model.eval()
     out = copy.deepcopy(model).to(torch.bfloat16 if precision == "bf16" else torch.float32).eval()
-    if restricted_tied or (tied and precision == "int8"):  # int8: a projection of its own to quantise
-        _own_output_layer(out)
     if precision != "int8":
         return out
+    if getattr(out, "out_proj", "absent") is None:  # tied: a projection of its own to quantise
+        _own_output_layer(out)
     qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
     with warnings.catch_warnings():  # torch.ao's eager quantisation warns that it is deprecated
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -60,12 +55,9 @@ def for_inference(model: nn.Module, precision: str = "fp32") -> nn.Module:
 
 
 def _own_output_layer(model: nn.Module) -> None:
-    """In place, on a decoding copy of a tied model: an output projection of its own, one
-    row per output id (the rows an untied projection would hold), to quantise, or to avoid
-    gathering a restricted output's rows from the embedding at every step."""
+    """In place, on a decoding copy of a tied model: an output projection of its own (a copy
+    of the target embedding, the rows an untied projection would hold), to quantise."""
     weight = model.tgt_embed.weight.detach()
-    if model.output_ids is not None:
-        weight = weight.index_select(0, model.output_ids)
     # skip_init: no random initialisation, so building it draws nothing from the global RNG
     # (validation during training decodes through here, and resuming must stay exact)
     model.out_proj = nn.utils.skip_init(nn.Linear, model.cfg.d_model, weight.size(0), bias=False,
