@@ -7,24 +7,48 @@ BLEU of the output (sacreBLEU cased / lower-cased / tokenised lower-cased, as in
 and how many outputs differ from fp32. The precisions take turns round after round in one
 process (the order rotates), and times are medians over rounds: read the ratios.
 
+``int8-ao`` (only when listed in ``--precisions``) is the int8 path that ``--precision int8``
+ran until 2026-12-02, ``torch.ao`` dynamic quantisation (deprecated in torch), kept here
+alone, in :func:`int8_ao`, for comparison.
+
     TRANSFORMER_DATA=../shared/data .venv/bin/python benchmarks/decode/precision.py \\
-        --run runs/multi30k-en-de [--beam 5 --alpha 1.0] [--rounds 3] [--threads 2] [--n 1000]
+        --run runs/multi30k-en-de [--beam 5 --alpha 1.0] [--rounds 3] [--threads 2] [--n 1000] \\
+        [--precisions fp32,bf16,int8,int8-ao]
 """
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
 import yaml
+from torch import nn
 
 from transformer.data import load_multi30k
 from transformer.decode.precision import PRECISIONS
 from transformer.evaluate import score
 from transformer.translator import load_translator
+
+
+def int8_ao(model: nn.Module) -> nn.Module:
+    """The old ``for_inference(model, "int8")``: a float32 copy (a tied model's output
+    projection made a layer of its own) with every ``nn.Linear`` dynamically quantised by
+    ``torch.ao`` (int8 weights, one scale per output row; activations quantised per call)."""
+    out = copy.deepcopy(model).float().eval()
+    if out.out_proj is None:
+        weight = out.tgt_embed.weight.detach()
+        out.out_proj = nn.utils.skip_init(nn.Linear, out.cfg.d_model, weight.size(0), bias=False)
+        out.out_proj.weight = nn.Parameter(weight.clone(), requires_grad=False)
+    qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
+    with warnings.catch_warnings():  # torch.ao's eager quantisation warns that it is deprecated
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.filterwarnings("ignore", message=".*quantize_per_channel.*")
+        return torch.ao.quantization.quantize_dynamic(out, {nn.Linear: qconfig}, dtype=torch.qint8)
 
 
 def main() -> None:
@@ -45,7 +69,10 @@ def main() -> None:
     pairs = load_multi30k("test_2016_flickr", src_lang, tgt_lang, download=False)[: args.n]
     sources, refs = [s for s, _ in pairs], [t for _, t in pairs]
     tr = {p: load_translator(args.run, beam_size=args.beam, alpha=args.alpha, max_tokens=args.max_tokens,
-                             precision=p) for p in names}
+                             precision="fp32" if p == "int8-ao" else p) for p in names}
+    for p in names:
+        if p == "int8-ao":
+            tr[p].model = int8_ao(tr[p].model)
     times: dict[str, list[float]] = {p: [] for p in names}
     outs: dict[str, list] = {}
     for r in range(args.rounds):
