@@ -16,7 +16,8 @@ _HELP = {
     "n_best": ("N", int, "print the N best translations (tab-separated with scores)"),
     "max_tokens": ("N", int, "source tokens per batch"),
     "precision": ("P", str, f"CPU decoding arithmetic, one of {', '.join(PRECISIONS)}: bf16 weights or int8 "
-                            "weights (faster; the BLEU cost is measured in benchmarks/decode/README.md)"),
+                            "weight-only quantisation (the speed and BLEU cost are measured in "
+                            "benchmarks/decode/README.md)"),
     "device": ("DEVICE", str, "cpu or cuda[:N]"),
     "max_new_tokens": ("N", int, "tokens to generate after the prompt"),
     "temperature": ("T", float, "sampling temperature; 0 = greedy (always the most probable token)"),
