@@ -49,7 +49,7 @@ TRAIN_CASES = {
     "zero-save-every": (None, ["save_every=0"], ["save_every"]),
     "bad-preset": (None, ["model.preset=huge"], ["model.preset"]),
     "bad-heads": (None, ["model.n_heads=3"], ["n_heads"]),
-    "bad-schedule": (None, ["lr_schedule=cosine"], ["lr_schedule"]),
+    "bad-schedule": (None, ["lr_schedule=exponential"], ["lr_schedule"]),
     "cooldown-past-max-steps": (None, ["max_steps=10", "cooldown=11"], ["cooldown", "11"]),
     "dropout-start-1": (None, ["dropout_ramp=100", "dropout_start=1"], ["dropout_start", "[0, 1)"]),
     "dropout-ramp-negative": (None, ["dropout_ramp=-5"], ["dropout_ramp", "-5"]),
