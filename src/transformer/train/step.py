@@ -114,7 +114,7 @@ def train_step(
     (``no_sync`` before). The returned loss and token count are the global ones, and the
     skip decision is all-reduced, so every rank skips the same updates.
     """
-    forward = forward or model
+    forward = model if forward is None else forward
     ddp = isinstance(forward, DistributedDataParallel)
     world = torch.distributed.get_world_size(forward.process_group) if ddp else 1
     pad_id = model.cfg.pad_id
