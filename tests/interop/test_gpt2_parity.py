@@ -3,24 +3,21 @@
 
 GPT-2's ids: no pad token, one id (the last, as 50256 in GPT-2) for BOS and EOS. The
 import then reads id 0 as padding (see ``transformer.interop.gpt2``): prompts never
-contain it, and its output row is zeroed so that neither model generates it. HF's
-``generate`` derives ``position_ids`` from ``attention_mask``; a plain HF forward does not,
-so the left-padded forward passes them.
+contain it, and its output row is zeroed so that neither model generates it (more in
+``lm_parity``, the helpers this file shares with the Llama parity tests).
 """
 import pytest
 import torch
+from lm_parity import NEW, check_greedy, check_logits, check_same_weights, hf_greedy, ours_greedy, randomize
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from transformer import ModelConfig
-from transformer.decode import generate
 from transformer.interop import from_gpt2, to_gpt2
 from transformer.interop.gpt2 import config_to_gpt2
 from transformer.model.lm import LanguageModel
 
 V, PAD = 89, 0
 EOS = BOS = V - 1
-TOL = 1e-4
-NEW = 12
 PROMPTS = [[5, 17, 33, 8, 61, 12, 40], [9, 22], [71, 3, 3, 50, 18], [44], [13, 27, 80, 6, 30, 52, 7, 19, 64]]
 
 
@@ -30,23 +27,9 @@ def gpt2_config(**overrides) -> GPT2Config:
     return GPT2Config(**{**kwargs, **overrides})
 
 
-@torch.no_grad()
-def randomize(module: torch.nn.Module, seed: int, std: float = 0.3) -> None:
-    """Weights from our own generator (independent of HF's initialisation): LayerNorm gains
-    near 1, everything else N(0, std); then PAD's output row zero, so PAD is never the argmax."""
-    g = torch.Generator().manual_seed(seed)
-    for name, p in module.named_parameters():
-        noise = torch.randn(p.shape, generator=g)
-        is_norm = ("norm" in name or ".ln_" in name) and p.dim() == 1
-        p.copy_(1 + 0.2 * noise if is_norm and name.endswith("weight") else std * noise)
-    head = module.get_output_embeddings().weight if hasattr(module, "get_output_embeddings") \
-        else module.output_layer()[0]
-    head[PAD].zero_()
-
-
 def tiny_gpt2(seed: int = 0, **overrides) -> GPT2LMHeadModel:
     hf = GPT2LMHeadModel(gpt2_config(**overrides)).eval()
-    randomize(hf, seed)
+    randomize(hf, seed, PAD)
     return hf
 
 
@@ -55,52 +38,11 @@ def tiny_ours(seed: int = 0, **overrides) -> LanguageModel:
                                                              "n_layers": 2, "dropout": 0.0, "bos_id": BOS,
                                                              "eos_id": EOS, **overrides})
     model = LanguageModel(cfg).eval()
-    randomize(model, seed)
+    randomize(model, seed, PAD)
     return model
 
 
-def left_padded(prompts, pad=PAD):
-    width = max(len(p) for p in prompts)
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-    return ids, (ids != pad).long()
-
-
-def right_padded(prompts, pad=PAD):
-    width = max(len(p) for p in prompts)
-    ids = torch.tensor([p + [pad] * (width - len(p)) for p in prompts])
-    return ids, (ids != pad).long()
-
-
-@torch.no_grad()
-def hf_greedy(hf, prompts, n=NEW, eos=EOS):
-    """HF ``generate`` greedy on the left-padded batch; each row's new tokens, cut after EOS."""
-    ids, mask = left_padded(prompts)
-    out = hf.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=n, min_new_tokens=0,
-                      pad_token_id=PAD, eos_token_id=eos)[:, ids.size(1):].tolist()
-    return [row[: row.index(eos) + 1] if eos in row else row for row in out]
-
-
-def ours_greedy(model, prompts, n=NEW):
-    return generate(model, prompts, n, temperature=0, stop_id=model.cfg.eos_id)
-
-
 # ---- logits ---------------------------------------------------------------------------------
-def check_logits(ours: LanguageModel, hf: GPT2LMHeadModel, label: str) -> None:
-    with torch.no_grad():
-        ids, _ = left_padded([PROMPTS[0]])
-        diff = (ours(ids) - hf(ids).logits).abs().max().item()
-        ids, mask = right_padded(PROMPTS)  # right padding: equal at the real positions
-        real = mask.bool()
-        rdiff = (ours(ids)[real] - hf(input_ids=ids, attention_mask=mask).logits[real]).abs().max().item()
-        ids, mask = left_padded(PROMPTS)  # left padding, with the positions generate() would use
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        real = mask.bool()
-        ldiff = (ours(ids)[real] - hf(input_ids=ids, attention_mask=mask, position_ids=pos).logits[real]
-                 ).abs().max().item()
-    print(f"{label}: max abs logit diff {diff:.2e}, right-padded {rdiff:.2e}, left-padded {ldiff:.2e}")
-    assert max(diff, rdiff, ldiff) < TOL
-
-
 VARIANTS = {
     "tied-gelu_new": dict(),
     "untied-eps": dict(tie_word_embeddings=False, layer_norm_epsilon=1e-6),
@@ -118,7 +60,7 @@ def test_imported_model_gives_hf_logits(variant):
     assert (cfg.pad_id, cfg.bos_id, cfg.eos_id) == (PAD, BOS, EOS)
     assert cfg.tie_embeddings == bool(hf.config.tie_word_embeddings) == (model.out_proj is None)
     assert cfg.positions == "learned" and cfg.norm == "layer" and cfg.bias
-    check_logits(model, hf, f"from_gpt2 {variant}")
+    check_logits(model, hf, PROMPTS, PAD, f"from_gpt2 {variant}")
 
 
 def test_gelu_new_is_our_gelu_tanh():
@@ -141,16 +83,13 @@ def test_exported_model_gives_our_logits(variant):
     hf = to_gpt2(model)
     assert not hf.training
     assert (hf.lm_head.weight is hf.transformer.wte.weight) == model.cfg.tie_embeddings
-    check_logits(model, hf, f"to_gpt2 {variant}")
+    check_logits(model, hf, PROMPTS, PAD, f"to_gpt2 {variant}")
 
 
 def test_round_trip_keeps_every_weight():
     for tie in (True, False):
         hf = tiny_gpt2(tie_word_embeddings=tie)
-        back = to_gpt2(from_gpt2(hf))
-        theirs, ours = hf.state_dict(), back.state_dict()
-        assert theirs.keys() == ours.keys()
-        assert all(torch.equal(theirs[k], ours[k]) for k in theirs)
+        check_same_weights(hf, to_gpt2(from_gpt2(hf)))
 
 
 def test_gpt2_small_preset_converts_to_the_same_parameter_count():
@@ -173,26 +112,18 @@ GREEDY = {
 @pytest.mark.parametrize("variant", list(GREEDY))
 def test_greedy_continuations_equal_hf_generate(variant):
     model, hf = GREEDY[variant]()
-    batched_hf = hf_greedy(hf, PROMPTS)
-    batched_ours = ours_greedy(model, PROMPTS)
-    print(variant, batched_ours)
-    assert batched_ours == batched_hf
-    assert not any(PAD in row for row in batched_ours)
-    assert len({tuple(r) for r in batched_ours}) > 1, "the rows should differ"
-    for i, p in enumerate(PROMPTS):  # each prompt alone: the batched result, on both sides
-        alone_hf, alone_ours = hf_greedy(hf, [p]), ours_greedy(model, [p])
-        assert alone_ours == alone_hf == [batched_ours[i]]
+    check_greedy(model, hf, PROMPTS, PAD, EOS, variant)
 
 
 def test_greedy_stops_at_eos_like_hf():
     """EOS's output row made 1.05 x that of a token the model often picks (with a positive
     logit): the rows that would pick it stop with EOS instead, at varied lengths."""
     hf = tiny_gpt2(5, tie_word_embeddings=False)
-    often = hf_greedy(hf, PROMPTS)[1][3]
+    often = hf_greedy(hf, PROMPTS, PAD, EOS)[1][3]
     with torch.no_grad():
         hf.lm_head.weight[EOS] = 1.05 * hf.lm_head.weight[often]
     model = from_gpt2(hf)
-    ours, theirs = ours_greedy(model, PROMPTS), hf_greedy(hf, PROMPTS)
+    ours, theirs = ours_greedy(model, PROMPTS), hf_greedy(hf, PROMPTS, PAD, EOS)
     assert ours == theirs
     print(ours)
     assert any(row and row[-1] == EOS and len(row) < NEW for row in ours)

@@ -1,25 +1,19 @@
 """Hugging Face Llama import/export: the same logits and the same greedy continuations as
 ``transformers.LlamaForCausalLM``, on tiny randomly initialised models (no download).
 
-Padding. Our model reads the id ``pad_id`` (0 here) as padding wherever it occurs; HF reads
-``attention_mask``. Prompts never contain PAD, and PAD's output row is zeroed so that
-neither model ever *generates* it (a generated PAD would be real to HF and padding to us).
-HF's ``generate`` derives ``position_ids`` from the mask (``cumsum - 1``), as our model does
-from the ids; a plain HF forward does not, so the left-padded forward passes them.
+Padding: see ``lm_parity`` (PAD is 0 here, a real id to Llama that prompts never contain).
 """
 import pytest
 import torch
+from lm_parity import NEW, check_greedy, check_logits, check_same_weights, hf_greedy, ours_greedy, randomize
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from transformer import ModelConfig
-from transformer.decode import generate
 from transformer.interop import from_llama, to_llama
 from transformer.interop.llama import config_to_llama
 from transformer.model.lm import LanguageModel
 
 V, PAD, BOS, EOS = 89, 0, 1, 2
-TOL = 1e-4
-NEW = 12
 PROMPTS = [[5, 17, 33, 8, 61, 12, 40], [9, 22], [71, 3, 3, 50, 18], [44], [13, 27, 88, 6, 30, 52, 7, 19, 64]]
 
 
@@ -31,23 +25,9 @@ def llama_config(**overrides) -> LlamaConfig:
     return LlamaConfig(**{**kwargs, **overrides})
 
 
-@torch.no_grad()
-def randomize(module: torch.nn.Module, seed: int, std: float = 0.3) -> None:
-    """Weights from our own generator (independent of HF's initialisation): norm gains near
-    1, everything else N(0, std); then PAD's output row zero, so PAD is never the argmax."""
-    g = torch.Generator().manual_seed(seed)
-    for name, p in module.named_parameters():
-        noise = torch.randn(p.shape, generator=g)
-        is_norm = "norm" in name and p.dim() == 1
-        p.copy_(1 + 0.2 * noise if is_norm and name.endswith("weight") else std * noise)
-    head = module.get_output_embeddings().weight if hasattr(module, "get_output_embeddings") \
-        else module.output_layer()[0]
-    head[PAD].zero_()
-
-
 def tiny_llama(seed: int = 0, **overrides) -> LlamaForCausalLM:
     hf = LlamaForCausalLM(llama_config(**overrides)).eval()
-    randomize(hf, seed)
+    randomize(hf, seed, PAD)
     return hf
 
 
@@ -55,33 +35,8 @@ def tiny_ours(seed: int = 0, **overrides) -> LanguageModel:
     cfg = ModelConfig.preset("llama-char", vocab_size=V, **{"max_len": 64, "d_model": 32, "n_heads": 4,
                                                              "d_ff": 56, "n_layers": 2, **overrides})
     model = LanguageModel(cfg).eval()
-    randomize(model, seed)
+    randomize(model, seed, PAD)
     return model
-
-
-def left_padded(prompts, pad=PAD):
-    width = max(len(p) for p in prompts)
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-    return ids, (ids != pad).long()
-
-
-def right_padded(prompts, pad=PAD):
-    width = max(len(p) for p in prompts)
-    ids = torch.tensor([p + [pad] * (width - len(p)) for p in prompts])
-    return ids, (ids != pad).long()
-
-
-@torch.no_grad()
-def hf_greedy(hf, prompts, n=NEW, eos=EOS):
-    """HF ``generate`` greedy on the left-padded batch; each row's new tokens, cut after EOS."""
-    ids, mask = left_padded(prompts)
-    out = hf.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=n, min_new_tokens=0,
-                      pad_token_id=PAD, eos_token_id=eos)[:, ids.size(1):].tolist()
-    return [row[: row.index(eos) + 1] if eos in row else row for row in out]
-
-
-def ours_greedy(model, prompts, n=NEW):
-    return generate(model, prompts, n, temperature=0, stop_id=model.cfg.eos_id)
 
 
 # ---- logits ---------------------------------------------------------------------------------
@@ -94,24 +49,6 @@ VARIANTS = {
 }
 
 
-def check_logits(ours: LanguageModel, hf: LlamaForCausalLM, label: str) -> None:
-    with torch.no_grad():
-        ids, _ = left_padded([PROMPTS[0]])
-        diff = (ours(ids) - hf(ids).logits).abs().max().item()
-        # right padding: equal at the real positions
-        ids, mask = right_padded(PROMPTS)
-        real = mask.bool()
-        rdiff = (ours(ids)[real] - hf(input_ids=ids, attention_mask=mask).logits[real]).abs().max().item()
-        # left padding: HF needs the positions its generate() would derive from the mask
-        ids, mask = left_padded(PROMPTS)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        real = mask.bool()
-        ldiff = (ours(ids)[real] - hf(input_ids=ids, attention_mask=mask, position_ids=pos).logits[real]
-                 ).abs().max().item()
-    print(f"{label}: max abs logit diff {diff:.2e}, right-padded {rdiff:.2e}, left-padded {ldiff:.2e}")
-    assert max(diff, rdiff, ldiff) < TOL
-
-
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_imported_model_gives_hf_logits(variant):
     hf = tiny_llama(**VARIANTS[variant])
@@ -122,7 +59,7 @@ def test_imported_model_gives_hf_logits(variant):
     assert cfg.tie_embeddings == bool(hf.config.tie_word_embeddings)
     assert cfg.kv_heads == hf.config.num_key_value_heads
     assert (model.out_proj is None) == cfg.tie_embeddings
-    check_logits(model, hf, f"from_llama {variant}")
+    check_logits(model, hf, PROMPTS, PAD, f"from_llama {variant}")
 
 
 OURS = {
@@ -139,15 +76,12 @@ def test_exported_model_gives_our_logits(variant):
     assert not hf.training
     assert hf.config.num_key_value_heads == model.cfg.kv_heads
     assert (hf.lm_head.weight is hf.model.embed_tokens.weight) == model.cfg.tie_embeddings
-    check_logits(model, hf, f"to_llama {variant}")
+    check_logits(model, hf, PROMPTS, PAD, f"to_llama {variant}")
 
 
 def test_round_trip_keeps_every_weight():
     hf = tiny_llama(num_key_value_heads=2)
-    back = to_llama(from_llama(hf))
-    theirs, ours = hf.state_dict(), back.state_dict()
-    assert theirs.keys() == ours.keys()
-    assert all(torch.equal(theirs[k], ours[k]) for k in theirs)
+    check_same_weights(hf, to_llama(from_llama(hf)))
 
 
 def test_llama_300m_preset_converts_to_the_same_parameter_count():
@@ -171,15 +105,7 @@ GREEDY = {
 @pytest.mark.parametrize("variant", list(GREEDY))
 def test_greedy_continuations_equal_hf_generate(variant):
     model, hf = GREEDY[variant]()
-    batched_hf = hf_greedy(hf, PROMPTS)
-    batched_ours = ours_greedy(model, PROMPTS)
-    print(variant, batched_ours)
-    assert batched_ours == batched_hf
-    assert not any(PAD in row for row in batched_ours)
-    assert len({tuple(r) for r in batched_ours}) > 1, "the rows should differ"
-    for i, p in enumerate(PROMPTS):  # each prompt alone: the batched result, on both sides
-        alone_hf, alone_ours = hf_greedy(hf, [p]), ours_greedy(model, [p])
-        assert alone_ours == alone_hf == [batched_ours[i]]
+    check_greedy(model, hf, PROMPTS, PAD, EOS, variant)
 
 
 def test_greedy_stops_at_eos_like_hf():
@@ -188,7 +114,7 @@ def test_greedy_stops_at_eos_like_hf():
     with torch.no_grad():
         hf.lm_head.weight[EOS] = hf.model.norm.weight.sign() * 0.5  # EOS scores high everywhere
     model = from_llama(hf)
-    ours, theirs = ours_greedy(model, PROMPTS), hf_greedy(hf, PROMPTS)
+    ours, theirs = ours_greedy(model, PROMPTS), hf_greedy(hf, PROMPTS, PAD, EOS)
     assert ours == theirs
     assert any(row and row[-1] == EOS and len(row) < NEW for row in ours)
 
