@@ -25,7 +25,7 @@ both BOS and EOS. Our model marks padding by the id ``pad_id`` (every occurrence
 in the input is padding; :func:`~transformer.decode.generate` left-pads with it), so the
 import takes ``bos_id`` / ``eos_id`` from the config and ``pad_id`` from: the ``pad_id``
 argument, ``pad_token_id`` when set and different from EOS, else 0 (see
-:func:`~transformer.interop.llama.special_ids`). In GPT-2's own vocabulary id 0 is "!",
+:func:`~transformer.interop._hf.special_ids`). In GPT-2's own vocabulary id 0 is "!",
 a real token: input containing it would be read as padding. Pass ``pad_id=`` an id the
 prompts never contain when that matters.
 
@@ -49,7 +49,8 @@ from torch import Tensor, nn
 
 from ..config import ModelConfig
 from ..model.lm import LanguageModel
-from .llama import copy_, same_head, special_ids
+from ._hf import check as _check
+from ._hf import check_lm_export, copy_, hf_special_ids, new_hf_lm, same_head, special_ids
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -58,11 +59,6 @@ if TYPE_CHECKING:  # pragma: no cover
 _ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
                 "gelu": "gelu", "relu": "relu", "silu": "silu", "swish": "silu"}
 _TO_HF = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu"}
-
-
-def _check(cond: bool, where: str, msg: str) -> None:
-    if not cond:
-        raise ValueError(f"{where}: {msg}")
 
 
 # ---- the config ---------------------------------------------------------------------------
@@ -104,17 +100,13 @@ def config_to_gpt2(cfg: ModelConfig) -> "GPT2Config":
     from transformers import GPT2Config
 
     where = "to_gpt2"
-    _check(cfg.decoder_only, where, "needs a decoder-only model (kind='decoder-only')")
+    check_lm_export(cfg, where, "HF GPT-2")
     _check(cfg.norm == "layer", where, f"HF GPT-2 uses LayerNorm: needs norm='layer', the model has {cfg.norm!r}")
-    _check(cfg.norm_first and cfg.use_final_norm, where,
-           "HF GPT-2 is pre-norm with a final LayerNorm: needs norm_first=True and final_norm on")
     _check(cfg.positions in ("learned", "sinusoidal"), where,
            f"HF GPT-2 adds a position table to the embeddings; positions={cfg.positions!r} cannot be expressed")
     _check(cfg.ffn_activation in _TO_HF, where,
            f"HF GPT-2 has a two-matrix feed-forward; ffn_activation={cfg.ffn_activation!r} cannot be expressed")
     _check(cfg.kv_heads == cfg.n_heads, where, "HF GPT-2 has no grouped-query attention: needs n_kv_heads=None")
-    _check(not cfg.embed_scale, where, "HF GPT-2 does not scale embeddings: needs embed_scale=False")
-    _check(not cfg.output_bias, where, "HF GPT-2's lm_head has no bias: needs output_bias=False")
     return GPT2Config(
         vocab_size=cfg.vocab_size,
         n_positions=cfg.max_len,
@@ -128,9 +120,7 @@ def config_to_gpt2(cfg: ModelConfig) -> "GPT2Config":
         attn_pdrop=cfg.attn_dropout,
         layer_norm_epsilon=cfg.layer_norm_eps,
         tie_word_embeddings=cfg.tie_embeddings,
-        pad_token_id=cfg.pad_id,
-        bos_token_id=cfg.bos_id,
-        eos_token_id=cfg.eos_id,
+        **hf_special_ids(cfg),
     )
 
 
@@ -212,12 +202,9 @@ def to_gpt2(model: LanguageModel) -> "GPT2LMHeadModel":
     from transformers import GPT2LMHeadModel
 
     where = "to_gpt2"
-    _check(isinstance(model, LanguageModel), where, f"expected a LanguageModel, got {type(model).__name__}")
-    hf = GPT2LMHeadModel(config_to_gpt2(model.cfg))
-    weight = model.embed.weight
-    hf.to(device=weight.device, dtype=weight.dtype)
+    hf = new_hf_lm(model, GPT2LMHeadModel, config_to_gpt2, where)
     t = hf.transformer
-    copy_(t.wte.weight, weight, "wte.weight", where)
+    copy_(t.wte.weight, model.embed.weight, "wte.weight", where)
     table = model.positions.weight if model.cfg.positions == "learned" else model.positions.pe
     copy_(t.wpe.weight, table, "wpe.weight", where)
     if model.out_proj is not None:

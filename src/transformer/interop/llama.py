@@ -45,41 +45,11 @@ from torch import Tensor, nn
 
 from ..config import ModelConfig
 from ..model.lm import LanguageModel
+from ._hf import check as _check
+from ._hf import check_lm_export, copy_, hf_special_ids, new_hf_lm, same_head, special_ids
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import LlamaConfig, LlamaForCausalLM
-
-
-def _check(cond: bool, where: str, msg: str) -> None:
-    if not cond:
-        raise ValueError(f"{where}: {msg}")
-
-
-def special_ids(hf_config, vocab_size: int, where: str, pad_id: int | None = None) -> dict[str, int]:
-    """Our ``pad_id`` / ``bos_id`` / ``eos_id`` for a HF causal-LM config (see the module
-    docstring for the rule). Shared with the GPT-2 interop."""
-    eos = hf_config.eos_token_id
-    if isinstance(eos, (list, tuple)):
-        _check(len(eos) > 0, where, "eos_token_id is an empty list")
-        eos = eos[0]
-    bos = hf_config.bos_token_id
-    eos = 2 if eos is None else int(eos)
-    bos = eos if bos is None else int(bos)
-    if pad_id is None:
-        pad = hf_config.pad_token_id
-        if pad is None or int(pad) == eos:
-            free = [i for i in range(min(vocab_size, 3)) if i not in (eos, bos)]
-            pad = free[0] if free else (1 if eos == 0 else 0)
-        pad_id = int(pad)
-    _check(pad_id != eos, where, f"pad_id ({pad_id}) must differ from eos_id ({eos})")
-    for name, v in (("pad_id", pad_id), ("bos_id", bos), ("eos_id", eos)):
-        _check(0 <= v < vocab_size, where, f"{name}={v} is outside the vocabulary of {vocab_size}")
-    return dict(pad_id=pad_id, bos_id=bos, eos_id=eos)
-
-
-def copy_(dst: Tensor, src: Tensor, name: str, where: str) -> None:
-    _check(dst.shape == src.shape, where, f"{name}: shape {tuple(src.shape)} does not fit {tuple(dst.shape)}")
-    dst.copy_(src)
 
 
 def _rope_theta(c: "LlamaConfig", where: str) -> float:
@@ -140,16 +110,12 @@ def config_to_llama(cfg: ModelConfig) -> "LlamaConfig":
     from transformers import LlamaConfig
 
     where = "to_llama"
-    _check(cfg.decoder_only, where, "needs a decoder-only model (kind='decoder-only')")
+    check_lm_export(cfg, where, "HF Llama")
     _check(cfg.norm == "rms", where, f"HF Llama uses RMSNorm: needs norm='rms', the model has {cfg.norm!r}")
-    _check(cfg.norm_first and cfg.use_final_norm, where,
-           "HF Llama is pre-norm with a final norm: needs norm_first=True and final_norm on")
     _check(cfg.positions == "rope", where,
            f"HF Llama uses rotary positions: needs positions='rope', the model has {cfg.positions!r}")
     _check(cfg.ffn_activation == "swiglu", where,
            f"HF Llama's feed-forward is SwiGLU: needs ffn_activation='swiglu', the model has {cfg.ffn_activation!r}")
-    _check(not cfg.embed_scale, where, "HF Llama does not scale embeddings: needs embed_scale=False")
-    _check(not cfg.output_bias, where, "HF Llama's lm_head has no bias: needs output_bias=False")
     return LlamaConfig(
         vocab_size=cfg.vocab_size,
         hidden_size=cfg.d_model,
@@ -166,9 +132,7 @@ def config_to_llama(cfg: ModelConfig) -> "LlamaConfig":
         mlp_bias=cfg.bias,
         attention_dropout=cfg.attn_dropout,
         tie_word_embeddings=cfg.tie_embeddings,
-        pad_token_id=cfg.pad_id,
-        bos_token_id=cfg.bos_id,
-        eos_token_id=cfg.eos_id,
+        **hf_special_ids(cfg),
     )
 
 
@@ -199,11 +163,6 @@ def _tensor_pairs(model: LanguageModel, hf: "LlamaForCausalLM") -> Iterator[tupl
         if getattr(ours, "bias", None) is not None or getattr(theirs, "bias", None) is not None:
             _check(ours.bias is not None and theirs.bias is not None, "llama interop", f"{name}: one side has no bias")
             yield f"{name}.bias", ours.bias, theirs.bias
-
-
-def same_head(embed: Tensor, head: Tensor) -> bool:
-    """Whether the output head is the embedding (one tensor, or equal values)."""
-    return head is embed or (head.shape == embed.shape and torch.equal(head, embed))
 
 
 # ---- import ---------------------------------------------------------------------------------
@@ -250,10 +209,7 @@ def to_llama(model: LanguageModel) -> "LlamaForCausalLM":
     from transformers import LlamaForCausalLM
 
     where = "to_llama"
-    _check(isinstance(model, LanguageModel), where, f"expected a LanguageModel, got {type(model).__name__}")
-    hf = LlamaForCausalLM(config_to_llama(model.cfg))
-    weight = model.embed.weight
-    hf.to(device=weight.device, dtype=weight.dtype)
+    hf = new_hf_lm(model, LlamaForCausalLM, config_to_llama, where)
     for name, ours, theirs in _tensor_pairs(model, hf):
         copy_(theirs, ours, name, where)
     if model.out_proj is None:

@@ -32,6 +32,8 @@ from torch import Tensor, nn
 from ..config import ModelConfig
 from ..model import Transformer
 from ..model.embedding import sinusoid_table
+from ._hf import check as _check
+from ._hf import copy_ as _copy
 from .layout import to_concat_layout
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -41,11 +43,6 @@ if TYPE_CHECKING:  # pragma: no cover
 _ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "silu": "silu", "swish": "silu"}
 _HF_LAYER_NORM_EPS = 1e-5  # HF Marian builds nn.LayerNorm(d_model) with the default eps
 _POSITION_TOL = 1e-6
-
-
-def _check(cond: bool, where: str, msg: str) -> None:
-    if not cond:
-        raise ValueError(f"{where}: {msg}")
 
 
 # ---- the config ---------------------------------------------------------------------------
@@ -169,11 +166,6 @@ def _tensor_pairs(model: Transformer, hf: "MarianMTModel") -> Iterator[tuple[str
     for name, ours, theirs in _module_pairs(model, hf):
         yield f"{name}.weight", ours.weight, theirs.weight
         yield f"{name}.bias", ours.bias, theirs.bias
-
-
-def _copy(dst: Tensor, src: Tensor, name: str, where: str) -> None:
-    _check(dst.shape == src.shape, where, f"{name}: shape {tuple(src.shape)} does not fit {tuple(dst.shape)}")
-    dst.copy_(src)
 
 
 def _check_positions(model: Transformer, hf: "MarianMTModel", where: str) -> float:
