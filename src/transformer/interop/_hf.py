@@ -32,6 +32,10 @@ def same_head(embed: Tensor, head: Tensor) -> bool:
 
 
 # ---- causal language models (Llama, GPT-2) ---------------------------------------------------
+# What HF Llama and HF GPT-2 both are, in our config's terms (check_lm_export refuses the rest).
+LM_SHAPE = dict(kind="decoder-only", norm_first=True, final_norm=True, embed_scale=False, output_bias=False)
+
+
 def special_ids(hf_config, vocab_size: int, where: str, pad_id: int | None = None) -> dict[str, int]:
     """Our ``pad_id`` / ``bos_id`` / ``eos_id`` for a HF causal-LM config: ``bos_id`` /
     ``eos_id`` from the config (the first id when ``eos_token_id`` is a list), ``pad_id`` from,

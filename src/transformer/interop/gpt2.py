@@ -50,7 +50,7 @@ from torch import Tensor, nn
 from ..config import ModelConfig
 from ..model.lm import LanguageModel
 from ._hf import check as _check
-from ._hf import check_lm_export, copy_, hf_special_ids, new_hf_lm, same_head, special_ids
+from ._hf import LM_SHAPE, check_lm_export, copy_, hf_special_ids, new_hf_lm, same_head, special_ids
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -73,7 +73,6 @@ def config_from_gpt2(hf_config: "GPT2Config", tie_embeddings: bool, pad_id: int 
     _check(not c.add_cross_attention, where, "cross-attention (add_cross_attention) is not supported")
     return ModelConfig(
         vocab_size=c.vocab_size,
-        kind="decoder-only",
         d_model=c.n_embd,
         n_heads=c.n_head,
         d_ff=c.n_inner if c.n_inner is not None else 4 * c.n_embd,
@@ -82,16 +81,13 @@ def config_from_gpt2(hf_config: "GPT2Config", tie_embeddings: bool, pad_id: int 
         attn_dropout=float(c.attn_pdrop),
         max_len=c.n_positions,
         tie_embeddings=tie_embeddings,
-        norm_first=True,
-        final_norm=True,
         ffn_activation=_ACTIVATIONS[c.activation_function],
         norm="layer",
         bias=True,
         positions="learned",
-        embed_scale=False,
-        output_bias=False,
         layer_norm_eps=float(c.layer_norm_epsilon),
         **special_ids(c, c.vocab_size, where, pad_id),
+        **LM_SHAPE,
     )
 
 

@@ -46,7 +46,7 @@ from torch import Tensor, nn
 from ..config import ModelConfig
 from ..model.lm import LanguageModel
 from ._hf import check as _check
-from ._hf import check_lm_export, copy_, hf_special_ids, new_hf_lm, same_head, special_ids
+from ._hf import LM_SHAPE, check_lm_export, copy_, hf_special_ids, new_hf_lm, same_head, special_ids
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -81,7 +81,6 @@ def config_from_llama(hf_config: "LlamaConfig", tie_embeddings: bool, pad_id: in
     _check((getattr(c, "pretraining_tp", 1) or 1) == 1, where, "pretraining_tp > 1 is not supported")
     return ModelConfig(
         vocab_size=c.vocab_size,
-        kind="decoder-only",
         d_model=c.hidden_size,
         n_heads=n_heads,
         n_kv_heads=None if kv == n_heads else kv,
@@ -91,17 +90,14 @@ def config_from_llama(hf_config: "LlamaConfig", tie_embeddings: bool, pad_id: in
         attn_dropout=float(c.attention_dropout),
         max_len=c.max_position_embeddings,
         tie_embeddings=tie_embeddings,
-        norm_first=True,
-        final_norm=True,
         ffn_activation="swiglu",
         norm="rms",
         bias=bool(c.attention_bias),
         positions="rope",
         rope_theta=_rope_theta(c, where),
-        embed_scale=False,
-        output_bias=False,
         layer_norm_eps=float(c.rms_norm_eps),
         **special_ids(c, c.vocab_size, where, pad_id),
+        **LM_SHAPE,
     )
 
 
