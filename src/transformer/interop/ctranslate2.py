@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
@@ -58,24 +58,36 @@ SPECIALS = ("pad_id", "bos_id", "eos_id")
 QUANTIZATIONS = ("int8", "int8_float32", "int16", "float16", "bfloat16", "float32")
 
 
-def _check(cond: bool, msg: str) -> None:
+def _check(cond: bool, msg: str, where: str = "to_ctranslate2") -> None:
     if not cond:
-        raise ValueError(f"to_ctranslate2: {msg}")
+        raise ValueError(f"{where}: {msg}")
 
+
+# ---- filling the spec (these helpers serve ctranslate2_lm too) --------------------------------
 
 def _np(t: Tensor) -> np.ndarray:
     return t.detach().to(device="cpu", dtype=torch.float32).numpy().copy()
 
 
 def _linear(spec, *layers: nn.Linear) -> None:
-    """Fill a LinearSpec with one Linear, or several fused along the output axis."""
+    """Fill a LinearSpec with one Linear, or several fused along the output axis (no bias
+    when they have none)."""
     spec.weight = np.concatenate([_np(m.weight) for m in layers], axis=0)
-    spec.bias = np.concatenate([_np(m.bias) for m in layers], axis=0)
+    if layers[0].bias is not None:
+        spec.bias = np.concatenate([_np(m.bias) for m in layers], axis=0)
 
 
-def _norm(spec, norm: nn.LayerNorm) -> None:
+def _norm(spec, norm: nn.Module) -> None:
+    """Fill a LayerNormSpec from a LayerNorm (zero beta when it has no bias) or an RMSNorm."""
     spec.gamma = _np(norm.weight)
-    spec.beta = _np(norm.bias)
+    if isinstance(norm, nn.LayerNorm):  # RMSNorm specs have no beta
+        spec.beta = _np(norm.bias) if norm.bias is not None else np.zeros_like(spec.gamma)
+
+
+def _self_attention(spec, block, att) -> None:
+    _norm(spec.layer_norm, block.norm)
+    _linear(spec.linear[0], att.q_proj, att.k_proj, att.v_proj)
+    _linear(spec.linear[1], att.out_proj)
 
 
 def _ffn(spec, block, ffn) -> None:
@@ -93,7 +105,41 @@ def _activation(name: str):
 
     act = common_spec.Activation
     # F.gelu is the exact (erf) GELU, CT2's GELU; swiglu is silu-gated (SWISH with a GLU)
-    return {"relu": act.RELU, "gelu": act.GELU, "silu": act.SWISH, "swiglu": act.SWISH}[name]
+    return {"relu": act.RELU, "gelu": act.GELU, "gelu_tanh": act.GELUTanh, "silu": act.SWISH,
+            "swiglu": act.SWISH}[name]
+
+
+def _projection(spec, model) -> None:
+    weight, bias = model.output_layer()
+    spec.weight = _np(weight)  # tied: equal arrays are stored once (aliases)
+    if bias is not None:
+        spec.bias = _np(bias)
+
+
+def _tokens(c, cfg, vocab: list[str]) -> None:
+    """The spec config's special tokens (the pieces of our ids) and norm eps."""
+    c.unk_token = "<unk>" if "<unk>" in vocab else vocab[cfg.pad_id]
+    c.bos_token = vocab[cfg.bos_id]
+    c.eos_token = vocab[cfg.eos_id]
+    c.layer_norm_epsilon = float(cfg.layer_norm_eps)
+
+
+def _save_spec(build: Callable[[], Any], out_dir: str | Path, quantization: str | None) -> Path:
+    """Build a spec (``build()``), quantise it and write it to ``out_dir`` (must not exist or
+    be empty). Returns the directory."""
+    if quantization is not None and quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
+    spec = build()
+    spec.optimize(quantization=quantization)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if any(out_dir.iterdir()):
+        raise ValueError(f"{out_dir}: not empty")
+    spec.save(str(out_dir))
+    return out_dir
+
+
+# ---- export ---------------------------------------------------------------------------------
 
 
 @torch.no_grad()
@@ -135,10 +181,7 @@ def to_ctranslate2_spec(model: Transformer, vocab: list[str]) -> "TransformerSpe
     if model.encoder.norm is not None:
         _norm(enc.layer_norm, model.encoder.norm)
     for ls, layer in zip(enc.layer, model.encoder.layers):
-        att = layer.self_attn
-        _linear(ls.self_attention.linear[0], att.q_proj, att.k_proj, att.v_proj)
-        _linear(ls.self_attention.linear[1], att.out_proj)
-        _norm(ls.self_attention.layer_norm, layer.attn_block.norm)
+        _self_attention(ls.self_attention, layer.attn_block, layer.self_attn)
         _ffn(ls.ffn, layer.ffn_block, layer.ffn)
 
     dec = spec.decoder
@@ -149,28 +192,20 @@ def to_ctranslate2_spec(model: Transformer, vocab: list[str]) -> "TransformerSpe
     if model.decoder.norm is not None:
         _norm(dec.layer_norm, model.decoder.norm)
     for ls, layer in zip(dec.layer, model.decoder.layers):
-        att, cross = layer.self_attn, layer.cross_attn
-        _linear(ls.self_attention.linear[0], att.q_proj, att.k_proj, att.v_proj)
-        _linear(ls.self_attention.linear[1], att.out_proj)
-        _norm(ls.self_attention.layer_norm, layer.self_block.norm)
+        cross = layer.cross_attn
+        _self_attention(ls.self_attention, layer.self_block, layer.self_attn)
         _linear(ls.attention.linear[0], cross.q_proj)
         _linear(ls.attention.linear[1], cross.k_proj, cross.v_proj)
         _linear(ls.attention.linear[2], cross.out_proj)
         _norm(ls.attention.layer_norm, layer.cross_block.norm)
         _ffn(ls.ffn, layer.ffn_block, layer.ffn)
-    out_weight, out_bias = model.output_layer()
-    dec.projection.weight = _np(out_weight)  # tied: equal arrays are stored once (aliases)
-    if out_bias is not None:
-        dec.projection.bias = _np(out_bias)
+    _projection(dec.projection, model)
 
     c = spec.config
-    c.unk_token = "<unk>" if "<unk>" in vocab else vocab[cfg.pad_id]
-    c.bos_token = vocab[cfg.bos_id]
-    c.eos_token = vocab[cfg.eos_id]
+    _tokens(c, cfg, vocab)
     c.decoder_start_token = vocab[cfg.bos_id]
     c.add_source_bos = False
     c.add_source_eos = True  # the Translator feeds `ids + [eos]`
-    c.layer_norm_epsilon = float(cfg.layer_norm_eps)
     spec.register_source_vocabulary(list(vocab))
     spec.register_target_vocabulary(list(vocab))
     spec.validate()
@@ -185,15 +220,7 @@ def save_ctranslate2(model: Transformer, out_dir: str | Path, vocab: list[str],
     ``out_dir`` must not exist or be empty. ``quantization`` is one of :data:`QUANTIZATIONS`
     or None (float32). Returns the directory.
     """
-    if quantization is not None and quantization not in QUANTIZATIONS:
-        raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
-    spec = to_ctranslate2_spec(model, vocab)
-    spec.optimize(quantization=quantization)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if any(out_dir.iterdir()):
-        raise ValueError(f"{out_dir}: not empty")
-    spec.save(str(out_dir))
+    out_dir = _save_spec(lambda: to_ctranslate2_spec(model, vocab), out_dir, quantization)
     if subwords_model is not None:
         shutil.copyfile(subwords_model, out_dir / "subwords.model")
     return out_dir

@@ -36,48 +36,21 @@ an output bias.
 """
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
-from torch import Tensor, nn
 
 from ..model.lm import LanguageModel
-from .ctranslate2 import QUANTIZATIONS
+from .ctranslate2 import _activation, _ffn, _norm, _np, _projection, _save_spec, _self_attention, _tokens
+from .ctranslate2 import _check as _check_ct2
 
 if TYPE_CHECKING:  # pragma: no cover
     from ctranslate2.specs import TransformerDecoderModelSpec
 
 
-def _check(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ValueError(f"to_ctranslate2_lm: {msg}")
-
-
-def _np(t: Tensor) -> np.ndarray:
-    return t.detach().to(device="cpu", dtype=torch.float32).numpy().copy()
-
-
-def _linear(spec, *layers: nn.Linear) -> None:
-    """Fill a LinearSpec with one Linear, or several fused along the output axis."""
-    spec.weight = np.concatenate([_np(m.weight) for m in layers], axis=0)
-    if layers[0].bias is not None:
-        spec.bias = np.concatenate([_np(m.bias) for m in layers], axis=0)
-
-
-def _norm(spec, norm: nn.Module) -> None:
-    spec.gamma = _np(norm.weight)
-    if isinstance(norm, nn.LayerNorm):  # RMSNorm specs have no beta
-        spec.beta = _np(norm.bias) if norm.bias is not None else np.zeros_like(spec.gamma)
-
-
-def _activation(name: str):
-    from ctranslate2.specs import common_spec
-
-    act = common_spec.Activation
-    return {"relu": act.RELU, "gelu": act.GELU, "gelu_tanh": act.GELUTanh, "silu": act.SWISH,
-            "swiglu": act.SWISH}[name]
+_check = partial(_check_ct2, where="to_ctranslate2_lm")
 
 
 @torch.no_grad()
@@ -115,28 +88,10 @@ def to_ctranslate2_lm_spec(model: LanguageModel, vocab: list[str]) -> "Transform
     if model.decoder.norm is not None:
         _norm(dec.layer_norm, model.decoder.norm)
     for ls, layer in zip(dec.layer, model.decoder.layers):
-        att = layer.self_attn
-        _norm(ls.self_attention.layer_norm, layer.self_block.norm)
-        _linear(ls.self_attention.linear[0], att.q_proj, att.k_proj, att.v_proj)
-        _linear(ls.self_attention.linear[1], att.out_proj)
-        ffn = layer.ffn
-        _norm(ls.ffn.layer_norm, layer.ffn_block.norm)
-        if ffn.gate is not None:  # swiglu: CT2 computes act(linear_0 x) * linear_0_noact x
-            _linear(ls.ffn.linear_0, ffn.gate)
-            _linear(ls.ffn.linear_0_noact, ffn.fc1)
-        else:
-            _linear(ls.ffn.linear_0, ffn.fc1)
-        _linear(ls.ffn.linear_1, ffn.fc2)
-    weight, bias = model.output_layer()
-    dec.projection.weight = _np(weight)  # tied: equal arrays are stored once
-    if bias is not None:
-        dec.projection.bias = _np(bias)
-
-    c = spec.config
-    c.bos_token = vocab[cfg.bos_id]
-    c.eos_token = vocab[cfg.eos_id]
-    c.unk_token = "<unk>" if "<unk>" in vocab else vocab[cfg.pad_id]
-    c.layer_norm_epsilon = float(cfg.layer_norm_eps)
+        _self_attention(ls.self_attention, layer.self_block, layer.self_attn)
+        _ffn(ls.ffn, layer.ffn_block, layer.ffn)
+    _projection(dec.projection, model)
+    _tokens(spec.config, cfg, vocab)
     spec.register_vocabulary(list(vocab))
     spec.validate()
     return spec
@@ -148,13 +103,4 @@ def save_ctranslate2_lm(model: LanguageModel, out_dir: str | Path, vocab: list[s
     ``config.json``, ``vocabulary.json``). ``out_dir`` must not exist or be empty;
     ``quantization`` is one of :data:`~transformer.interop.ctranslate2.QUANTIZATIONS` or
     None (float32). Returns the directory."""
-    if quantization is not None and quantization not in QUANTIZATIONS:
-        raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
-    spec = to_ctranslate2_lm_spec(model, vocab)
-    spec.optimize(quantization=quantization)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    if any(out_dir.iterdir()):
-        raise ValueError(f"{out_dir}: not empty")
-    spec.save(str(out_dir))
-    return out_dir
+    return _save_spec(lambda: to_ctranslate2_lm_spec(model, vocab), out_dir, quantization)
