@@ -4,7 +4,6 @@ a few milliseconds on one core."""
 from __future__ import annotations
 
 import os
-import random
 from pathlib import Path
 from typing import Callable
 
@@ -17,13 +16,7 @@ from transformer.train.config import TrainConfig, load_config
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-WORDS = "the a cat dog sat ran on under mat log and then quickly slowly".split()
-
-
-def make_text(n_lines: int = 120, seed: int = 0) -> str:
-    """Short made-up sentences, one a line: enough structure for the loss to fall fast."""
-    rng = random.Random(seed)
-    return "".join(" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 7))) + ".\n" for _ in range(n_lines))
+from lm_text import make_text  # noqa: E402
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import make_text
+from lm_text import make_text
 
 
 def train(cli, config_file, tmp_path, *overrides, text=None):

@@ -9,7 +9,7 @@ from transformer.data.chars import Chars
 from transformer.data.text import LineSubwords
 from transformer.errors import UserError
 
-from conftest import make_text
+from lm_text import make_text
 
 
 def test_chars_are_the_sorted_set_offset_by_three():

@@ -48,7 +48,9 @@ def attention(
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
     weights = scores.softmax(dim=-1)
     if mask is not None:  # a fully masked row would otherwise be uniform over padding
-        weights = weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+        empty = ~mask.any(dim=-1, keepdim=True)
+        if bool(empty.any()):  # (never under a causal mask alone: every query sees itself)
+            weights = weights.masked_fill(empty, 0.0)
     used = weights
     if dropout_p > 0:
         used = weights * dropout_mask(weights.shape, dropout_p, weights.device, weights.dtype)

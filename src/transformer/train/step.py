@@ -128,11 +128,14 @@ def train_step(
     for i, b in enumerate(micro_batches):
         device = b.tgt_out.device
         select = b.tgt_out != pad_id  # the vocabulary projection runs on real tokens only
+        if bool(select.all()):  # no padding (a language model's windows): no gather, no scatter back
+            select = None
         last = i == len(micro_batches) - 1
         with forward.no_sync() if ddp and not last else contextlib.nullcontext():
             with autocast(device, amp_dtype):
-                logits = forward(*b.inputs, select)  # (N, V)
-            gold = b.tgt_out[select]
+                logits = forward(*b.inputs, select)  # (N, V), or (B, T, V) when every position is selected
+            gold = b.tgt_out.reshape(-1) if select is None else b.tgt_out[select]
+            logits = logits.reshape(gold.numel(), -1)
             loss, nll, _ = fused_label_smoothed_nll_loss(logits, gold, epsilon, -1, loss_kernels)
             scaled = loss * world / max(total, 1)
             (grad_scaler.scale(scaled) if grad_scaler is not None else scaled).backward()
