@@ -10,7 +10,7 @@ of its final weights on every validation character (the same fixed windows for b
 two numbers compare exactly), the median milliseconds per update, training tokens per second
 and the ratio of ours to the peer's.
 
-    TRANSFORMER_DATA=../shared/data .venv/bin/python benchmarks/lm/nanogpt.py --peer PATH/TO/nanoGPT \\
+    TRANSFORMER_DATA=DATA_DIR .venv/bin/python benchmarks/lm/nanogpt.py --peer PATH/TO/nanoGPT \\
         [--config configs/shakespeare-char.yaml] [--set KEY=VALUE ...] [--peer-args "--max_iters=2000 ..."]
 
 The peer's ``data/shakespeare_char/prepare.py`` runs on a copy of Tiny Shakespeare in a
