@@ -32,7 +32,7 @@ noise hits all of them alike; figures are medians over rounds):
 Tokens counted are the generated target subwords without EOS (forced runs: the forced
 count). Threads: every system gets --threads intra-op threads.
 
-    TRANSFORMER_DATA=/work/shared/data .venv/bin/python benchmarks/decode/run.py \\
+    TRANSFORMER_DATA=DATA_DIR .venv/bin/python benchmarks/decode/run.py \\
         [--run runs/demo] [--n 64] [--rounds 3] [--parts A,B,C,Q,M] [--out results.json]
 """
 from __future__ import annotations
