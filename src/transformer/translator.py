@@ -149,12 +149,13 @@ def run_decoding(path: str | Path, options: dict | None = None) -> DecodingConfi
     its run's config.yaml, then ``options`` (field: value; from the command line, named
     ``--field``). Checked before anything big is loaded: a bad value is a one-line error."""
     run = read_run_config(path).get("decoding") or {}
+    where = run_file(path, CONFIG)  # a section can only have come from there
     if not isinstance(run, dict):
-        raise UserError(f"{run_file(path, CONFIG)}: decoding must be a mapping of setting: value")
+        raise UserError(f"{where}: decoding must be a mapping of setting: value")
     try:
-        base = DecodingConfig.from_dict(run, where=f"{run_file(path, CONFIG)}: decoding")
+        base = DecodingConfig.from_dict(run, where=f"{where}: decoding")
     except (ValueError, TypeError) as e:
-        raise UserError(f"{run_file(path, CONFIG)}: decoding: {e}") from None
+        raise UserError(f"{where}: decoding: {e}") from None
     try:
         return base.replace(**(options or {}))
     except ValueError as e:  # the message starts with the field's name: give it its option's spelling
