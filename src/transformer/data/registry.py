@@ -20,10 +20,10 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..run.files import atomic_write
-from .corpus import read_parallel
+from .corpus import read_lines, read_parallel
 
 __all__ = ["Dataset", "MULTI30K", "TextFile", "TINY_SHAKESPEARE", "DATA_ENV_VAR", "find_data_dir", "load_multi30k",
-           "tinyshakespeare_path", "fetch_url"]
+           "tinyshakespeare_path", "fetch_url", "load_multi30k_text", "multi30k_path"]
 
 DATA_ENV_VAR = "TRANSFORMER_DATA"
 
@@ -181,28 +181,40 @@ def load_multi30k(
         UserError: unknown split or language, missing file with ``download=False``,
             failed download, checksum mismatch, or a malformed file.
     """
-    dataset = MULTI30K
-    _check_choice("split", split, dataset.splits, dataset)
-    _check_choice("language", src_lang, dataset.langs, dataset)
-    _check_choice("language", tgt_lang, dataset.langs, dataset)
+    _check_choice("split", split, MULTI30K.splits, MULTI30K)
+    for lang in (src_lang, tgt_lang):  # every choice checked before any file is looked for
+        _check_choice("language", lang, MULTI30K.langs, MULTI30K)
     if src_lang == tgt_lang:
         raise UserError(f"source and target language are both {src_lang!r}; choose two different languages")
+    paths = [multi30k_path(split, lang, data_dir, download, fetch) for lang in (src_lang, tgt_lang)]
+    return read_parallel(*paths)
+
+
+def load_multi30k_text(split: str, lang: str, data_dir: str | Path | None = None, download: bool = True,
+                       fetch: Fetch | None = None) -> str:
+    """One language's side of a Multi30k split as a text, one sentence a line (a language
+    model's corpus: ``dataset: multi30k-mono``). Found or downloaded as :func:`load_multi30k`."""
+    return "".join(line + "\n" for line in read_lines(multi30k_path(split, lang, data_dir, download, fetch)))
+
+
+def multi30k_path(split: str, lang: str, data_dir: str | Path | None = None, download: bool = True,
+                  fetch: Fetch | None = None) -> Path:
+    """The local path of one Multi30k file (``<data_dir>/multi30k/<split>.<lang>.gz``),
+    downloaded and verified first when missing and ``download`` is true."""
+    dataset = MULTI30K
+    _check_choice("split", split, dataset.splits, dataset)
+    _check_choice("language", lang, dataset.langs, dataset)
     root = find_data_dir(data_dir)
     if root is None:
         raise UserError(f"no data folder: pass a data directory or set ${DATA_ENV_VAR}")
     folder = root / dataset.name
-    paths = []
-    for lang in (src_lang, tgt_lang):
-        path = folder / dataset.file_name(split, lang)
-        if not path.exists():
-            if not download:
-                raise UserError(
-                    f"{path}: not found and downloading is off; allow downloading or place the "
-                    f"{dataset.name} files in {folder}"
-                )
-            path = _download(dataset, split, lang, folder, fetch or fetch_url)
-        paths.append(path)
-    return read_parallel(*paths)
+    path = folder / dataset.file_name(split, lang)
+    if path.exists():
+        return path
+    if not download:
+        raise UserError(f"{path}: not found and downloading is off; allow downloading or place the "
+                        f"{dataset.name} files in {folder}")
+    return _download(dataset, split, lang, folder, fetch or fetch_url)
 
 
 def tinyshakespeare_path(data_dir: str | Path | None = None, download: bool = True, fetch: Fetch | None = None) -> Path:

@@ -16,7 +16,7 @@ from ..errors import UserError
 LR_SCHEDULES = ("noam", "inverse_sqrt", "cosine")
 OPTIMIZERS = ("adam", "adamw")
 TOKENIZERS = ("bpe", "chars")
-TEXT_DATASETS = ("text", "tinyshakespeare")  # a decoder-only language model trains on these
+TEXT_DATASETS = ("text", "tinyshakespeare", "multi30k-mono")  # a decoder-only language model trains on these
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 
 
@@ -32,7 +32,7 @@ class TrainConfig:
     :func:`resumable` may change when a run is resumed; a change of any other is refused."""
 
     # ---- data ----
-    dataset: str = "multi30k"  # translation: "multi30k" or "files"; a language model: "text" or "tinyshakespeare"
+    dataset: str = "multi30k"  # translation: "multi30k" or "files"; a language model: "text", "tinyshakespeare" or "multi30k-mono" (tgt_lang's side)
     src_lang: str = "en"
     tgt_lang: str = "de"
     data_dir: str | None = resumable(None)  # where multi30k/ lives (else $TRANSFORMER_DATA, else a cache)
@@ -148,7 +148,7 @@ class TrainConfig:
                                           f"(model.max_len {max_len}); lower context or raise model.max_len")
         else:
             need(kind == "encoder-decoder", f"dataset {self.dataset!r} is a translation corpus: a decoder-only "
-                                            "model.preset trains on dataset text or tinyshakespeare")
+                                            f"model.preset trains on dataset {', '.join(TEXT_DATASETS)}")
         try:
             DecodingConfig.from_dict(self.decoding)
         except (ValueError, TypeError) as e:

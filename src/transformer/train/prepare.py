@@ -17,7 +17,7 @@ import yaml
 from ..data import Subwords, clean_pairs, filter_long, load_multi30k, read_parallel, read_tsv, train_subwords
 from ..data.chars import CHARS_FILE as CHARS
 from ..data.chars import Chars
-from ..data.registry import tinyshakespeare_path
+from ..data.registry import load_multi30k_text, tinyshakespeare_path
 from ..data.text import LineSubwords, read_texts, split_text
 from ..errors import UserError
 from ..run.files import atomic_write, write_text_atomic
@@ -52,13 +52,23 @@ def text_paths(cfg: TrainConfig) -> list[Path]:
     return [Path(p) for p in cfg.text_files]
 
 
+def read_lm_text(cfg: TrainConfig) -> tuple[str, str, str]:
+    """A language model's training text, validation text and the name of their source:
+    Multi30k's own train / val sentences of ``tgt_lang`` for ``multi30k-mono``, else the
+    files read as one text and split contiguously by ``valid_fraction``."""
+    if cfg.dataset == "multi30k-mono":
+        train, valid = (load_multi30k_text(split, cfg.tgt_lang, cfg.data_dir) for split in ("train", "val"))
+        return train, valid, f"multi30k {cfg.tgt_lang}"
+    paths = text_paths(cfg)
+    return *split_text(read_texts(paths), cfg.valid_fraction), ", ".join(map(str, paths))
+
+
 def prepare_text(cfg: TrainConfig, run_dir: Path, context: int, log=print) -> PreparedText:
     """A language model's streams. The vocabulary is learned once and kept in the run
     directory: characters from the whole text (as nanoGPT, so validation has no unknown
     character), BPE from the training part only."""
-    paths = text_paths(cfg)
-    text = read_texts(paths)
-    train_text, valid_text = split_text(text, cfg.valid_fraction)
+    train_text, valid_text, names = read_lm_text(cfg)
+    text = train_text + valid_text
     path = tokenizer_file(cfg, run_dir)
     if cfg.tokenizer == "chars":
         tokenizer = Chars.load(path) if path.is_file() else Chars.learn(text)
@@ -71,9 +81,8 @@ def prepare_text(cfg: TrainConfig, run_dir: Path, context: int, log=print) -> Pr
         tokenizer = LineSubwords(train_subwords(train_text.split("\n"), path.with_suffix(""), cfg.vocab_size))
         log(f"learned a BPE vocabulary of {tokenizer.vocab_size} subwords -> {path}")
     train, valid = (torch.tensor(tokenizer.encode(t), dtype=torch.long) for t in (train_text, valid_text))
-    names = ", ".join(map(str, paths))
     for part, stream in (("training part", train), ("validation part", valid)):
-        if len(stream) < 2 * context + 1 and (part == "training part" or cfg.valid_fraction):
+        if len(stream) < 2 * context + 1 and (part == "training part" or valid_text):
             raise UserError(f"{names}: the {part} of the text holds {len(stream)} tokens, fewer than two context "
                             f"windows ({2 * context} + 1); give a longer text or a shorter context")
     log(f"text: {len(text):,} characters; {len(train):,} training and {len(valid):,} validation tokens "
