@@ -6,7 +6,7 @@
 Records training target tokens/s (bf16 autocast), MFU against both the bf16 matmul rate
 measured in the same run and the nominal peak (--peak-tflops, 790 for an H200), peak
 memory, and beam-4 / greedy decoding throughput over the test set's source sentences
-(random weights, so the output length is forced to 20 tokens as in ../shared/ANCHORS.md).
+(random weights, so the output length is forced to 20 tokens as in the peers' anchor figures).
 Prints a Markdown table and, with --json, writes the figures to a file.
 """
 from __future__ import annotations

@@ -8,7 +8,7 @@ src=${1:-en}; tgt=${2:-de}
 config=configs/multi30k-$src-$tgt.yaml
 run=runs/multi30k-$src-$tgt
 [ -f "$config" ] || { echo "no recipe $config" >&2; exit 2; }
-export TRANSFORMER_DATA=${TRANSFORMER_DATA:-$(cd .. && pwd)/shared/data}
+# Multi30k comes from $TRANSFORMER_DATA when set, else the registry's cache (downloaded once)
 make setup
 .venv/bin/transformer train --config "$config" --out "$run" --set progress=false
 .venv/bin/transformer average --model "$run" --last 10

@@ -11,7 +11,7 @@ model and optimizer, from the same seed), all on the current code with the compi
 (The ``--output full,restricted`` race of the removed ``restrict_output`` option is in this
 file's history, at commit 757600f.)
 
-    TRANSFORMER_DATA=../shared/data .venv/bin/python benchmarks/train_ab.py [--run runs/multi30k-en-de] [--d-ff 256,512]
+    TRANSFORMER_DATA=DATA_DIR .venv/bin/python benchmarks/train_ab.py [--run runs/multi30k-en-de] [--d-ff 256,512]
 
 Without ``--run`` a joint 8k BPE is learned on the training text first (~20 s).
 """

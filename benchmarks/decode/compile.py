@@ -7,7 +7,7 @@
    sentences) with ``model.decode`` compiled with ``dynamic=True``. The cache grows by one position a step
    and finished sentences leave the batch, so shapes change at every step.
 
-    TRANSFORMER_DATA=../shared/data .venv/bin/python -W ignore benchmarks/decode/compile.py --run runs/multi30k-en-de
+    TRANSFORMER_DATA=DATA_DIR .venv/bin/python -W ignore benchmarks/decode/compile.py --run runs/multi30k-en-de
 """
 from __future__ import annotations
 

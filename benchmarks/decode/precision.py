@@ -13,7 +13,7 @@ shared machine only ever slows a round down.
 ran until 2026-12-02, ``torch.ao`` dynamic quantisation (deprecated in torch), kept here
 alone, in :func:`int8_ao`, for comparison.
 
-    TRANSFORMER_DATA=../shared/data .venv/bin/python benchmarks/decode/precision.py \\
+    TRANSFORMER_DATA=DATA_DIR .venv/bin/python benchmarks/decode/precision.py \\
         --run runs/multi30k-en-de [--beam 5 --alpha 1.0] [--rounds 3] [--threads 2] [--n 1000] \\
         [--precisions fp32,bf16,int8,int8-ao]
 """

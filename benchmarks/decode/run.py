@@ -22,7 +22,7 @@ noise hits all of them alike; figures are medians over rounds):
     B  time against sentence length: 32 synthetic sources of 10/20/40/80 subwords, output
        length forced to the same (min and max length), beam 4, batch 32
     C  the paper's base model (6+6, d_model 512, random weights), 64 test sentences, 20
-       target tokens forced, beam 4, batch 32 (the shape of shared/ANCHORS.md)
+       target tokens forced, beam 4, batch 32 (the shape of the peers' anchor figures)
     M  peak memory: each system in a fresh child process (only the imports it needs: no torch
        for CTranslate2; "python+torch" is the imports of ours and HF without a model),
        decoding part A's sentences at beam 4, batch 32; peak RSS = VmHWM of /proc/self/status

@@ -1,7 +1,7 @@
 """Where decoding time goes: torch.profiler's operator table (self CPU time) for one search
 setting on the first N test sentences of a trained model, after one warm-up pass.
 
-    TRANSFORMER_DATA=../shared/data .venv/bin/python -W ignore benchmarks/decode/where_time_goes.py \\
+    TRANSFORMER_DATA=DATA_DIR .venv/bin/python -W ignore benchmarks/decode/where_time_goes.py \\
         --run runs/multi30k-en-de [--batch 32] [--beam 4] [--n 64] [--threads 1] [--rows 20]
 """
 from __future__ import annotations
