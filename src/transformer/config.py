@@ -34,11 +34,11 @@ class ModelConfig:
     builds its padding masks from ``pad_id`` and decoding starts from ``bos_id``.
     """
 
-    vocab_size: int
+    vocab_size: int  # tokens in the (source) vocabulary; training sets it from its tokenizer
     kind: str = "encoder-decoder"  # the paper's translation model, or "decoder-only" (a GPT / Llama language model)
-    d_model: int = 512
-    n_heads: int = 8
-    d_ff: int = 2048
+    d_model: int = 512  # the width of every sub-layer's input and output (d_model)
+    n_heads: int = 8  # attention heads (h); each is d_model / n_heads wide (d_k = d_v)
+    d_ff: int = 2048  # the inner width of each position-wise feed-forward network (d_ff)
     n_layers: int = 6  # encoder layers and decoder layers (N in the paper)
     n_kv_heads: int | None = None  # grouped-query attention: K/V heads shared by n_heads / n_kv_heads queries; None = n_heads
     dropout: float = 0.1  # P_drop: sub-layer outputs and embedding + position sums
@@ -56,10 +56,10 @@ class ModelConfig:
     embed_scale: bool = True  # multiply embeddings by sqrt(d_model) (paper section 3.4; GPT and Llama do not)
     sinusoid_layout: str = "interleaved"  # paper: sin on even dims, cos on odd; concat: [sin | cos]
     output_bias: bool = False  # a bias on the vocabulary projection (Marian has one)
-    layer_norm_eps: float = 1e-5
-    pad_id: int = 0
-    bos_id: int = 1
-    eos_id: int = 2
+    layer_norm_eps: float = 1e-5  # added to the variance in each LayerNorm / RMSNorm
+    pad_id: int = 0  # the padding token's id (training's tokenizers use 0)
+    bos_id: int = 1  # the begin-of-sentence token's id, where decoding starts (training's tokenizers use 1)
+    eos_id: int = 2  # the end-of-sentence token's id, which ends an output (training's tokenizers use 2)
 
     def __post_init__(self) -> None:
         def need(cond: bool, msg: str) -> None:

@@ -21,17 +21,17 @@ class DecodingConfig:
     alpha: float = 0.6  # length penalty exponent (GNMT): score / ((5 + len) / 6) ** alpha
     n_best: int = 1  # hypotheses returned per input, best first (at most beam)
     max_len_a: float = 1.0  # outputs stop at max_len_a * source length + max_len_b tokens
-    max_len_b: int = 50
+    max_len_b: int = 50  # the output length limit's constant term: max_len_a * source length + max_len_b tokens
     # ---- sampling (generation; temperature 0 is greedy) ----
     max_new_tokens: int = 256  # tokens generated after the prompt
-    temperature: float = 1.0
+    temperature: float = 1.0  # sampling: logits are divided by it; 0 = greedy (the most probable token)
     top_k: int = 0  # sample among the k most probable tokens (0 = all)
     top_p: float = 1.0  # nucleus: the smallest set whose probability reaches top_p
     seed: int | None = None  # the same seed gives the same text
     # ---- how the work runs ----
     max_tokens: int = 4000  # source tokens per batch (padded)
     precision: str = "fp32"  # fp32, bf16 or int8 (CPU); see decode/precision.py
-    device: str = "cpu"
+    device: str = "cpu"  # cpu or cuda[:N]
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):  # YAML and JSON give 1 for 1.0
