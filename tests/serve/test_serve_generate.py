@@ -167,7 +167,8 @@ def test_bad_requests_get_a_clear_json_error(lm_client, lm_run, body, status, me
 def test_malformed_json_and_a_body_that_is_not_json(lm_client):
     resp = lm_client.post("/generate", content=b'{"prompt": "a",', headers={"Content-Type": "application/json"})
     assert resp.status_code == 422 and "malformed JSON" in resp.json()["error"]
-    resp = lm_client.post("/generate", content=b"prompt=a", headers={"Content-Type": "application/x-www-form-urlencoded"})
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    resp = lm_client.post("/generate", content=b"prompt=a", headers=form)
     assert resp.status_code == 415 and "application/json" in resp.json()["error"]
 
 

@@ -43,8 +43,8 @@ async function showModelInfo() {
   try {
     const health = await (await fetch("/health")).json();
     const kind = health.kind === "language-model" ? "language model" : "translation model";
-    $("model-info").textContent =
-      `Model ${health.model || ""} (${kind}): ${health.n_layers} layers, ${health.n_heads} heads, d_model ${health.d_model}`;
+    $("model-info").textContent = `Model ${health.model || ""} (${kind}): ` +
+      `${health.n_layers} layers, ${health.n_heads} heads, d_model ${health.d_model}`;
     if (health.kind === "language-model") window.generation.start(health); // generate.js: the page's other mode
   } catch (error) {
     $("model-info").textContent = "The service does not answer.";
