@@ -29,6 +29,29 @@ def load_tokenizer(path: str | Path):
     return load(path)
 
 
+class TextPieces:
+    """One row's text as its tokens come: ``add(token)`` gives the text the token adds
+    (possibly "" while a multi-byte character or a subword is incomplete), ``finish()``
+    whatever was held back, ``text`` all of it so far; the pieces join to the decoded ids."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.text = ""
+
+    def add(self, token: int) -> str:
+        self.ids.append(token)
+        decoded = self.tokenizer.decode(self.ids)
+        stable = decoded[: len(decoded) - 1] if decoded.endswith("\ufffd") else decoded  # an incomplete character
+        piece, self.text = stable[len(self.text):], stable
+        return piece
+
+    def finish(self) -> str:
+        final = self.tokenizer.decode(self.ids)
+        piece, self.text = final[len(self.text):], final
+        return piece
+
+
 class Generator:
     """Continue prompts with a trained :class:`~transformer.model.LanguageModel`.
 
@@ -80,20 +103,12 @@ class Generator:
         d = self.decoding
         encoded = [self.encode(p) for p in prompts]
         seed = None if d.seed is None else d.seed + seed_offset
-        ids: list[list[int]] = [[] for _ in prompts]
-        shown = [""] * len(prompts)
+        rows = [TextPieces(self.tokenizer) for _ in prompts]
         for token in generate_stream(self.model, encoded, d.max_new_tokens, d.temperature, d.top_k, d.top_p, seed):
-            pieces = []
-            for i, t in enumerate(token.tolist()):
-                ids[i].append(t)
-                text = self.tokenizer.decode(ids[i])
-                stable = text[: len(text) - 1] if text.endswith("\ufffd") else text  # an incomplete character
-                pieces.append(stable[len(shown[i]):])
-                shown[i] = stable
-            yield pieces
-        final = [self.tokenizer.decode(row) for row in ids]
-        if any(f != s for f, s in zip(final, shown)):
-            yield [f[len(s):] for f, s in zip(final, shown)]
+            yield [row.add(t) for row, t in zip(rows, token.tolist())]
+        rest = [row.finish() for row in rows]
+        if any(rest):
+            yield rest
 
     @torch.inference_mode()
     def generate(self, prompts: list[str]) -> list[str]:

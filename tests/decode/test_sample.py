@@ -1,7 +1,7 @@
 """Generation for the language model: greedy equals a loop over the full forward pass,
 top-k / top-p never sample outside their set (a hand-made distribution), a seed gives the
-same text, a row's text does not depend on its batch, and the sliding window goes past the
-model's positions."""
+same text (one seed per row too), a row's text does not depend on its batch, before or after
+its window slides, and the sliding window goes past the model's positions."""
 from __future__ import annotations
 
 import pytest
@@ -75,6 +75,32 @@ def test_generation_goes_past_the_positions_with_a_sliding_window():
     assert len(out) == 60
     # up to the first slide it is the plain greedy continuation
     assert out[:21] == naive_greedy(model, [5, 6, 7], 21)
+
+
+def test_past_the_slide_a_row_still_does_not_depend_on_its_batch():
+    """Rows of different lengths fill their positions at different steps; each slides where
+    it would alone (rebuilding every row's window at the first row's slide changed the rest)."""
+    model = lm()
+    with torch.no_grad():  # sharper weights: the next token depends on the whole window
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(8)
+    prompts = [[5, 6, 7], [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16], [9]]  # max_len 24
+    for temperature, seed in ((0.0, None), (1.0, 11)):
+        together = generate(model, prompts, 50, temperature=temperature, seed=seed)
+        seeds = [None] * 3 if seed is None else [seed + i for i in range(3)]
+        alone = [generate(model, [p], 50, temperature=temperature, seed=s)[0] for p, s in zip(prompts, seeds)]
+        assert together == alone, temperature
+
+
+def test_one_seed_per_row():
+    model = lm()
+    batch = generate(model, PROMPTS, 12, temperature=1.0, seed=[40, 3, 40])
+    assert batch[0] == generate(model, PROMPTS[:1], 12, temperature=1.0, seed=40)[0]
+    assert batch[1] == generate(model, PROMPTS[1:2], 12, temperature=1.0, seed=3)[0]
+    assert batch[2] == generate(model, PROMPTS[2:], 12, temperature=1.0, seed=[40])[0]
+    with pytest.raises(ValueError, match="2 seeds for 3 prompts"):
+        generate(model, PROMPTS, 3, temperature=1.0, seed=[1, 2])
 
 
 def test_stop_id_ends_a_row():

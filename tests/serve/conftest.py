@@ -3,7 +3,8 @@ once by the real ``transformer train`` and shared by the xdist workers under a f
 and the real server (``transformer serve`` in a subprocess on a free loopback port).
 
 The run is a toy model trained for 200 steps on a synthetic word-for-word "language pair"
-(as in tests/cli), enough for its translations to depend on the input.
+(as in tests/cli), enough for its translations to depend on the input. The language-model
+fixtures (``lm_run``, ``lm_server``, ``lm_client``) serve a toy character model (serve_lm.py).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 TRANSFORMER = str(Path(sys.executable).with_name("transformer"))
 
+from serve_lm import lm_test_client, train_tiny_lm  # noqa: E402
 from tiny_corpus import train_tiny_run  # noqa: E402
 
 # Inputs the tests translate: ordinary sentences, one with an unseen word and punctuation.
@@ -141,3 +143,26 @@ def start_another(run_dir, tmp_path):
     yield start
     for s in started:
         stop_server(s)
+
+
+# ---- the language model ----------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def lm_run(tmp_path_factory) -> Path:
+    """A trained character language model's run directory (context 48)."""
+    return train_tiny_lm(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def lm_server(lm_run, tmp_path_factory):
+    """``transformer serve`` on the language model, with dynamic batching."""
+    s = start_server(lm_run, tmp_path_factory.mktemp("serve-lm") / "server.log", "--max-chars", "200")
+    yield s
+    stop_server(s)
+
+
+@pytest.fixture(scope="module")
+def lm_client(lm_run):
+    """The language-model app in-process: prompts up to 200 characters, 300 new tokens."""
+    with lm_test_client(lm_run, max_chars=200, new_tokens_limit=300) as client:
+        yield client

@@ -134,7 +134,8 @@ def test_the_explorer_page_and_its_files_are_served_without_external_urls(server
     import re
     import urllib.request
 
-    for path, kind in (("/", "text/html"), ("/static/explorer.js", "javascript"), ("/static/explorer.css", "text/css")):
+    for path, kind in (("/", "text/html"), ("/static/explorer.js", "javascript"), ("/static/generate.js", "javascript"),
+                       ("/static/explorer.css", "text/css")):
         with urllib.request.urlopen(server.url + path, timeout=10) as resp:
             assert resp.status == 200 and kind in resp.headers["Content-Type"]
             text = resp.read().decode()

@@ -3,11 +3,14 @@
 server, a typed sentence gets its translation, switching layer / head / kind redraws the
 heatmap with other data, hovering a source token highlights what attends to it, and a
 screenshot is saved (``explorer.png`` in the test's tmp dir; also to $EXPLORER_SCREENSHOT
-when set)."""
+when set). With a language model the page switches to generation: a typed prompt's
+continuation arrives token by token, then its causal self-attention, where hovering a token
+shades what it attends to (``generation.png``; also to $GENERATION_SCREENSHOT)."""
 from __future__ import annotations
 
 import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -25,16 +28,16 @@ if not Path(CHROMIUM).exists():
 sync_api = pytest.importorskip("playwright.sync_api")
 
 
-@pytest.fixture
-def page(server, tmp_path):
-    """A fresh browser profile and page; every request that does not go to the server is
+@contextmanager
+def browser_page(server, profile: Path):
+    """A fresh browser profile and page; every request that does not go to ``server`` is
     blocked and recorded (the page must need nothing from outside)."""
     outside: list[str] = []
     errors: list[str] = []
     host = urlsplit(server.url).netloc
     with sync_api.sync_playwright() as p:
         context = p.chromium.launch_persistent_context(
-            str(tmp_path / "profile"), executable_path=CHROMIUM, headless=True, args=ARGS,
+            str(profile), executable_path=CHROMIUM, headless=True, args=ARGS,
             viewport={"width": 1100, "height": 900})
         try:
             def guard(route):
@@ -53,6 +56,20 @@ def page(server, tmp_path):
             yield page
         finally:
             context.close()
+
+
+@pytest.fixture
+def page(server, tmp_path):
+    """The page of the translation server."""
+    with browser_page(server, tmp_path / "profile") as page:
+        yield page
+
+
+@pytest.fixture
+def lm_page(lm_server, tmp_path):
+    """The page of the language-model server."""
+    with browser_page(lm_server, tmp_path / "profile") as page:
+        yield page
 
 
 def drawn(page) -> dict:
@@ -135,4 +152,88 @@ def test_explorer_shows_errors_from_the_server(page, server):
     page.click("#translate")
     page.wait_for_selector("#status.error")
     assert "600" in page.text_content("#status")
+    assert page.outside == []
+
+
+def lm_drawn(page) -> dict:
+    """What the generation mode's attention shows, read from the DOM."""
+    return page.evaluate("""() => {
+        const t = document.getElementById("lm-heatmap");
+        return {layer: t.dataset.layer, head: t.dataset.head,
+                tokens: [...document.querySelectorAll("#lm-tokens .tok")].map(s => s.textContent),
+                rows: [...t.querySelectorAll("th.row")].map(th => th.textContent),
+                cells: [...t.querySelectorAll("td")].map(td => td.dataset.w)};
+    }""")
+
+
+def test_generation_mode_streams_a_continuation_and_draws_its_attention(lm_page, lm_server, tmp_path):
+    page = lm_page
+    page.goto(lm_server.url + "/")
+    page.wait_for_function("document.getElementById('model-info').textContent.includes('language model')")
+    assert page.is_hidden("#translate-form") and page.is_visible("#generate-form")
+
+    prompt = "the cat"
+    page.fill("#prompt", prompt)
+    page.fill("#max-new-tokens", "20")
+    page.fill("#seed", "")  # the server picks one and says which
+    page.press("#prompt", "Enter")
+    page.wait_for_selector("#lm-heatmap td")
+    done = page.evaluate("window.generation.state.done")
+    assert done["tokens"] == 20
+    assert page.evaluate("window.generation.state.events") == 20  # one server-sent event per token, each shown
+    assert page.text_content("#prompt-text") == prompt
+    assert page.text_content("#continuation") == done["text"]
+    assert f"seed {done['seed']}" in page.text_content("#status")
+    # the same as the JSON API gives for that seed
+    code, plain = lm_server.post("/generate", {"prompt": prompt, "max_new_tokens": 20, "seed": done["seed"],
+                                               "temperature": 1.0, "top_k": 0, "top_p": 1.0})
+    assert code == 200 and plain["text"] == done["text"]
+
+    # the attention of prompt + continuation: layer 1, heads' average, one row and column per token
+    text = prompt + done["text"]
+    first = lm_drawn(page)
+    visible = [c.replace(" ", "\u2423").replace("\n", "\u21b5") for c in text]
+    assert first["layer"] == "1" and first["head"] == "avg"
+    assert first["tokens"] == visible and first["rows"] == visible
+    assert len(first["cells"]) == len(text) ** 2
+    page.select_option("#lm-layer", value="2")
+    page.select_option("#lm-head", value="2")
+    second = lm_drawn(page)
+    assert second["layer"] == "2" and second["head"] == "2" and second["cells"] != first["cells"]
+    maps = lm_server.post("/attention", {"text": text})[1]
+    assert second["cells"] == [f"{w:.3f}" for row in maps["self_attention"][1][1] for w in row]
+
+    # hover a token: it is outlined, its row in the grid is marked, the tokens up to it are
+    # shaded by how much it attends to them, and the later ones are not (causal)
+    i = 10
+    page.hover(f"#lm-tokens .tok[data-i='{i}']")
+    shades = page.eval_on_selector_all("#lm-tokens .tok", "els => els.map(e => e.style.backgroundColor)")
+    assert all(shades[: i + 1]) and not any(shades[i + 1:])
+    assert page.eval_on_selector_all("#lm-tokens .tok.focus", "els => els.map(e => e.dataset.i)") == [str(i)]
+    marked = page.eval_on_selector_all("#lm-heatmap td.hover", "els => els.map(e => e.dataset.row)")
+    assert marked == [str(i)] * len(text)
+    assert visible[i] in page.text_content("#lm-hover-info")
+    page.hover("#lm-heatmap th.row[data-row='3']")  # hovering the grid's row does the same
+    assert page.eval_on_selector_all("#lm-tokens .tok.focus", "els => els.map(e => e.dataset.i)") == ["3"]
+
+    shot = tmp_path / "generation.png"
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 10_000
+    if os.environ.get("GENERATION_SCREENSHOT"):
+        shutil.copyfile(shot, os.environ["GENERATION_SCREENSHOT"])
+
+    page.mouse.move(0, 0)
+    page.wait_for_function("document.querySelectorAll('#lm-tokens .focus, #lm-heatmap .hover').length === 0")
+    assert page.outside == [], "the page asked for something outside the server"
+    assert page.errors == []
+
+
+def test_generation_mode_shows_errors_from_the_server(lm_page, lm_server):
+    page = lm_page
+    page.goto(lm_server.url + "/")
+    page.wait_for_function("document.getElementById('model-info').textContent.includes('language model')")
+    page.fill("#prompt", "THE CAT")  # upper case: not in the toy model's characters
+    page.click("#generate")
+    page.wait_for_selector("#status.error")
+    assert "not in the character vocabulary" in page.text_content("#status")
     assert page.outside == []

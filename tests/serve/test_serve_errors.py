@@ -163,3 +163,21 @@ def test_binds_loopback_by_default(server):
 
     assert urlsplit(server.url).hostname == "127.0.0.1"
     assert build_parser().parse_args(["serve", "--model", "x"]).host == "127.0.0.1"
+
+
+@pytest.mark.parametrize("args, mentions", [
+    (["--max-new-tokens", "2000"], ["--max-new-tokens 2000", "--new-tokens-limit 1024"]),
+    (["--new-tokens-limit", "0"], ["--new-tokens-limit"]),
+    (["--temperature", "-1"], ["--temperature"]),
+    (["--top-p", "0"], ["--top-p"]),
+], ids=["over-limit", "limit-zero", "temperature", "top-p"])
+def test_bad_language_model_options(serve_cmd, lm_run, args, mentions):
+    assert_one_line_error(*serve_cmd("--model", lm_run, *args), *mentions)
+
+
+def test_a_language_model_run_without_its_characters(serve_cmd, lm_run, tmp_path):
+    bad = tmp_path / "run"
+    bad.mkdir()
+    for name in ("best.safetensors", "config.yaml"):
+        (bad / name).write_bytes((lm_run / name).read_bytes())
+    assert_one_line_error(*serve_cmd("--model", bad, "--port", 0), "chars.json")

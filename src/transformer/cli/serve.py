@@ -1,4 +1,5 @@
-"""``transformer serve``: a translation service over HTTP and the attention explorer page."""
+"""``transformer serve``: a translation or language-model service over HTTP and the attention
+explorer page; the run's config says which kind of model it is."""
 from __future__ import annotations
 
 import argparse
@@ -9,20 +10,43 @@ from ._options import add_decoding_options, decoding_options
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="serve translations over HTTP (JSON API) and the attention explorer page")
+    p = sub.add_parser("serve", help="serve a translation or language model over HTTP (JSON API) and the attention "
+                                     "explorer page", description=DESCRIPTION,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="run directory or .safetensors file")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     p.add_argument("--port", type=int, default=8000, help="port (0: any free port; the address is printed)")
     p.add_argument("--max-batch", type=int, default=32, help="most texts decoded together")
     p.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a request waits for others to batch with")
     p.add_argument("--no-batching", action="store_true", help="decode each request alone (for comparison)")
-    p.add_argument("--max-chars", type=int, default=1000, help="longest text accepted, in characters")
+    p.add_argument("--max-chars", type=int, default=1000, help="longest text (or prompt) accepted, in characters")
     p.add_argument("--max-texts", type=int, default=64, help="most texts in one request")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
-    p.add_argument("--max-beam", type=int, default=16, help="the largest beam a request may ask for")
-    add_decoding_options(p, "beam", "alpha", "max_tokens", "precision", "device")
+    p.add_argument("--max-beam", type=int, default=16, help="the largest beam a request may ask for (translation)")
+    p.add_argument("--new-tokens-limit", type=int, default=1024, metavar="N",
+                   help="the most tokens a /generate request may ask for (language model; default: 1024)")
+    add_decoding_options(p, "beam", "alpha", "max_tokens", "max_new_tokens", "temperature", "top_k", "top_p", "seed",
+                         "precision", "device")
     p.add_argument("--access-log", action="store_true", help="log every request")
     p.set_defaults(func=run)
+
+
+DESCRIPTION = """\
+Serve the model of a run over HTTP: POST /translate for a translation model, POST /generate
+for a language model (the run's config says which; GET /health tells clients), POST
+/attention for the explorer page at /. --beam, --alpha and --max-tokens apply to a
+translation model; --max-new-tokens, --temperature, --top-k, --top-p and --seed to a
+language model (the defaults of requests that do not give them).
+
+POST /generate takes {"prompt": "...", "max_new_tokens": N, "temperature": T, "top_k": K,
+"top_p": P, "seed": S} (all but the prompt optional) and answers {"text": ..., "tokens": N,
+"prompt_tokens": N, "truncated": false, "seed": S}; the same seed gives the same text. With
+"Accept: text/event-stream" (or "stream": true) the tokens come as server-sent events as
+they are made, "data: {"text": ..., "token": id}" each, then "event: done" with the answer:
+
+    curl -N -H 'Accept: text/event-stream' -H 'Content-Type: application/json' \\
+         -d '{"prompt": "ROMEO:", "seed": 1}' http://127.0.0.1:8000/generate
+"""
 
 
 def _settings(args: argparse.Namespace):
@@ -34,7 +58,7 @@ def _settings(args: argparse.Namespace):
     if args.threads < 0:
         raise UserError(f"--threads must be at least 0, got {args.threads}")
     try:
-        return ServeConfig(max_beam=args.max_beam, max_batch=args.max_batch,
+        return ServeConfig(max_beam=args.max_beam, new_tokens_limit=args.new_tokens_limit, max_batch=args.max_batch,
                            max_wait_ms=args.max_wait_ms, batching=not args.no_batching,
                            max_chars=args.max_chars, max_texts=args.max_texts)
     except ValueError as e:  # the message names the setting; give it its option's spelling
@@ -69,23 +93,29 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from ..errors import UserError
+    from ..run import read_model_config
     from ..serve import create_app
-    from ..translator import load_translator, run_decoding
+    from ..translator import run_decoding
 
     cfg = _settings(args)
-    decoding = run_decoding(args.model, decoding_options(args))  # checked before the port is taken
-    if decoding.beam > cfg.max_beam:
+    # checked before the port is taken
+    decoding = run_decoding(args.model, decoding_options(args))
+    lm = read_model_config(args.model).decoder_only
+    if lm and decoding.max_new_tokens > cfg.new_tokens_limit:
+        raise UserError(f"--max-new-tokens {decoding.max_new_tokens} is larger than --new-tokens-limit "
+                        f"{cfg.new_tokens_limit}")
+    if not lm and decoding.beam > cfg.max_beam:
         raise UserError(f"--beam {decoding.beam} is larger than --max-beam {cfg.max_beam}")
     if args.threads:
         torch.set_num_threads(args.threads)
     sock = _listen(args.host, args.port)
     try:
-        translator = load_translator(args.model, **decoding.to_dict())
-        app = create_app(translator, cfg, model_name=str(args.model))
+        app = create_app(_load(args.model, decoding, lm), cfg, model_name=str(args.model))
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
-        print(f"transformer serve: http://{shown}:{port}/ (model {args.model}; beam {decoding.beam}; "
-              f"{decoding.precision}; "
+        how = (f"language model; up to {decoding.max_new_tokens} new tokens; temperature {decoding.temperature}"
+               if lm else f"beam {decoding.beam}")
+        print(f"transformer serve: http://{shown}:{port}/ (model {args.model}; {how}; {decoding.precision}; "
               f"{'batching up to ' + str(cfg.max_batch) if cfg.batching else 'no batching'})",
               file=sys.stderr, flush=True)
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=args.access_log,
@@ -94,3 +124,13 @@ def run(args: argparse.Namespace) -> int:
     finally:
         sock.close()
     return 0
+
+
+def _load(model: str, decoding, lm: bool):
+    """The run's model, ready to serve: a language model's Generator or a Translator."""
+    from ..generator import Generator
+    from ..translator import load_translator
+
+    if lm:
+        return Generator.from_pretrained(model, warn=False, **decoding.to_dict())
+    return load_translator(model, **decoding.to_dict())

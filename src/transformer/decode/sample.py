@@ -1,17 +1,19 @@
 """Generation for the decoder-only language model: greedy (temperature 0) or sampling with
 temperature, top-k and top-p (nucleus), batched on the KV cache, tokens yielded as they come.
 
-Each row draws from its own random generator, seeded ``seed + row``: the same seed gives the
-same text, and a row's text does not depend on the other rows of the batch.
+Each row draws from its own random generator, seeded ``seed + row`` (or, given a list of
+seeds, its own): the same seed gives the same text, and a row's text does not depend on the
+other rows of the batch.
 
-Context longer than the model's ``max_len``: when a row's sequence fills the positions, the
-cache is rebuilt from its last ``max_len // 2`` tokens and generation goes on (a sliding
-window that moves by half a context at a time; each token still sees at least
-``max_len // 2`` tokens before it).
+Context longer than the model's ``max_len``: when a row's sequence fills the positions, its
+window is cut to its last ``max_len // 2`` tokens and generation goes on (a sliding window
+that moves by half a context at a time; each token still sees at least ``max_len // 2``
+tokens before it). Each row slides on its own: the cache is rebuilt for the batch, but the
+rows that are not full keep their whole window, so a row slides where it would alone.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -57,20 +59,20 @@ def left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[Tensor, Ten
 
 @torch.inference_mode()
 def generate_stream(model, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0,
-                    top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
+                    top_k: int = 0, top_p: float = 1.0, seed: int | Sequence[int | None] | None = None,
                     stop_id: int | None = None) -> Iterator[Tensor]:
     """Yield the next token of every row, (B,) ids, ``max_new_tokens`` times (fewer when every
     row has produced ``stop_id``; a finished row then repeats ``stop_id``).
 
     ``prompts`` are token ids, each non-empty and at most ``max_len - 1`` long (the callers
-    cut longer ones from the left and start empty ones with BOS)."""
+    cut longer ones from the left and start empty ones with BOS). ``seed``: one int (row
+    ``i`` draws with ``seed + i``), one per row (None: a fresh one), or None (fresh ones)."""
     cfg, device = model.cfg, model.output_layer()[0].device
     if any(not p or len(p) >= cfg.max_len for p in prompts):
         raise ValueError(f"every prompt needs 1 to {cfg.max_len - 1} tokens")
     generators = None
     if temperature > 0:
-        base = torch.seed() if seed is None else seed
-        generators = [torch.Generator(device=device).manual_seed(base + i) for i in range(len(prompts))]
+        generators = [torch.Generator(device=device).manual_seed(s) for s in row_seeds(seed, len(prompts))]
     history = [list(p) for p in prompts]
     cache = model.start_cache(len(prompts), device)
     ids, real = left_pad(prompts, cfg.pad_id, device)
@@ -87,8 +89,11 @@ def generate_stream(model, prompts: list[list[int]], max_new_tokens: int, temper
             return
         for row, t in zip(history, token.tolist()):
             row.append(t)
-        if int(cache.next_position.max()) >= cfg.max_len:  # the positions are full: slide the window
-            keep = [row[-(cfg.max_len // 2):] for row in history]
+        if int(cache.next_position.max()) >= cfg.max_len:  # a row's positions are full: slide its window
+            # next_position counts the tokens of a row's window in the cache; the new token is not in it yet
+            windows = cache.next_position.tolist()
+            keep = [row[-(cfg.max_len // 2):] if n >= cfg.max_len else row[-(n + 1):]
+                    for row, n in zip(history, windows)]
             cache = model.start_cache(len(prompts), device)
             ids, real = left_pad(keep, cfg.pad_id, device)
             logits, cache = model.decode(ids, cache, real=real)
@@ -96,8 +101,20 @@ def generate_stream(model, prompts: list[list[int]], max_new_tokens: int, temper
             logits, cache = model.decode(token[:, None], cache, real=every)
 
 
+def row_seeds(seed: int | Sequence[int | None] | None, n_rows: int) -> list[int]:
+    """The seed of each row's generator: ``seed + row``, or the given one per row; a fresh
+    one (``torch.seed()``) where none is given."""
+    if seed is None or isinstance(seed, int):
+        base = torch.seed() if seed is None else seed
+        return [base + i for i in range(n_rows)]
+    if len(seed) != n_rows:
+        raise ValueError(f"{len(seed)} seeds for {n_rows} prompts; give one per prompt")
+    return [torch.seed() if s is None else s for s in seed]
+
+
 def generate(model, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0, top_k: int = 0,
-             top_p: float = 1.0, seed: int | None = None, stop_id: int | None = None) -> list[list[int]]:
+             top_p: float = 1.0, seed: int | Sequence[int | None] | None = None,
+             stop_id: int | None = None) -> list[list[int]]:
     """The new tokens of each row (without the prompt; cut after ``stop_id``, which is kept)."""
     out: list[list[int]] = [[] for _ in prompts]
     finished = [False] * len(prompts)

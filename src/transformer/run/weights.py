@@ -58,13 +58,28 @@ def read_weights(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]
         tensors = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as e:
         raise UserError(f"{path}: not a readable safetensors file, truncated or corrupt ({e})") from None
+    return _config_of(path, meta), tensors, meta
+
+
+def read_model_config(path: str | Path) -> ModelConfig:
+    """The config of the model a path stands for (as :func:`load_model` resolves it), from
+    the weights file's metadata alone: which kind of model it is, before loading it."""
+    weights = resolve_weights(path)
+    try:
+        with safe_open(str(weights), framework="pt") as f:
+            meta = f.metadata() or {}
+    except (SafetensorError, OSError, ValueError) as e:
+        raise UserError(f"{weights}: not a readable safetensors file, truncated or corrupt ({e})") from None
+    return _config_of(weights, meta)
+
+
+def _config_of(path: Path, meta: dict[str, str]) -> ModelConfig:
     if "model_config" not in meta:
         raise UserError(f"{path}: no model config in the file's metadata; was it written by transformer?")
     try:
-        cfg = ModelConfig.from_dict(json.loads(meta["model_config"]))
+        return ModelConfig.from_dict(json.loads(meta["model_config"]))
     except (ValueError, TypeError) as e:
         raise UserError(f"{path}: bad model config in metadata ({e})") from None
-    return cfg, tensors, meta
 
 
 def load_weights_into(model: Transformer, tensors: dict[str, torch.Tensor], source: str | Path) -> None:

@@ -1,10 +1,14 @@
-"""The translation service: a JSON API with dynamic batching, and the attention explorer page.
+"""The service: a JSON API with dynamic batching over a translation model or a language
+model, and the attention explorer page.
 
     app = create_app(load_translator("runs/demo"), ServeConfig(max_batch=32))
+    app = create_app(Generator.from_pretrained("runs/shakespeare"))   # POST /generate
     uvicorn.run(app)                    # or: transformer serve --model runs/demo
 
-``app`` builds the routes, ``batching`` collects concurrent requests into one decoding call,
-``attention`` computes the maps the explorer draws, ``static/`` is the page itself.
+``app`` builds the routes (``lm_routes`` those of a language model), ``batching`` collects
+concurrent requests into one decoding call, ``generation`` continues prompts in batches and
+streams their tokens, ``attention`` computes the maps the explorer draws, ``static/`` is the
+page itself.
 """
 from .app import create_app
 from .config import ServeConfig

@@ -1,16 +1,25 @@
-"""The HTTP service: a JSON API over one loaded :class:`Translator`, and the explorer page.
+"""The HTTP service: a JSON API over one loaded model, and the explorer page. The model is a
+translation model (a :class:`Translator`) or a language model (a :class:`Generator`); the
+run's config says which (``transformer serve`` reads it), and ``/health`` tells clients.
 
+    Translation model:
     POST /translate   {"text": "..."} or {"texts": [...]}, optional "beam", "n_best"
     POST /attention   {"text": "..."}: tokens, translation and every attention weight
-    GET  /health      liveness and the model's shape
+    Language model (see :mod:`.generation`, :mod:`.lm_routes`):
+    POST /generate    {"prompt": "..."}, optional "max_new_tokens", "temperature", "top_k",
+                      "top_p", "seed": the continuation as JSON, or with "Accept:
+                      text/event-stream" (or "stream": true) as server-sent events, one per token
+    POST /attention   {"text": "..."}: the tokens and every causal self-attention weight
+    Both:
+    GET  /health      liveness, the kind of model ("translation" or "language-model") and its shape
     GET  /stats       batching counters (requests, decode calls, largest batch)
-    GET  /            the attention explorer (static/: plain HTML, JS and CSS, no external URLs)
+    GET  /            the explorer (static/: plain HTML, JS and CSS, no external URLs)
     GET  /openapi.json, /docs
 
-Every error is JSON ``{"error": "..."}``: 400 for a body that is not UTF-8, 413 for a body,
-text or list over the limits, 415 for a body not sent as JSON, 422 for anything else
-malformed. The model is called from one
-thread only (see :mod:`.batching`).
+Every error is JSON ``{"error": "..."}``: 400 for a body that is not UTF-8, 404 for the other
+kind of model's endpoint (the message names this one's), 413 for a body, text or list over
+the limits, 415 for a body not sent as JSON, 422 for anything else malformed. The model is
+called from one thread only (see :mod:`.batching`).
 """
 from __future__ import annotations
 
@@ -20,34 +29,28 @@ from importlib.resources import files
 from pathlib import Path
 
 from fastapi import FastAPI
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
-from starlette.exceptions import HTTPException
-from starlette.requests import Request
 
+from ..generator import Generator
 from ..translator import Translation, Translator
 from .attention import attention_maps
 from .batching import DynamicBatcher
 from .config import ServeConfig
-from .schemas import AttentionRequest, AttentionResponse, Candidate, ErrorResponse, TranslateRequest, TranslateResponse
+from .errors import ERRORS, ServeError, add_error_handlers, refuse_elsewhere
+from .generation import LMService
+from .lm_routes import add_generation_routes
+from .schemas import AttentionRequest, AttentionResponse, Candidate, TranslateRequest, TranslateResponse
 
 STATIC = Path(str(files(__package__) / "static"))
-ERRORS = {code: {"model": ErrorResponse} for code in (400, 413, 415, 422)}
-
-
-class ServeError(Exception):
-    """A request the service refuses: becomes ``{"error": message}`` with ``status``."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status, self.message = status, message
 
 
 class Service:
-    """The loaded model and what the routes need of it: one Translator per beam size
+    """The loaded translation model and what the routes need of it: one Translator per beam size
     (sharing the model), and the batcher that feeds them. ``translator``, ``_decode`` and
     ``attention`` use the model, so they run in the batcher's thread only."""
+
+    kind = "translation"
 
     def __init__(self, translator: Translator, cfg: ServeConfig) -> None:
         self.cfg = cfg
@@ -91,9 +94,11 @@ class Service:
         return beam
 
 
-def create_app(translator: Translator, cfg: ServeConfig | None = None, model_name: str = "") -> FastAPI:
-    """The ASGI app serving ``translator`` (already loaded) with the settings ``cfg``."""
-    service = Service(translator, cfg or ServeConfig())
+def create_app(model: Translator | Generator, cfg: ServeConfig | None = None, model_name: str = "") -> FastAPI:
+    """The ASGI app serving ``model`` (already loaded: a Translator, or a language model's
+    Generator) with the settings ``cfg``."""
+    cfg = cfg or ServeConfig()
+    service = LMService(model, cfg) if isinstance(model, Generator) else Service(model, cfg)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -101,12 +106,38 @@ def create_app(translator: Translator, cfg: ServeConfig | None = None, model_nam
         yield
         await service.batcher.stop()
 
-    app = FastAPI(title="transformer", summary="Translate with a from-scratch Transformer and look at its attention.",
-                  lifespan=lifespan, redoc_url=None)
+    summary = ("Continue text with a from-scratch language model and look at its attention."
+               if service.kind == "language-model" else
+               "Translate with a from-scratch Transformer and look at its attention.")
+    app = FastAPI(title="transformer", summary=summary, lifespan=lifespan, redoc_url=None)
     app.state.service = service
-    _add_error_handlers(app)
+    add_error_handlers(app)
     app.add_middleware(BodyGuard, max_bytes=service.cfg.max_body_bytes)
+    if service.kind == "language-model":
+        add_generation_routes(app, service, model_name)
+        refuse_elsewhere(app, ["/translate"], "this server has a language model: it serves POST /generate "
+                                              '(and POST /attention with {"text": ...}), not /translate')
+    else:
+        _add_translation_routes(app, service, model_name)
+        refuse_elsewhere(app, ["/generate"], "this server has a translation model: it serves POST /translate "
+                                             "(and POST /attention), not /generate")
 
+    @app.get("/stats")
+    async def stats() -> dict:
+        """Batching counters since start-up: decode_calls < requests means requests shared decodes."""
+        c = service.cfg
+        return {**service.batcher.stats.as_dict(), "batching": c.batching, "max_batch": c.max_batch,
+                "max_wait_ms": c.max_wait_ms}
+
+    @app.get("/", include_in_schema=False)
+    async def explorer() -> FileResponse:
+        return FileResponse(STATIC / "index.html")
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    return app
+
+
+def _add_translation_routes(app: FastAPI, service: Service, model_name: str) -> None:
     @app.post("/translate", response_model=TranslateResponse, response_model_exclude_none=True, responses=ERRORS)
     async def translate(req: TranslateRequest) -> TranslateResponse:
         """Translate one text or several, in input order; n-best with scores."""
@@ -132,67 +163,12 @@ def create_app(translator: Translator, cfg: ServeConfig | None = None, model_nam
 
     @app.get("/health")
     async def health() -> dict:
-        """Liveness, and the model's shape."""
+        """Liveness, the kind of model, and its shape."""
         mcfg = service.base.model.cfg
-        return {"status": "ok", "model": model_name, "n_layers": mcfg.n_layers, "n_heads": mcfg.n_heads,
-                "d_model": mcfg.d_model, "max_len": mcfg.max_len, "beam": service.base.decoding.beam,
-                "max_beam": service.cfg.max_beam, "precision": service.base.decoding.precision}
-
-    @app.get("/stats")
-    async def stats() -> dict:
-        """Batching counters since start-up: decode_calls < requests means requests shared decodes."""
-        c = service.cfg
-        return {**service.batcher.stats.as_dict(), "batching": c.batching, "max_batch": c.max_batch,
-                "max_wait_ms": c.max_wait_ms}
-
-    @app.get("/", include_in_schema=False)
-    async def explorer() -> FileResponse:
-        return FileResponse(STATIC / "index.html")
-
-    app.mount("/static", StaticFiles(directory=STATIC), name="static")
-    return app
-
-
-def _add_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(ServeError)
-    async def _serve_error(request: Request, e: ServeError) -> JSONResponse:
-        return JSONResponse({"error": e.message}, status_code=e.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, e: RequestValidationError) -> JSONResponse:
-        kind = request.headers.get("content-type", "")
-        if kind and not _is_json(kind):  # FastAPI read the body as bytes, not JSON
-            return JSONResponse({"error": f'send the body as JSON with "Content-Type: application/json" '
-                                          f'(got "{kind}")'}, status_code=415)
-        return JSONResponse({"error": validation_message(e.errors())}, status_code=422)
-
-    @app.exception_handler(HTTPException)
-    async def _http(request: Request, e: HTTPException) -> JSONResponse:
-        return JSONResponse({"error": str(e.detail)}, status_code=e.status_code, headers=e.headers)
-
-    @app.exception_handler(Exception)
-    async def _bug(request: Request, e: Exception) -> JSONResponse:  # never expected; still JSON
-        return JSONResponse({"error": f"internal error: {type(e).__name__}"}, status_code=500)
-
-
-def _is_json(content_type: str) -> bool:
-    kind = content_type.split(";")[0].strip().lower()
-    return kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
-
-
-def validation_message(errors: list[dict]) -> str:
-    """Pydantic's error list as one readable line, e.g. ``texts[1]: Input should be a valid string``."""
-    parts = []
-    for err in errors:
-        if err.get("type") == "json_invalid":
-            return f"malformed JSON: {err.get('ctx', {}).get('error', 'cannot parse the body')}"
-        loc = [p for p in err.get("loc", ()) if p != "body"]
-        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
-        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
-        if not where and err.get("type") in ("missing", "model_attributes_type", "dict_type"):
-            msg = 'the body must be a JSON object, e.g. {"text": "..."}'
-        parts.append(f"{where}: {msg}" if where else msg)
-    return "; ".join(parts) or "invalid request"
+        return {"status": "ok", "kind": service.kind, "model": model_name, "n_layers": mcfg.n_layers,
+                "n_heads": mcfg.n_heads, "d_model": mcfg.d_model, "max_len": mcfg.max_len,
+                "beam": service.base.decoding.beam, "max_beam": service.cfg.max_beam,
+                "precision": service.base.decoding.precision}
 
 
 class BodyGuard:

@@ -1,4 +1,5 @@
-"""Attention maps for one sentence and its translation, as plain lists for JSON.
+"""Attention maps for one sentence and its translation (or a language model's text), as plain
+lists for JSON.
 
 The translation is decoded first (as ``/translate`` would), then source and translation go
 through the model once more, teacher-forced, asking for the attention weights: the same
@@ -13,6 +14,11 @@ Rows are queries, columns keys:
 ``source_tokens`` (S) are the source subwords plus ``</s>``; ``target_tokens`` (T) are the
 produced subwords plus ``</s>``; ``target_input_tokens`` (T) are what the decoder was fed at
 each step: ``<s>`` and then the produced subwords.
+
+For a language model (:func:`lm_attention_maps`), a text (a prompt and its continuation)
+goes through the model once:
+
+    self_attention  [layer][head][T][T]  token t looks at token u (u <= t: causal)
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ from typing import Any
 
 import torch
 
+from ..generator import Generator
 from ..translator import Translator
 
 BOS, EOS = "<s>", "</s>"
@@ -61,6 +68,39 @@ def attention_maps(translator: Translator, text: str, decimals: int = 3) -> dict
         "decoder_self": [_rounded(self_w[0], decimals) for self_w, _ in dec_weights],  # (H, T, T)
         "cross": [_rounded(cross_w[0], decimals) for _, cross_w in dec_weights],  # (H, T, S)
     }
+
+
+@torch.inference_mode()
+def lm_attention_maps(generator: Generator, text: str, decimals: int = 3) -> dict[str, Any]:
+    """The causal self-attention of a language model over ``text``: its tokens (T) and every
+    weight, ``self_attention[layer][head][t][u]``. A text longer than the model's context
+    shows its last ``max_len`` tokens (``truncated``); an empty one gives empty maps.
+
+    Raises:
+        UserError: ``text`` holds a character the tokenizer does not know (a character model).
+    """
+    model, cfg = generator.model, generator.model.cfg
+    ids = generator.tokenizer.encode(text)
+    truncated = len(ids) > cfg.max_len
+    ids = ids[-cfg.max_len:]
+    out = {"tokens": token_strings(generator.tokenizer, ids), "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
+           "self_attention": [], "truncated": truncated}
+    if ids:
+        device = model.output_layer()[0].device
+        tokens = torch.tensor([ids], device=device)  # (1, T)
+        _, _, weights = model.decode(tokens, model.start_cache(1, device), return_weights=True,
+                                     real=torch.ones_like(tokens, dtype=torch.bool))  # every id is real, pad's too
+        out["self_attention"] = [_rounded(w[0], decimals) for w in weights]  # each (H, T, T)
+    return out
+
+
+def token_strings(tokenizer, ids: list[int]) -> list[str]:
+    """How each token reads: a character, or a subword piece (with its "▁"; the end of a
+    line, EOS, as "\n")."""
+    subwords = getattr(tokenizer, "subwords", None)  # LineSubwords: one line's pieces, EOS for its newline
+    if subwords is None:
+        return [tokenizer.decode([i]) for i in ids]
+    return ["\n" if i == tokenizer.eos_id else subwords.id_to_piece(i) for i in ids]
 
 
 def _rounded(weights: torch.Tensor, decimals: int) -> list:

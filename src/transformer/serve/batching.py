@@ -6,6 +6,10 @@ has passed, splits what it collected by ``key`` (requests with different beam si
 share a beam search), and runs one ``decode(key, texts)`` call per key in a single
 dedicated thread. So the event loop never blocks on the model, torch is never called from
 two threads at once, and while one batch decodes the next one fills up by itself.
+
+The "texts" are whatever ``decode`` takes, one result each: sentences for translation,
+prompt rows (:class:`~.generation.Row`) for a language model, whose key is the sampling
+settings a batch shares.
 """
 from __future__ import annotations
 

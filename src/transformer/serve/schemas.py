@@ -1,4 +1,5 @@
-"""Request and response bodies of the JSON API (they also make the OpenAPI description).
+"""Request and response bodies of the JSON API (they also make the OpenAPI description):
+translation (``/translate``, ``/attention``) and language model (``/generate``, ``/attention``).
 
 Types are strict (``"beam": "4"`` is an error, not 4) and unknown fields are refused, so a
 typo such as ``"txt"`` gets a clear 422 instead of a silently empty translation. Limits that
@@ -91,6 +92,59 @@ class AttentionResponse(BaseModel):
     decoder_self: Maps = Field(description="[layer][head][T][T]")
     cross: Maps = Field(description="[layer][head][T][S]")
     truncated: bool = Field(False, description="the text was longer than the model's limit and was cut")
+
+
+SEED_MAX = 2**63 - 1  # what torch.Generator.manual_seed takes (and JSON numbers keep exactly in Python)
+
+
+class GenerateRequest(_Strict):
+    """A prompt to continue; every other field defaults to the run's ``decoding`` settings."""
+
+    prompt: str = Field(description="the text to continue", examples=["the cat sat"])
+    max_new_tokens: int | None = Field(None, ge=1, description="tokens to generate (at most the server's "
+                                                                "new_tokens_limit)")
+    temperature: float | None = Field(None, ge=0, description="sampling temperature; 0 = greedy")
+    top_k: int | None = Field(None, ge=0, description="sample among the k most probable tokens (0 = all)")
+    top_p: float | None = Field(None, gt=0, le=1, description="nucleus: the smallest set of most probable tokens "
+                                                             "whose probability reaches top_p (1 = all)")
+    seed: int | None = Field(None, ge=0, le=SEED_MAX, description="the same seed gives the same text, alone or "
+                                                                  "batched with other requests (default: a fresh "
+                                                                  "one, returned in the answer)")
+    stream: bool | None = Field(None, description="answer with server-sent events, one per token (default: "
+                                                  "when the request accepts text/event-stream)")
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_unicode(cls, v: str) -> str:
+        if not v:
+            raise ValueError("empty; give some text to continue")
+        return _valid_unicode(v)
+
+
+class GenerateResponse(BaseModel):
+    text: str = Field(description="the continuation (without the prompt)")
+    tokens: int = Field(description="tokens generated")
+    prompt_tokens: int = Field(description="tokens of the prompt the model saw")
+    truncated: bool = Field(description="the prompt was longer than the model's context: its end was continued")
+    seed: int = Field(description="the seed the continuation was sampled with (give it again for the same text)")
+
+
+class LMAttentionRequest(_Strict):
+    text: str = Field(description="a prompt and its continuation", examples=["the cat sat on the mat"])
+
+    @field_validator("text")
+    @classmethod
+    def _text_unicode(cls, v: str) -> str:
+        return _valid_unicode(v)
+
+
+class LMAttentionResponse(BaseModel):
+    tokens: list[str] = Field(description="the text's tokens (T), as the model reads them")
+    n_layers: int
+    n_heads: int
+    self_attention: Maps = Field(description="[layer][head][T][T]: token t looks at token u (causal: u <= t)")
+    truncated: bool = Field(description="the text was longer than the model's context: its last max_len "
+                                        "tokens are shown")
 
 
 class ErrorResponse(BaseModel):

@@ -1,5 +1,6 @@
 // The attention explorer: translate a sentence through the JSON API, then draw one
 // attention map (which attention, layer, head or the heads' average) as a table heatmap.
+// When the server has a language model (GET /health says its kind), generate.js takes over.
 //
 // Data comes from POST /attention (see transformer/serve/attention.py): maps are
 // [layer][head][query][key]; rows are queries (the token being processed or produced),
@@ -41,8 +42,10 @@ async function postJSON(path, body) {
 async function showModelInfo() {
   try {
     const health = await (await fetch("/health")).json();
-    $("model-info").textContent =
-      `Model ${health.model || ""}: ${health.n_layers} layers, ${health.n_heads} heads, d_model ${health.d_model}`;
+    const kind = health.kind === "language-model" ? "language model" : "translation model";
+    $("model-info").textContent = `Model ${health.model || ""} (${kind}): ` +
+      `${health.n_layers} layers, ${health.n_heads} heads, d_model ${health.d_model}`;
+    if (health.kind === "language-model") window.generation.start(health); // generate.js: the page's other mode
   } catch (error) {
     $("model-info").textContent = "The service does not answer.";
   }

@@ -1,0 +1,183 @@
+"""The language model behind the service: a request is checked and encoded in the event loop,
+continued in a batch by the batcher's thread, and its tokens are handed to the event loop as
+they come when the client streams.
+
+Requests with the same sampling settings (:class:`Sampling`: max_new_tokens, temperature,
+top_k, top_p) share a batch, streaming or not; each row samples with its own seed, so its
+text is the one it gets alone (see :mod:`transformer.decode.sample`), and the one
+``transformer generate --seed S`` prints.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from ..decode.sample import generate_stream
+from ..errors import UserError
+from ..generator import Generator, TextPieces
+from .attention import lm_attention_maps
+from .batching import DynamicBatcher
+from .config import ServeConfig
+from .errors import ServeError
+from .schemas import GenerateRequest
+
+FRESH_SEEDS = 2**31  # a seed the server picks is below this (short to read back and type in)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The settings a batch shares: the batcher's key."""
+
+    max_new_tokens: int
+    temperature: float
+    top_k: int
+    top_p: float
+
+
+@dataclass
+class Row:
+    """One request: its prompt's ids (cut to the context), its seed, and for a streaming
+    request ``sink``, called from the decoding thread with each token's event."""
+
+    ids: list[int]
+    seed: int
+    truncated: bool = False  # the prompt was longer than the context: its end is continued
+    sink: Callable[[dict], None] | None = None
+    cancelled: bool = False  # the client went away; a batch stops when all its rows have
+
+
+@dataclass(frozen=True)
+class Continuation:
+    text: str
+    tokens: list[int]
+
+
+class LMService:
+    """The loaded :class:`Generator` and what the routes need of it. ``_generate`` and
+    ``attention`` use the model, so they run in the batcher's thread only."""
+
+    kind = "language-model"
+
+    def __init__(self, generator: Generator, cfg: ServeConfig) -> None:
+        self.cfg, self.generator = cfg, generator
+        if generator.decoding.max_new_tokens > cfg.new_tokens_limit:
+            raise ValueError(f"the generator's max_new_tokens ({generator.decoding.max_new_tokens}) is larger than "
+                             f"new_tokens_limit ({cfg.new_tokens_limit})")
+        self.batcher = DynamicBatcher(self._generate, cfg.max_batch, cfg.max_wait_ms / 1000, cfg.batching)
+
+    # ---- in the event loop ------------------------------------------------------------
+    def request(self, req: GenerateRequest) -> tuple[Sampling, Row]:
+        """The batch key and the row of a request; refuses what is over the limits."""
+        d, limit = self.generator.decoding, self.cfg.new_tokens_limit
+        n = d.max_new_tokens if req.max_new_tokens is None else req.max_new_tokens
+        if n > limit:
+            raise ServeError(422, f"max_new_tokens must be at most {limit}, got {n}")
+        key = Sampling(n, _either(req.temperature, d.temperature), _either(req.top_k, d.top_k),
+                       _either(req.top_p, d.top_p))
+        seed = _either(req.seed, d.seed)
+        if seed is None:
+            seed = secrets.randbelow(FRESH_SEEDS)
+        ids, truncated = self.encode(req.prompt)
+        return key, Row(ids, seed, truncated)
+
+    def encode(self, prompt: str) -> tuple[list[int], bool]:
+        """The prompt's ids (its end, when longer than the context) and whether it was cut."""
+        if len(prompt) > self.cfg.max_chars:
+            raise ServeError(413, f"the prompt is {len(prompt)} characters long; the limit is {self.cfg.max_chars}")
+        before = self.generator.truncated
+        try:
+            ids = self.generator.encode(prompt)
+        except UserError as e:  # a character the vocabulary lacks
+            raise ServeError(422, f"prompt: {self.client_message(e)}") from None
+        return ids, self.generator.truncated > before
+
+    def client_message(self, e: UserError) -> str:
+        """The error without the server's file paths."""
+        path = getattr(self.generator.tokenizer, "path", None)
+        return str(e).replace(f" of {path}", " of this model") if path else str(e)
+
+    def answer(self, row: Row, result: Continuation) -> dict:
+        """The JSON answer (also the final event of a stream)."""
+        return {"text": result.text, "tokens": len(result.tokens), "prompt_tokens": len(row.ids),
+                "truncated": row.truncated, "seed": row.seed}
+
+    async def complete(self, key: Sampling, row: Row) -> dict:
+        try:
+            result = (await self.batcher.submit(key, [row]))[0]
+        finally:
+            row.cancelled = True  # done, or the handler was cancelled: nobody waits for more
+        return self.answer(row, result)
+
+    async def events(self, key: Sampling, row: Row) -> AsyncIterator[str]:
+        """Server-sent events: ``data: {"text": ..., "token": id}`` per token as it comes, then
+        ``event: done`` with the answer (or ``event: error``)."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[dict | None] = asyncio.Queue()
+
+        def sink(event: dict) -> None:  # in the decoding thread
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, event)
+            except RuntimeError:  # the event loop is closed: the server is stopping
+                row.cancelled = True
+
+        row.sink = sink
+        job = asyncio.ensure_future(self.batcher.submit(key, [row]))
+        # The tokens' events were queued before the job could finish, so None comes last.
+        job.add_done_callback(lambda _: queue.put_nowait(None))
+        try:
+            while (event := await queue.get()) is not None:
+                yield sse(event)
+            try:
+                result = job.result()[0]
+            except Exception as e:  # a bug in generation: the stream says so and ends
+                yield sse({"error": f"internal error: {type(e).__name__}"}, "error")
+                return
+            yield sse(self.answer(row, result), "done")
+        finally:  # also when the client went away and the response was cancelled
+            row.cancelled = True
+            job.cancel()
+
+    # ---- in the batcher's thread ------------------------------------------------------
+    def _generate(self, key: Sampling, rows: list[Row]) -> list[Continuation]:
+        tokenizer = self.generator.tokenizer
+        texts = [TextPieces(tokenizer) for _ in rows]
+        if not all(row.cancelled for row in rows):
+            for token in generate_stream(self.generator.model, [r.ids for r in rows], key.max_new_tokens,
+                                         key.temperature, key.top_k, key.top_p, [r.seed for r in rows]):
+                for row, text, t in zip(rows, texts, token.tolist()):
+                    piece = text.add(t)
+                    if row.sink is not None and not row.cancelled:
+                        row.sink({"text": piece, "token": t})
+                if all(row.cancelled for row in rows):
+                    break
+        for row, text in zip(rows, texts):
+            rest = text.finish()  # a character still incomplete at the end
+            if rest and row.sink is not None and not row.cancelled:
+                row.sink({"text": rest, "token": None})
+        return [Continuation(text.text, text.ids) for text in texts]
+
+    def attention(self, text: str) -> dict:
+        try:
+            return lm_attention_maps(self.generator, text, self.cfg.attention_decimals)
+        except UserError as e:
+            raise ServeError(422, f"text: {self.client_message(e)}") from None
+
+    def health(self) -> dict:
+        mcfg, d = self.generator.model.cfg, self.generator.decoding
+        return {"n_layers": mcfg.n_layers, "n_heads": mcfg.n_heads, "d_model": mcfg.d_model, "max_len": mcfg.max_len,
+                "vocab_size": mcfg.vocab_size, "max_new_tokens": d.max_new_tokens,
+                "new_tokens_limit": self.cfg.new_tokens_limit, "temperature": d.temperature, "top_k": d.top_k,
+                "top_p": d.top_p, "precision": d.precision}
+
+
+def sse(data: dict, event: str | None = None) -> str:
+    """One server-sent event (JSON on one ``data:`` line: json.dumps writes no newline)."""
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def _either(value, default):
+    return default if value is None else value

@@ -1,0 +1,45 @@
+"""The routes of a language-model server: ``/generate`` (JSON, or server-sent events as the
+tokens come), ``/attention`` (the causal self-attention over a text) and ``/health``."""
+from __future__ import annotations
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.requests import Request
+from starlette.responses import Response
+
+from .errors import ERRORS
+from .generation import LMService
+from .schemas import GenerateRequest, GenerateResponse, LMAttentionRequest, LMAttentionResponse
+
+EVENT_STREAM = "text/event-stream"
+STREAM_DOC = ('one event per token, `data: {"text": "...", "token": id}` (the text it adds, possibly "" while a '
+              'character is incomplete), then `event: done` with the JSON answer (or `event: error`)')
+
+
+def add_generation_routes(app: FastAPI, service: LMService, model_name: str) -> None:
+    @app.post("/generate", responses={200: {"model": GenerateResponse,
+                                            "content": {EVENT_STREAM: {"schema": {"type": "string"},
+                                                                       "example": STREAM_DOC}}},
+                                      **ERRORS})
+    async def generate(req: GenerateRequest, request: Request) -> Response:
+        """Continue a prompt. Settings a request does not give come from the run's decoding
+        section; the same seed gives the same text, whatever else is batched with it. With
+        "Accept: text/event-stream" (or "stream": true) the tokens come as server-sent events."""
+        key, row = service.request(req)
+        streaming = req.stream if req.stream is not None else EVENT_STREAM in request.headers.get("accept", "")
+        if streaming:
+            return StreamingResponse(service.events(key, row), media_type=EVENT_STREAM,
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return JSONResponse(await service.complete(key, row))
+
+    @app.post("/attention", responses={200: {"model": LMAttentionResponse}, **ERRORS})
+    async def attention(req: LMAttentionRequest) -> JSONResponse:
+        """The tokens of a text (a prompt and its continuation) and every causal self-attention
+        weight (per layer and head), rounded; a text longer than the context: its end."""
+        # Plain JSON, not validated through the response model: the maps are large.
+        return JSONResponse(await service.batcher.run_exclusive(service.attention, req.text))
+
+    @app.get("/health")
+    async def health() -> dict:
+        """Liveness, the kind of model, its shape and its default sampling settings."""
+        return {"status": "ok", "kind": service.kind, "model": model_name, **service.health()}
