@@ -297,7 +297,7 @@ def save_marian(model: Transformer, out_dir: str | Path, subwords: "Subwords | N
     ``generation_config.json``, safetensors weights) that ``MarianMTModel.from_pretrained``
     and :func:`load_marian` read. Returns the directory.
 
-    With ``subwords`` (loaded from a file) it also writes ``MarianTokenizer``'s files, and
+    With ``subwords`` (the run's subword model) it also writes ``MarianTokenizer``'s files, and
     with ``decoding`` the search settings (beam, length penalty, length limit) into
     ``generation_config.json``, so that ``MarianTokenizer`` and ``generate`` (and, in
     transformers 4, ``pipeline("translation", model=out_dir)``) translate as ours does; see

@@ -24,7 +24,6 @@ Decoding settings (``generation_config.json``), from the run's ``decoding:`` sec
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 from ..config import ModelConfig
@@ -66,11 +65,10 @@ def marian_vocab(subwords: Subwords) -> dict[str, int]:
 def save_marian_tokenizer(subwords: Subwords, out_dir: str | Path, model_max_length: int,
                           source_lang: str | None = None, target_lang: str | None = None) -> list[Path]:
     """Write the files ``MarianTokenizer.from_pretrained(out_dir)`` reads (``source.spm``,
-    ``target.spm``, ``vocab.json``, ``tokenizer_config.json``). ``subwords`` must have been
-    loaded from a file. Returns the paths written."""
+    ``target.spm``, ``vocab.json``, ``tokenizer_config.json``). Returns the paths written."""
     out_dir = Path(out_dir)
-    check(subwords.path is not None, "save_marian", "the subword model must be loaded from a file")
-    written = [atomic_write(out_dir / name, lambda tmp: shutil.copyfile(subwords.path, tmp)) for name in SPM_FILES]
+    model = subwords.to_bytes()  # the .model file's bytes
+    written = [atomic_write(out_dir / name, lambda tmp: Path(tmp).write_bytes(model)) for name in SPM_FILES]
     written.append(write_text_atomic(out_dir / VOCAB, json.dumps(marian_vocab(subwords), ensure_ascii=False,
                                                                  indent=0) + "\n"))
     config = tokenizer_config(subwords, model_max_length, source_lang, target_lang)
