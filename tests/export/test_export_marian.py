@@ -136,7 +136,7 @@ def test_generation_config_carries_the_runs_decoding(exported, zero_alpha, train
     assert (default["num_beams"], default["length_penalty"], default["early_stopping"]) == (4, 0.6, "never")
     assert default["max_length"] == max_len + 1  # max_len_a > 0: the model's limit, plus the start token
     assert default["bad_words_ids"] == [[0], [1]] and default["decoder_start_token_id"] == 1
-    assert default["forced_eos_token_id"] == 2 and default["_from_model_config"] is False
+    assert default["forced_eos_token_id"] == 2 and not default.get("_from_model_config")  # not rebuilt from config.json
     own = json.loads((zero_alpha[1] / "generation_config.json").read_text(encoding="utf-8"))
     assert (own["num_beams"], own["length_penalty"], own["max_length"]) == (3, 0.0, DECODING["max_len_b"] + 1)
 
