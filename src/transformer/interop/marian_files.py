@@ -72,7 +72,8 @@ def save_marian_tokenizer(subwords: Subwords, out_dir: str | Path, model_max_len
     written.append(write_text_atomic(out_dir / VOCAB, json.dumps(marian_vocab(subwords), ensure_ascii=False,
                                                                  indent=0) + "\n"))
     config = tokenizer_config(subwords, model_max_length, source_lang, target_lang)
-    written.append(write_text_atomic(out_dir / TOKENIZER_CONFIG, json.dumps(config, ensure_ascii=False, indent=2) + "\n"))
+    text = json.dumps(config, ensure_ascii=False, indent=2) + "\n"
+    written.append(write_text_atomic(out_dir / TOKENIZER_CONFIG, text))
     return written
 
 
