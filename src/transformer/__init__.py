@@ -1,6 +1,45 @@
-"""A from-scratch Transformer ("Attention Is All You Need", Vaswani et al., 2017)."""
-from .config import ModelConfig
-from .model import KVCache, Transformer
+"""A from-scratch Transformer ("Attention Is All You Need", Vaswani et al., 2017).
 
-__version__ = "0.1.0"
-__all__ = ["ModelConfig", "Transformer", "KVCache", "__version__"]
+    from transformer import Translator, Generator
+    Translator.from_pretrained("runs/demo").translate(["A dog runs."])
+    Generator.from_pretrained("runs/shakespeare").generate(["ROMEO:"])
+
+The names below are imported on first use (PEP 562), so ``import transformer`` (and
+``transformer --version``) does not load torch; ``from transformer import Translator``
+loads what translation needs and nothing optional (no fastapi, no transformers).
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"  # the one place it is written: pyproject.toml reads it from here
+
+# public name -> the module that defines it
+_LAZY = {
+    "ModelConfig": ".config",
+    "Transformer": ".model",
+    "KVCache": ".model",
+    "LanguageModel": ".model",
+    "Translator": ".translator",
+    "Generator": ".generator",
+}
+__all__ = [*_LAZY, "__version__"]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .config import ModelConfig
+    from .generator import Generator
+    from .model import KVCache, LanguageModel, Transformer
+    from .translator import Translator
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    globals()[name] = value  # the next access is a plain attribute lookup
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

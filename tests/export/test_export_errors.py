@@ -2,6 +2,7 @@
 traceback, and no output directory (nor a temporary one) left behind."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -71,7 +72,7 @@ def test_failure_during_export_leaves_nothing(cli, trained, tmp_path, monkeypatc
     """A format that cannot express the model fails after the temporary directory exists."""
     from transformer.interop import marian
 
-    def refuse(model, out_dir):
+    def refuse(model, out_dir, *args, **kwargs):
         (Path(out_dir) / "half-written.bin").write_bytes(b"x")
         raise ValueError("HF Marian is post-norm: needs norm_first=False")
 
@@ -84,3 +85,14 @@ def test_failure_during_export_leaves_nothing(cli, trained, tmp_path, monkeypatc
 def test_help(cli):
     r = cli("export", "--help")
     assert r.code == 0 and "--quantization" in r.out and "ctranslate2" in r.out
+    assert 'pipeline("translation"' in r.out and "--format marian" in r.out
+
+
+@pytest.mark.parametrize("fmt, module", [("ctranslate2", "ctranslate2"), ("marian", "transformers"),
+                                         ("onnx", "onnxruntime"), ("onnx", "onnxscript")])
+def test_missing_export_extra(fmt, module, cli, trained, tmp_path, monkeypatch, one_line_error):
+    """Each format names the package it lacks and the extra that brings it; nothing written."""
+    monkeypatch.setitem(sys.modules, module, None)  # `import module` now fails as if not installed
+    r = cli("export", "--model", trained.run, "--format", fmt, "--out", tmp_path / "out")
+    one_line_error(r, f"--format {fmt}", module, "pip install 'transformer[export]'")
+    _no_leftovers(tmp_path, set())

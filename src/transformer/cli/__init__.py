@@ -8,6 +8,7 @@ import importlib
 import pkgutil
 import sys
 
+from .. import __version__
 from ..errors import UserError
 
 # The order in `transformer --help`; any other command module follows alphabetically.
@@ -22,6 +23,7 @@ def command_modules() -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="transformer", description="Train, use and look inside a from-scratch Transformer (Vaswani et al., 2017).")
+    parser.add_argument("--version", action="version", version=f"transformer {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in command_modules():
         importlib.import_module(f"{__name__}.{name}").add_parser(sub)

@@ -16,10 +16,23 @@ from pathlib import Path
 
 FORMATS = ("ctranslate2", "marian", "onnx")
 ONNX_TOL = 1e-4
+EPILOG = """\
+--format marian writes a Hugging Face model with its tokenizer and the run's decoding
+settings, which translates with no other file:
+
+  transformer export --model runs/demo --format marian --out demo-marian
+  python -c 'from transformers import pipeline
+  print(pipeline("translation", model="demo-marian")("A dog runs.")[0]["translation_text"])'
+
+(transformers 4.x; in 5.x, which has no translation pipeline, use MarianTokenizer and
+MarianMTModel.generate as the README.txt written into the directory shows.)"""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("export", help="export a model to CTranslate2, Hugging Face Marian or ONNX")
+    p = sub.add_parser("export", help="export a model to CTranslate2, Hugging Face Marian or ONNX",
+                       description="Write a trained model in another toolkit's format. Each format needs\n"
+                                   "the export extra: pip install 'transformer[export]'.",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="run directory (or a .safetensors file inside one)")
     p.add_argument("--format", required=True, metavar="FORMAT", help=f"one of: {', '.join(FORMATS)}")
     p.add_argument("--out", required=True, help="output directory (must not exist, or be empty)")
@@ -48,25 +61,19 @@ def _check(args) -> None:
         raise UserError(f"{out}: already exists; give a new directory (or remove it first)")
 
 
-def _require(module: str) -> None:
-    from ..errors import UserError
-
-    try:
-        __import__(module)
-    except ImportError:
-        raise UserError(f"this export needs the {module} package: pip install 'transformer[export]'") from None
+# The packages each format needs (all in the ``export`` extra).
+NEEDS = {"ctranslate2": ("ctranslate2",), "marian": ("transformers",), "onnx": ("onnxruntime", "onnx", "onnxscript")}
 
 
 def run(args: argparse.Namespace) -> int:
     from ..data import Subwords
     from ..errors import UserError
+    from ..extras import require
     from ..run import atomic_dir, find_subwords, load_model
 
     _check(args)
-    _require({"ctranslate2": "ctranslate2", "marian": "transformers", "onnx": "onnxruntime"}[args.format])
-    if args.format == "onnx":
-        _require("onnx")
-        _require("onnxscript")
+    for module in NEEDS[args.format]:
+        require(module, "export", f"--format {args.format}")
     model, meta = load_model(Path(args.model))
     spm_path = find_subwords(args.model)
     subwords = Subwords.load(spm_path)
@@ -104,15 +111,22 @@ def _marian(model, subwords, spm_path, tmp: Path, args) -> str:
     from transformers.utils import logging as hf_logging
 
     from ..interop.marian import save_marian
+    from ..interop.marian_files import differences
+    from ..run import read_run_config
+    from ..translator import run_decoding
 
+    decoding = run_decoding(args.model)  # the run's own settings go into generation_config.json
+    run = read_run_config(args.model)
     quiet = not hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # "Writing model shards" would be the only stderr output
     try:
-        save_marian(model, tmp)
+        save_marian(model, tmp, subwords, decoding=decoding,
+                    source_lang=run.get("src_lang"), target_lang=run.get("tgt_lang"))
     finally:
         if not quiet:
             hf_logging.enable_progress_bar()
-    return ""
+    search = "greedy" if decoding.beam == 1 else f"beam {decoding.beam}, alpha {decoding.alpha:g}"
+    return "".join([f", {search}", *(f"; {d}" for d in differences(decoding))])
 
 
 def _onnx(model, subwords, spm_path, tmp: Path, args) -> str:
@@ -146,19 +160,30 @@ the two searches give the same tokens. suppress_sequences=[["<pad>"], ["<s>"]] w
 PAD and BOS out, as ours does, but it renormalises each step's probabilities, so close beam
 hypotheses can then rank differently from `transformer translate`.
 """,
-    "marian": """A Hugging Face MarianMTModel exported by `transformer export` from {weights}.
-Tokenise with subwords.model (sentencepiece); HF's MarianTokenizer expects other files.
+    "marian": """A Hugging Face MarianMTModel exported by `transformer export` from {weights},
+with its MarianTokenizer (source.spm and target.spm: the run's subwords.model; vocab.json;
+tokenizer_config.json) and the run's decoding settings in generation_config.json.
 
-    import torch, sentencepiece as spm
-    from transformers import MarianMTModel
-    sp = spm.SentencePieceProcessor(model_file="subwords.model")
-    model = MarianMTModel.from_pretrained(".", local_files_only=True).eval()
-    ids = torch.tensor([sp.encode("A man is riding a bike.") + [sp.eos_id()]])
-    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), num_beams=4, max_new_tokens=100)
-    print(sp.decode(out[0].tolist()[1:]))  # drop the start token; sentencepiece skips EOS/PAD
+    from transformers import pipeline                  # transformers 4.x
+    translate = pipeline("translation", model=".")
+    print(translate("A man is riding a bike.")[0]["translation_text"])
 
-generation_config.json already blocks PAD and BOS as next tokens. HF's length_penalty
-divides by len**p; use length_penalty=0 to rank as `transformer translate --alpha 0` does.
+transformers 5 removed the translation pipeline; this is what it did, in any version:
+
+    from transformers import MarianMTModel, MarianTokenizer
+    tokenizer = MarianTokenizer.from_pretrained(".")
+    model = MarianMTModel.from_pretrained(".").eval()
+    batch = tokenizer(["A man is riding a bike."], return_tensors="pt", padding=True)
+    print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))
+
+The output is `transformer translate`'s, token for token, at beam 1 and at alpha 0 (pass
+num_beams=1 or length_penalty=0.0 to generate or to the pipeline). With alpha > 0 a beam
+output can differ: HF divides log-probabilities by len**length_penalty, we by GNMT's
+((5 + len) / 6)**alpha. HF's length limit is one number (max_length, counting the start
+token): max_len_b + 1 when the run's max_len_a is 0, else the model's max_len + 1.
+generation_config.json also blocks PAD and BOS as next tokens, as our searches do.
+MarianTokenizer strips leading and trailing spaces and drops unknown words from its
+output, where `transformer translate` writes " ⁇ ".
 """,
     "onnx": """ONNX graphs exported by `transformer export` from {weights}:
 encoder.onnx (src -> memory and each decoder layer's cross-attention K/V) and

@@ -89,8 +89,11 @@ def _listen(host: str, port: int) -> socket.socket:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..extras import require
+
+    require("fastapi", "serve", "the server")
+    uvicorn = require("uvicorn", "serve", "the server")
     import torch
-    import uvicorn
 
     from ..errors import UserError
     from ..run import read_model_config

@@ -49,6 +49,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..extras import require
 from ..model import Transformer
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -101,6 +102,7 @@ def _ffn(spec, block, ffn) -> None:
 
 
 def _activation(name: str):
+    require("ctranslate2", "export", __name__)
     from ctranslate2.specs import common_spec
 
     act = common_spec.Activation
@@ -155,6 +157,7 @@ def to_ctranslate2_spec(model: Transformer, vocab: list[str]) -> "TransformerSpe
         ValueError: for what CTranslate2 cannot express (a final LayerNorm on a post-norm
             model) or a vocabulary that does not fit the model.
     """
+    require("ctranslate2", "export", __name__)
     from ctranslate2.specs import transformer_spec
 
     cfg = model.cfg

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..extras import require
 from ..model.lm import LanguageModel
 from .ctranslate2 import _activation, _ffn, _norm, _np, _projection, _save_spec, _self_attention, _tokens
 from .ctranslate2 import _check as _check_ct2
@@ -57,6 +58,7 @@ _check = partial(_check_ct2, where="to_ctranslate2_lm")
 def to_ctranslate2_lm_spec(model: LanguageModel, vocab: list[str]) -> "TransformerDecoderModelSpec":
     """A validated ``ctranslate2.specs.TransformerDecoderModelSpec`` computing what
     ``model`` computes. ``vocab``: one distinct string per id, in id order."""
+    require("ctranslate2", "export", __name__)
     from ctranslate2.specs import transformer_spec
 
     _check(isinstance(model, LanguageModel), f"expected a LanguageModel, got {type(model).__name__}")

@@ -48,6 +48,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import ModelConfig
+from ..extras import require
 from ..model.lm import LanguageModel
 from ._hf import check as _check
 from ._hf import LM_SHAPE, check_lm_export, copy_, hf_special_ids, new_hf_lm, same_head, special_ids
@@ -93,6 +94,7 @@ def config_from_gpt2(hf_config: "GPT2Config", tie_embeddings: bool, pad_id: int 
 
 def config_to_gpt2(cfg: ModelConfig) -> "GPT2Config":
     """The GPT2Config for one of our configs; ValueError when HF GPT-2 cannot express it."""
+    require("transformers", "interop", __name__)
     from transformers import GPT2Config
 
     where = "to_gpt2"
@@ -139,6 +141,7 @@ def _conv_pairs(model: LanguageModel, hf: "GPT2LMHeadModel"):
 
 
 def _is_gpt2(hf_model: object) -> bool:
+    require("transformers", "interop", __name__)
     from transformers import GPT2LMHeadModel
 
     return isinstance(hf_model, GPT2LMHeadModel)
@@ -195,6 +198,7 @@ def to_gpt2(model: LanguageModel) -> "GPT2LMHeadModel":
     (ValueError otherwise). Missing biases are exported as zeros. The config carries
     ``pad_id`` / ``bos_id`` / ``eos_id``. Takes the model's dtype, device and train/eval mode.
     """
+    require("transformers", "interop", __name__)
     from transformers import GPT2LMHeadModel
 
     where = "to_gpt2"

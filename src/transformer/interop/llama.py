@@ -44,6 +44,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import ModelConfig
+from ..extras import require
 from ..model.lm import LanguageModel
 from ._hf import check as _check
 from ._hf import LM_SHAPE, check_lm_export, copy_, hf_special_ids, new_hf_lm, same_head, special_ids
@@ -103,6 +104,7 @@ def config_from_llama(hf_config: "LlamaConfig", tie_embeddings: bool, pad_id: in
 
 def config_to_llama(cfg: ModelConfig) -> "LlamaConfig":
     """The LlamaConfig for one of our configs; ValueError when HF Llama cannot express it."""
+    require("transformers", "interop", __name__)
     from transformers import LlamaConfig
 
     where = "to_llama"
@@ -176,6 +178,7 @@ def from_llama(hf_model: "LlamaForCausalLM", pad_id: int | None = None) -> Langu
         ValueError: for what our model cannot express (rope scaling, a different head_dim,
             attention biases without MLP biases or the reverse, another MLP activation).
     """
+    require("transformers", "interop", __name__)
     from transformers import LlamaForCausalLM
 
     where = "from_llama"
@@ -202,6 +205,7 @@ def to_llama(model: LanguageModel) -> "LlamaForCausalLM":
     ``pad_id`` / ``bos_id`` / ``eos_id`` as ``pad_token_id`` / ``bos_token_id`` /
     ``eos_token_id``. Takes the model's dtype, device and train/eval mode.
     """
+    require("transformers", "interop", __name__)
     from transformers import LlamaForCausalLM
 
     where = "to_llama"

@@ -19,7 +19,8 @@ Name map (ours <- HF, HF names under ``model.``):
     *.ffn_block.norm                       <- *.final_layer_norm
 
 Not carried over: HF's ``activation_dropout`` (dropout inside the FFN, training only) and
-layer drop. ``transformers`` is imported inside the functions: it is an optional dependency.
+layer drop. The tokenizer files and decoding settings that :func:`save_marian` can add are
+in :mod:`.marian_files`. ``transformers`` is imported inside the functions: it is an optional dependency.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import ModelConfig
+from ..extras import require
 from ..model import Transformer
 from ..model.embedding import sinusoid_table
 from ._hf import check as _check
@@ -38,6 +40,9 @@ from .layout import to_concat_layout
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import MarianConfig, MarianMTModel
+
+    from ..data import Subwords
+    from ..decode.config import DecodingConfig
 
 # HF's name for an activation -> ours. ("swish" is the name in converted OPUS-MT configs.)
 _ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "silu": "silu", "swish": "silu"}
@@ -94,6 +99,7 @@ def config_from_marian(hf_config: "MarianConfig", tie_embeddings: bool, src_voca
 
 def config_to_marian(cfg: ModelConfig) -> "MarianConfig":
     """The MarianConfig for one of our configs; ValueError when HF Marian cannot express it."""
+    require("transformers", "interop", __name__)
     from transformers import MarianConfig
 
     where = "to_marian"
@@ -125,7 +131,9 @@ def config_to_marian(cfg: ModelConfig) -> "MarianConfig":
         pad_token_id=cfg.pad_id,
         decoder_start_token_id=cfg.bos_id,
         eos_token_id=cfg.eos_id,
-        forced_eos_token_id=cfg.eos_id,
+        # A generation setting: to_marian puts it in the generation config (transformers 4
+        # warns when a model config holds one; MarianConfig's own default would be 0).
+        forced_eos_token_id=None,
     )
 
 
@@ -184,6 +192,7 @@ def _check_positions(model: Transformer, hf: "MarianMTModel", where: str) -> flo
 
 
 def _is_marian(hf_model: object) -> bool:
+    require("transformers", "interop", __name__)
     from transformers import MarianMTModel
 
     return isinstance(hf_model, MarianMTModel)
@@ -231,6 +240,7 @@ def from_marian(hf_model: "MarianMTModel") -> Transformer:
 def load_marian(path: str | Path) -> Transformer:
     """Load a local Hugging Face Marian directory (``config.json`` and weights) and convert
     it with :func:`from_marian`. Never downloads: ``path`` must be a directory on disk."""
+    require("transformers", "interop", __name__)
     from transformers import MarianMTModel
 
     path = Path(path)
@@ -253,6 +263,7 @@ def to_marian(model: Transformer) -> "MarianMTModel":
     PAD (and BOS) as next tokens, as our own searches do. Takes the model's dtype, device and
     train/eval mode.
     """
+    require("transformers", "interop", __name__)
     from transformers import MarianMTModel
 
     where = "to_marian"
@@ -271,15 +282,36 @@ def to_marian(model: Transformer) -> "MarianMTModel":
         hf.final_logits_bias.zero_()
     blocked = [cfg.pad_id] if cfg.bos_id == cfg.pad_id else [cfg.pad_id, cfg.bos_id]
     hf.generation_config.bad_words_ids = [[t] for t in blocked]
+    hf.generation_config.forced_eos_token_id = cfg.eos_id  # EOS at the length limit, as ours
+    # It now says more than config.json: without this, transformers 4 rebuilds it from
+    # config.json when generating, and the settings above are lost.
+    hf.generation_config._from_model_config = False
     hf.train(model.training)
     return hf
 
 
-def save_marian(model: Transformer, out_dir: str | Path) -> Path:
+def save_marian(model: Transformer, out_dir: str | Path, subwords: "Subwords | None" = None, *,
+                decoding: "DecodingConfig | None" = None, source_lang: str | None = None,
+                target_lang: str | None = None) -> Path:
     """Export with :func:`to_marian` and write a Hugging Face directory (``config.json``,
     ``generation_config.json``, safetensors weights) that ``MarianMTModel.from_pretrained``
-    and :func:`load_marian` read. No tokenizer files are written. Returns the directory."""
+    and :func:`load_marian` read. Returns the directory.
+
+    With ``subwords`` (the run's subword model) it also writes ``MarianTokenizer``'s files, and
+    with ``decoding`` the search settings (beam, length penalty, length limit) into
+    ``generation_config.json``, so that ``MarianTokenizer`` and ``generate`` (and, in
+    transformers 4, ``pipeline("translation", model=out_dir)``) translate as ours does; see
+    :mod:`.marian_files` for what carries over exactly and what does not.
+    """
+    from .marian_files import generation_settings, save_marian_tokenizer
+
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    to_marian(model).save_pretrained(out_dir)
+    hf = to_marian(model)
+    if decoding is not None:
+        for name, value in generation_settings(decoding, model.cfg).items():
+            setattr(hf.generation_config, name, value)
+    hf.save_pretrained(out_dir)
+    if subwords is not None:
+        save_marian_tokenizer(subwords, out_dir, model.cfg.max_len, source_lang, target_lang)
     return out_dir

@@ -38,6 +38,7 @@ import torch
 from torch import Tensor, nn
 from torch.export import Dim
 
+from ..extras import require
 from ..model import KVCache, Transformer
 
 OPSET = 18  # the lowest the exporter builds natively (lower ones are converted from it)
@@ -103,6 +104,8 @@ def _example_inputs(model: Transformer, batch: int = 2, src_len: int = 5, past: 
 def export_onnx(model: Transformer, out_dir: str | Path) -> Path:
     """Write ``encoder.onnx``, ``decoder_step.onnx`` and ``onnx_config.json`` (the model
     config and the graphs' input/output names) into ``out_dir``. Returns the directory."""
+    require("onnx", "export", __name__)  # torch.onnx.export's dynamo exporter writes with these two
+    require("onnxscript", "export", __name__)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     model = _fp32(model)
@@ -155,7 +158,7 @@ def _export(graph: nn.Module, args: tuple, dynamic_shapes: tuple, input_names: l
 
 
 def _sessions(out_dir: Path):
-    import onnxruntime as ort
+    ort = require("onnxruntime", "export", __name__)
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = torch.get_num_threads()

@@ -10,7 +10,11 @@ concurrent requests into one decoding call, ``generation`` continues prompts in 
 streams their tokens, ``attention`` computes the maps the explorer draws, ``static/`` is the
 page itself.
 """
-from .app import create_app
-from .config import ServeConfig
+from ..extras import require
+
+require("fastapi", "serve", "transformer.serve")  # a one-line MissingExtra, not a deep ImportError
+
+from .app import create_app  # noqa: E402
+from .config import ServeConfig  # noqa: E402
 
 __all__ = ["create_app", "ServeConfig"]

@@ -9,8 +9,15 @@ import time
 from pathlib import Path
 
 from ..errors import UserError
+from ..extras import require
 from ..run.layout import CURVE, METRICS
 from .step import StepStats
+
+
+def require_tensorboard() -> None:
+    """MissingExtra (one line naming the extra) when the tensorboard package is absent.
+    torch.utils.tensorboard needs it; checked first, as its own ImportError names neither."""
+    require("tensorboard", "tensorboard", "tensorboard=true")
 
 
 class Monitor:
@@ -24,10 +31,9 @@ class Monitor:
     def start(self, step: int, max_steps: int) -> None:
         """Open the progress bar and TensorBoard writer (at the first update of this process)."""
         if self.want_tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                raise UserError("tensorboard=true needs the tensorboard package: pip install tensorboard") from None
+            require_tensorboard()
+            from torch.utils.tensorboard import SummaryWriter
+
             self.writer = SummaryWriter(str(self.run_dir / "tensorboard"))
         if self.want_progress:
             from tqdm import tqdm

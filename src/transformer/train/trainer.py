@@ -28,7 +28,7 @@ from . import checkpoint as ckpt
 from .config import TrainConfig
 from .distributed import Dist, reshard_position
 from .loss import compile_loss
-from .monitor import Monitor
+from .monitor import Monitor, require_tensorboard
 from .prepare import PreparedData, PreparedText, prepare_data, prepare_run, tokenizer_file
 from .schedule import cooldown_factor, cosine_lr, dropout_ramp, inverse_sqrt_lr, noam_lr
 from .step import StepStats, make_optimizer, resolve_precision, train_step
@@ -63,6 +63,8 @@ class Trainer:
         self.device = self.dist.device
         self.log = log if self.dist.is_main else _quiet
         self.stop_signal: str | None = None
+        if cfg.tensorboard:  # before the data is prepared, and on every rank, so that all stop
+            require_tensorboard()
         check_run_dir(self.run_dir, cfg)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
