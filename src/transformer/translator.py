@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import copy
 import filecmp
+import itertools
 import warnings
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,8 +80,11 @@ class Translator:
         return ids + [self.model.cfg.eos_id]
 
     @torch.inference_mode()
-    def translate_nbest(self, lines: list[str], n_best: int | None = None) -> list[list[Translation]]:
-        """For each line, its ``n_best`` (default ``decoding.n_best``) translations, best first."""
+    def translate_nbest(self, lines: list[str], n_best: int | None = None,
+                        progress: Callable[[int], object] | None = None) -> list[list[Translation]]:
+        """For each line, its ``n_best`` (default ``decoding.n_best``) translations, best first.
+        ``progress(n)`` is called as each batch (and the empty lines, at once) is done, with
+        the number of lines it finished."""
         n_best = self.decoding.n_best if n_best is None else n_best
         if not 1 <= n_best <= self.decoding.beam:
             raise ValueError(f"n_best must be between 1 and the beam size ({self.decoding.beam})")
@@ -88,6 +93,8 @@ class Translator:
         for i, line in enumerate(lines):
             if not line.strip():
                 results[i] = [Translation("", 0.0, [])] * n_best
+        if progress is not None and len(todo) < len(lines):
+            progress(len(lines) - len(todo))
         todo.sort(key=lambda x: len(x[1]))
         start = 0
         while start < len(todo):
@@ -98,11 +105,26 @@ class Translator:
             src = pad_batch([ids for _, ids in chunk], self.model.cfg.pad_id, self.device)
             for (i, _), hyps in zip(chunk, self._decode(src, n_best)):
                 results[i] = [self._to_text(h) for h in hyps]
+            if progress is not None:
+                progress(len(chunk))
             start = end
         return results
 
-    def translate(self, lines: list[str]) -> list[str]:
-        return [r[0].text for r in self.translate_nbest(lines, 1)]
+    def translate(self, lines: list[str], progress: Callable[[int], object] | None = None) -> list[str]:
+        return [r[0].text for r in self.translate_nbest(lines, 1, progress)]
+
+    def translate_stream(self, lines: Iterable[str], chunk_lines: int = 2000, n_best: int | None = None,
+                         progress: Callable[[int], object] | None = None) -> Iterator[list[list[Translation]]]:
+        """Translate an input of any length in bounded memory: ``chunk_lines`` lines at a
+        time, each chunk sorted by length into batches as :meth:`translate_nbest` does, and
+        yielded (in input order) before the next one is read. The results equal those of
+        ``translate_nbest(list(lines))`` for any chunk size (a batch's padding does not
+        change a sentence's translation); smaller chunks only make fuller batches rarer."""
+        if chunk_lines < 1:
+            raise ValueError(f"chunk_lines must be positive, got {chunk_lines}")
+        it = iter(lines)
+        while chunk := list(itertools.islice(it, chunk_lines)):
+            yield self.translate_nbest(chunk, n_best, progress)
 
     def _decode(self, src: torch.Tensor, n_best: int) -> list[list[Hypothesis]]:
         d = self.decoding

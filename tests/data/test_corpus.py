@@ -4,7 +4,7 @@ import gzip
 
 import pytest
 
-from transformer.data import clean_pairs, read_lines, read_parallel, read_tsv
+from transformer.data import clean_pairs, count_lines, iter_lines, open_lines, read_lines, read_parallel, read_tsv
 from transformer.errors import UserError
 
 
@@ -97,3 +97,82 @@ def test_clean_pairs_counts_skipped():
     kept, skipped = clean_pairs(pairs)
     assert kept == [("a", "b"), ("c", "d")]
     assert skipped == 4
+
+
+# ---- the streamed reader (translate's input): the same lines and errors as read_lines -------
+
+TRICKY = {
+    "crlf-no-final-newline": b"one\r\n\r\nthree\r\nfour",
+    "empty": b"",
+    "one-newline": b"\n",
+    "trailing-empty-line": b"a\n\n",
+    "bom": "\ufeffHallo\nWelt\n".encode("utf-8"),
+    "bom-then-newline": b"\xef\xbb\xbf\n",
+    "bom-alone": b"\xef\xbb\xbf",
+    "lone-cr": b"a\rb\nc\r",
+    "unicode-breaks": "a\u2028b\nc\u2029d\ne\u0085f\ng\x0bh\n".encode("utf-8"),
+    "multibyte": "Grüße aus Köln\nß\n日本語".encode("utf-8"),
+}
+
+
+def _streamed(path):
+    with open_lines(path) as lines:
+        return list(lines)
+
+
+@pytest.mark.parametrize("name", list(TRICKY))
+def test_open_lines_reads_what_read_lines_reads(tmp_path, name):
+    path, gz = tmp_path / "x.txt", tmp_path / "x.txt.gz"
+    path.write_bytes(TRICKY[name])
+    gz.write_bytes(gzip.compress(TRICKY[name]))
+    assert _streamed(path) == read_lines(path)
+    assert _streamed(gz) == read_lines(gz)
+    if name != "bom-alone":  # the one file whose count (1) is not its number of lines (0)
+        assert count_lines(path) == count_lines(gz) == len(read_lines(path))
+
+
+@pytest.mark.parametrize("data", [b"ok\nstill ok\nK\xf6ln\n", b"\xff", b"a\nb\ncaf\xc3\nd\n",
+                                  b"\xef\xbb\xbfab\xe9\n"])
+def test_open_lines_invalid_utf8_same_message(tmp_path, data):
+    """The same one-line message, file:line and byte column, as the whole-file reader."""
+    path = tmp_path / "bad.txt"
+    path.write_bytes(data)
+    with pytest.raises(UserError) as whole:
+        read_lines(path)
+    with pytest.raises(UserError) as streamed:
+        _streamed(path)
+    assert str(streamed.value) == str(whole.value)
+    assert f"{path}:" in str(streamed.value) and "\n" not in str(streamed.value)
+
+
+def test_open_lines_reads_lazily(tmp_path):
+    """Lines before a bad one come out before the error: the file is not read whole first."""
+    path = tmp_path / "late.txt"
+    path.write_bytes(b"one\ntwo\nK\xf6ln\n")
+    got = []
+    with pytest.raises(UserError, match="late.txt:3:"):
+        with open_lines(path) as lines:
+            for line in lines:
+                got.append(line)
+    assert got == ["one", "two"]
+
+
+def test_open_lines_bad_files(tmp_path):
+    (tmp_path / "fake.gz").write_bytes(b"plain text\n")
+    with pytest.raises(UserError, match="fake.gz.*gzip"):
+        _streamed(tmp_path / "fake.gz")
+    (tmp_path / "cut.gz").write_bytes(gzip.compress(b"a line\n" * 1000)[:-20])
+    with pytest.raises(UserError, match="cut.gz.*gzip"):
+        _streamed(tmp_path / "cut.gz")
+    with pytest.raises(UserError, match="nope.txt.*not found"):
+        _streamed(tmp_path / "nope.txt")
+    with pytest.raises(UserError, match="directory"):
+        _streamed(tmp_path)
+    with pytest.raises(UserError, match="nope.txt.*not found"):
+        count_lines(tmp_path / "nope.txt")
+
+
+def test_iter_lines_names_the_stream():
+    assert list(iter_lines([b"a\r\n", b"b"], "<stdin>")) == ["a", "b"]
+    with pytest.raises(UserError, match="<stdin>:2: invalid UTF-8"):
+        list(iter_lines([b"a\n", b"\xfe\n"], "<stdin>"))

@@ -32,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
     from ..evaluate import score
     from ..run.files import write_text_atomic
     from ..translator import load_translator, run_decoding
+    from ._progress import line_progress
     from .translate import report_truncated
 
     decoding = run_decoding(args.model[0], decoding_options(args))  # before the slow part: fail fast
@@ -58,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
     lang = args.tgt_lang or run_config.get("tgt_lang")
     translator = load_translator(args.model, warn=False, **decoding.to_dict())
     t0 = time.perf_counter()
-    hyps = translator.translate(src)
+    with line_progress(len(src)) as done:  # drawn only when stderr is a terminal
+        hyps = translator.translate(src, progress=done)
     report_truncated(translator)
     seconds = time.perf_counter() - t0
     scores = score(hyps, ref, lang=lang)

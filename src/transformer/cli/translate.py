@@ -1,10 +1,19 @@
-"""``transformer translate``: translate lines with a trained model."""
+"""``transformer translate``: translate lines with a trained model.
+
+The input is read and translated in chunks of ``--chunk-lines`` lines, so memory does not
+grow with its length; each chunk's lines are written in input order as soon as it is done
+(on stdout, flushed chunk by chunk; an ``--output`` file appears, complete, at the end)."""
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import TextIO
 
 from ._options import add_decoding_options, decoding_options
+
+CHUNK_LINES = 2000  # lines read and translated at a time: enough to fill batches of similar lengths
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -12,32 +21,72 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", required=True, nargs="+",
                    help="run directory or .safetensors file; several: decode them as an ensemble "
                         "(e.g. checkpoints of one run: RUN/checkpoints/step-*)")
-    p.add_argument("--input", help="input file, one sentence a line (default: stdin)")
-    p.add_argument("--output", help="output file (default: stdout); written only when complete")
+    p.add_argument("--input", help="input file, one sentence a line, .gz allowed (default: stdin); "
+                                   "with a terminal on stderr, a progress bar shows the lines done")
+    p.add_argument("--output", help="output file (default: stdout, written chunk by chunk); "
+                                    "written only when complete")
+    p.add_argument("--chunk-lines", type=int, default=CHUNK_LINES, metavar="N",
+                   help=f"lines read and translated at a time; batches are sorted by length within a "
+                        f"chunk (default: {CHUNK_LINES})")
     add_decoding_options(p, "beam", "alpha", "n_best", "max_tokens", "precision", "device")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..data import read_lines
-    from ..run.files import write_text_atomic
+    from ..data import count_lines
+    from ..errors import UserError
+    from ..run.files import atomic_write
     from ..translator import load_translator
+    from ._progress import line_progress, stderr_is_terminal
 
-    translator = load_translator(args.model, warn=False, **decoding_options(args))
-    if args.input is None and sys.stdin.isatty():
-        return _interactive(translator)
-    lines = read_lines(args.input) if args.input is not None else _read_stdin()
-    results = translator.translate_nbest(lines)
+    if args.chunk_lines < 1:
+        raise UserError(f"--chunk-lines must be positive, got {args.chunk_lines}")
+    with _input_lines(args.input) as lines:  # opened first: a missing file fails before the model loads
+        translator = load_translator(args.model, warn=False, **decoding_options(args))
+        if args.input is None and sys.stdin.isatty():
+            return _interactive(translator)
+        show = args.input is not None and stderr_is_terminal()
+        with line_progress(count_lines(args.input) if show else None, show) as done:
+            chunks = translator.translate_stream(lines, args.chunk_lines, progress=done)
+            if args.output:
+                atomic_write(args.output, lambda tmp: _write_to_file(chunks, tmp, translator.decoding.n_best))
+            else:
+                _write(chunks, sys.stdout, translator.decoding.n_best)
     report_truncated(translator)
-    if translator.decoding.n_best == 1:
-        text = "".join(r[0].text + "\n" for r in results)
-    else:
-        text = "".join(f"{i}\t{t.score:.4f}\t{t.text}\n" for i, r in enumerate(results) for t in r)
-    if args.output:
-        write_text_atomic(args.output, text)
-    else:
-        sys.stdout.write(text)
     return 0
+
+
+def _write(chunks: Iterable[list], out: TextIO, n_best: int) -> None:
+    """Each chunk's translations (n-best: ``index<TAB>score<TAB>text`` rows, the index
+    counting input lines), then a flush, so a reader sees lines as chunks finish."""
+    first = 0
+    for results in chunks:
+        if n_best == 1:
+            out.write("".join(r[0].text + "\n" for r in results))
+        else:
+            out.write("".join(f"{first + i}\t{t.score:.4f}\t{t.text}\n" for i, r in enumerate(results) for t in r))
+        out.flush()
+        first += len(results)
+
+
+def _write_to_file(chunks: Iterable[list], path: str, n_best: int) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        _write(chunks, f, n_best)
+
+
+@contextmanager
+def _input_lines(path: str | None) -> Iterator[Iterator[str]]:
+    """The input's lines, read lazily: ``path`` (see :func:`~transformer.data.open_lines`),
+    else stdin, split and checked exactly as files are."""
+    from ..data import iter_lines, open_lines
+
+    if path is not None:
+        with open_lines(path) as lines:
+            yield lines
+        return
+    stream = getattr(sys.stdin, "buffer", None)  # a text-only stand-in (tests) has no buffer
+    raw = stream if stream is not None else (s.encode("utf-8", "surrogateescape") for s in sys.stdin)
+    yield iter_lines(raw, "<stdin>")
 
 
 def report_truncated(translator) -> None:
@@ -46,15 +95,6 @@ def report_truncated(translator) -> None:
         print(f"warning: {translator.truncated} line(s) longer than the model's limit "
               f"({translator.model.cfg.max_len - 1} subwords) were translated from their beginning only",
               file=sys.stderr)
-
-
-def _read_stdin() -> list[str]:
-    """Lines of stdin, split and checked exactly as input files are."""
-    from ..data import decode_lines
-
-    stream = getattr(sys.stdin, "buffer", None)  # a text-only stand-in (tests) has no buffer
-    data = stream.read() if stream is not None else sys.stdin.read().encode("utf-8", "surrogateescape")
-    return decode_lines(data, "<stdin>")
 
 
 def _interactive(translator) -> int:

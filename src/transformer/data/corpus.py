@@ -13,29 +13,46 @@ from __future__ import annotations
 
 import gzip
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 from ..errors import UserError
 
-__all__ = ["read_lines", "read_parallel", "read_tsv", "clean_pairs"]
+__all__ = ["read_lines", "open_lines", "iter_lines", "count_lines", "read_parallel", "read_tsv", "clean_pairs"]
+
+_GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error)
 
 
-def _read_bytes(path: Path) -> bytes:
-    """The file's bytes, gunzipped when the name ends in ``.gz``."""
+def _check_file(path: Path) -> None:
     if not path.exists():
         raise UserError(f"{path}: file not found; check the path")
     if path.is_dir():
         raise UserError(f"{path}: is a directory, expected a text file (one sentence per line)")
+
+
+def _gzip_error(path: Path, e: Exception) -> UserError:
+    return UserError(f"{path}: not a valid gzip file ({e}); re-download it or remove the .gz suffix")
+
+
+def _read_bytes(path: Path) -> bytes:
+    """The file's bytes, gunzipped when the name ends in ``.gz``."""
+    _check_file(path)
     try:
         if path.suffix == ".gz":
             with gzip.open(path, "rb") as f:
                 return f.read()
         return path.read_bytes()
-    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
-        raise UserError(f"{path}: not a valid gzip file ({e}); re-download it or remove the .gz suffix") from e
+    except _GZIP_ERRORS as e:
+        raise _gzip_error(path, e) from e
     except OSError as e:
         raise UserError(f"{path}: cannot read ({e.strerror or e})") from e
+
+
+def _utf8_error(name: str, line: int, byte: int, column: int) -> UserError:
+    return UserError(f"{name}:{line}: invalid UTF-8 (byte 0x{byte:02x} at byte column {column}); "
+                     "convert the file to UTF-8, e.g. `iconv -f latin1 -t utf-8`")
 
 
 def decode_lines(data: bytes, name: str) -> list[str]:
@@ -47,10 +64,7 @@ def decode_lines(data: bytes, name: str) -> list[str]:
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
-        raise UserError(
-            f"{name}:{line}: invalid UTF-8 (byte 0x{data[e.start]:02x} at byte column {column}); "
-            "convert the file to UTF-8, e.g. `iconv -f latin1 -t utf-8`"
-        ) from None
+        raise _utf8_error(name, line, data[e.start], column) from None
     if text.startswith("\ufeff"):
         text = text[1:]
     if not text:
@@ -71,6 +85,70 @@ def read_lines(path: str | Path) -> list[str]:
     """
     path = Path(path)
     return decode_lines(_read_bytes(path), str(path))
+
+
+def iter_lines(raw_lines: Iterable[bytes], name: str) -> Iterator[str]:
+    """The lines of a binary stream one at a time, split and checked exactly as
+    :func:`decode_lines` does for the whole of it (a UTF-8 sequence never holds the byte
+    "\\n", so splitting before decoding changes nothing). ``raw_lines`` is what iterating a
+    file opened in binary mode gives: pieces that end in b"\\n", but maybe the last."""
+    for number, raw in enumerate(raw_lines, start=1):
+        ended = raw.endswith(b"\n")
+        try:
+            line = (raw[:-1] if ended else raw).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise _utf8_error(name, number, raw[e.start], e.start + 1) from None
+        if number == 1 and line.startswith("\ufeff"):
+            line = line[1:]
+            if not line and not ended:  # the file is a byte-order mark alone: no lines
+                return
+        yield line[:-1] if line.endswith("\r") else line
+
+
+@contextmanager
+def open_lines(path: str | Path) -> Iterator[Iterator[str]]:
+    """Read a file as :func:`read_lines` does, one line at a time (memory bounded by the
+    longest line): ``with open_lines(path) as lines: for line in lines: ...``.
+
+    Raises:
+        UserError: as :func:`read_lines`; a problem found part-way (invalid UTF-8, a damaged
+            gzip stream) is raised when the reader gets there, naming the file and line.
+    """
+    path = Path(path)
+    _check_file(path)
+    try:
+        f: BinaryIO = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror or e})") from e
+    with f:
+        yield _reading(iter_lines(f, str(path)), path)
+
+
+def _reading(lines: Iterator[str], path: Path) -> Iterator[str]:
+    """``lines``, with read errors turned into one-line UserErrors naming ``path``."""
+    try:
+        yield from lines
+    except _GZIP_ERRORS as e:
+        raise _gzip_error(path, e) from e
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror or e})") from e
+
+
+def count_lines(path: str | Path, block: int = 1 << 20) -> int:
+    """How many lines :func:`read_lines` would give (newlines counted block by block, no
+    decoding: for a progress bar's total; a file that is only a byte-order mark counts 1)."""
+    path = Path(path)
+    _check_file(path)
+    n, last = 0, b"\n"
+    try:
+        with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as f:
+            while data := f.read(block):
+                n, last = n + data.count(b"\n"), data[-1:]
+    except _GZIP_ERRORS as e:
+        raise _gzip_error(path, e) from e
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror or e})") from e
+    return n + (last != b"\n")
 
 
 def read_parallel(src_path: str | Path, tgt_path: str | Path) -> list[tuple[str, str]]:
