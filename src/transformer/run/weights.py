@@ -58,13 +58,28 @@ def read_weights(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]
         tensors = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as e:
         raise UserError(f"{path}: not a readable safetensors file, truncated or corrupt ({e})") from None
+    return _model_config(path, meta), tensors, meta
+
+
+def read_model_config(path: str | Path) -> ModelConfig:
+    """The model config in a weights file's metadata, without reading the tensors."""
+    path = Path(path)
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+    except (SafetensorError, OSError, ValueError) as e:
+        raise UserError(f"{path}: not a readable safetensors file, truncated or corrupt ({e})") from None
+    return _model_config(path, meta)
+
+
+def _model_config(path: Path, meta: dict[str, str]) -> ModelConfig:
     if "model_config" not in meta:
         raise UserError(f"{path}: no model config in the file's metadata; was it written by transformer?")
     try:
         cfg = ModelConfig.from_dict(json.loads(meta["model_config"]))
     except (ValueError, TypeError) as e:
         raise UserError(f"{path}: bad model config in metadata ({e})") from None
-    return cfg, tensors, meta
+    return cfg
 
 
 def load_weights_into(model: Transformer, tensors: dict[str, torch.Tensor], source: str | Path) -> None:

@@ -13,6 +13,7 @@ import contextlib
 import itertools
 import math
 import random
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -30,6 +31,7 @@ from .distributed import Dist, reshard_position
 from .loss import compile_loss
 from .monitor import Monitor
 from .prepare import PreparedData, PreparedText, prepare_data, prepare_run, tokenizer_file
+from .reuse import Start
 from .schedule import cooldown_factor, cosine_lr, dropout_ramp, inverse_sqrt_lr, noam_lr
 from .step import StepStats, make_optimizer, resolve_precision, train_step
 from .task import make_task
@@ -63,17 +65,26 @@ class Trainer:
         self.device = self.dist.device
         self.log = log if self.dist.is_main else _quiet
         self.stop_signal: str | None = None
+        with undone_if_it_fails(self.run_dir, self.dist.is_main):  # bad input leaves no half-made run behind
+            self._set_up()
+
+    def _set_up(self) -> None:
+        cfg = self.cfg
         check_run_dir(self.run_dir, cfg)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         _seed_all(cfg.seed)
+        self.start = Start.resolve(cfg, self.run_dir)  # init_from / subwords_from, read and checked
         self.data: PreparedData | PreparedText | None = None
         self.dist.on_main(self._prepare_run_dir)  # rank 0 learns the subwords and writes config.yaml ...
         if self.data is None:  # ... and the other ranks then read them
             self.data = prepare_data(cfg, self.run_dir, self._max_len(), _quiet)
-        self.task = make_task(cfg, self.data, self.dist)  # translation pairs or a language model's text
+        # translation pairs or a language model's text
+        self.task = make_task(cfg, self.data, self.dist, self.start.model_config)
         self.sampler = self.task.sampler
-        self.model = self.task.build_model().to(self.device)  # the same seed on every rank: the same weights
+        self.model = self.task.build_model()  # the same seed on every rank: the same weights
+        self.start.initialise(self.model, getattr(self.data, "subwords", None), self.log)  # a new run only
+        self.model = self.model.to(self.device)
         if self.dist.rank:
             _seed_all(cfg.seed + self.dist.rank)  # but each rank its own dropout masks
         self.optimizer = make_optimizer(self.model, cfg.optimizer, cfg.weight_decay, cfg.betas)
@@ -344,10 +355,10 @@ class Trainer:
 
     # ---- set-up -----------------------------------------------------------------------
     def _max_len(self) -> int:
-        return self.cfg.model_config(vocab_size=max(self.cfg.vocab_size, 8)).max_len
+        return self.start.model_config(vocab_size=max(self.cfg.vocab_size, 8)).max_len
 
     def _prepare_run_dir(self) -> None:
-        self.data = prepare_run(self.cfg, self.run_dir, self._max_len(), self.log)
+        self.data = prepare_run(self.cfg, self.run_dir, self._max_len(), self.log, self.start.subwords)
 
     def _loss_kernels(self):
         if not (self.cfg.compile_loss and self.device.type == "cpu"):
@@ -366,6 +377,29 @@ class Trainer:
         ids = [self.device.index] if self.device.type == "cuda" else None
         # The only buffer is the constant positional-encoding table: nothing to sync each step.
         return DistributedDataParallel(self.model, device_ids=ids, forward_sync_buffers=False)
+
+
+@contextlib.contextmanager
+def undone_if_it_fails(run_dir: Path, active: bool):
+    """A new run whose set-up fails (bad input: a file, an option, a vocabulary) leaves the
+    run directory as it found it: what the attempt wrote there is removed, and the directory
+    itself when the attempt made it. A run that holds a checkpoint is never touched."""
+    existed = run_dir.exists()
+    before = set(run_dir.iterdir()) if run_dir.is_dir() else set()
+    holds_run = layout.latest_checkpoint(run_dir) is not None
+    try:
+        yield
+    except BaseException:
+        if active and not holds_run and run_dir.is_dir():
+            for path in set(run_dir.iterdir()) - before:
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+            if not existed:
+                with contextlib.suppress(OSError):
+                    run_dir.rmdir()
+        raise
 
 
 def check_run_dir(run_dir: Path, cfg: TrainConfig) -> None:
