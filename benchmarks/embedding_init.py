@@ -6,7 +6,7 @@ embeddings against these, and its commands and results are in benchmarks/embeddi
 gensim is not a dependency of the package (its readers are the package's own); install it for
 this script only:
 
-    pip install gensim
+    pip install gensim        # or: pip install -e ".[wordvectors]"
     TRANSFORMER_DATA=DATA_DIR .venv/bin/python benchmarks/embedding_init.py --out w2v.bin [--dim 300]
 
 Words are the training text split into runs of letters/digits and single punctuation marks,

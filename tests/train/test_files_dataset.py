@@ -137,7 +137,8 @@ def test_the_example_config_trains_as_it_stands(cli, tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
     out = tmp_path / "run"
     sets = ["max_steps=2", "eval_every=2", "save_every=2", "threads=1", "progress=false"]
-    r = cli("train", "--config", REPO / "configs/files-example.yaml", "--out", out, *[a for s in sets for a in ("--set", s)])
+    r = cli("train", "--config", REPO / "configs/files-example.yaml", "--out", out,
+            *[a for s in sets for a in ("--set", s)])
     assert r.code == 0, r.err
     assert "held out 1 of 40 training pairs for validation" in r.out
     assert "training pairs: 39" in r.out and "validation pairs: 1" in r.out

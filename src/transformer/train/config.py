@@ -257,9 +257,9 @@ def _parse_value(text: str) -> Any:
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``key=value`` strings; ``model.d_model=256`` reaches into the model section."""
     # Without a model section a run gets the tiny preset; a fine-tune (init_from) its source's model.
-    init_from = data.get("init_from") or any(o.partition("=")[0].strip() == "init_from" and o.partition("=")[2].strip()
-                                             for o in overrides)
-    model = data.get("model") or ({} if init_from else {"preset": "tiny"})
+    fine_tune = data.get("init_from") or any(k.strip() == "init_from" and v.strip()
+                                             for k, _, v in (o.partition("=") for o in overrides))
+    model = data.get("model") or ({} if fine_tune else {"preset": "tiny"})
     data = {**data, "model": dict(model), "decoding": dict(data.get("decoding") or {})}
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     model_known = {f.name for f in dataclasses.fields(ModelConfig)} | {"preset"}

@@ -193,9 +193,8 @@ def init_embeddings(model: Transformer, cfg: TrainConfig, subwords: Subwords, lo
     if coverage.found == 0:
         raise UserError(f"embedding_init: {cfg.embedding_init}: none of the {coverage.total:,} pieces of the subword "
                         f"model has a vector there; are these vectors of {cfg.src_lang}/{cfg.tgt_lang} words?")
-    d_model = model.cfg.d_model
-    size = ("" if coverage.dim == d_model else
-            f"; {coverage.dim}-dim vectors {'reduced to their' if coverage.dim > d_model else 'mapped orthogonally to'} "
-            f"{d_model} {'principal directions' if coverage.dim > d_model else 'dimensions'}")
+    d, dim = model.cfg.d_model, coverage.dim
+    size = ("" if dim == d else f"; {dim}-dim vectors reduced to their {d} principal directions" if dim > d
+            else f"; {dim}-dim vectors mapped orthogonally to {d} dimensions")
     shared = "the shared embedding" if len(tables) == 1 else "the source and target embeddings"
     log(f"embedding_init: {coverage} in {cfg.embedding_init} ({shared}{size})")
