@@ -1,4 +1,4 @@
-"""Token embeddings, sinusoidal positions (section 3.5) and pretrained word vectors."""
+"""Token embeddings and sinusoidal positions (section 3.5); word vectors: test_word_vectors.py."""
 from __future__ import annotations
 
 import math
@@ -9,8 +9,6 @@ import torch
 from transformer.model.embedding import (
     PositionalEncoding,
     TokenEmbedding,
-    init_from_word_vectors,
-    read_word_vectors,
     sinusoid_table,
 )
 
@@ -96,59 +94,3 @@ def test_encode_and_decode_scale_the_embedding_exactly_once(make_model):
     y = model.tgt_embed.weight[tgt] * math.sqrt(16) + pe[:2]
     h, _, _ = model.decoder(y, cache)
     torch.testing.assert_close(model.decode(tgt, cache)[0], h @ model.tgt_embed.weight.T)
-
-
-# ---- pretrained word vectors --------------------------------------------------------------
-
-VOCAB = ["<pad>", "<s>", "</s>", "cat", "\u2581dog", "zebra", "unknown"]
-
-
-def write(path, text):
-    path.write_text(text, encoding="utf-8")
-    return path
-
-
-@pytest.mark.parametrize("fmt", ["word2vec", "glove"])
-def test_word_vectors_set_rows_so_the_scaled_lookup_returns_them(tmp_path, fmt):
-    body = "cat 1 2 3 4\ndog -1 0.5 0 2 \nzebra 0.25 0.25 0.25 0.25\nemu 9 9 9 9\n"
-    header = "4 4\n" if fmt == "word2vec" else ""
-    path = write(tmp_path / f"vec.{fmt}.txt", header + body)
-    torch.manual_seed(0)
-    emb = TokenEmbedding(vocab_size=len(VOCAB), d_model=4, pad_id=0)
-    before = emb.weight.detach().clone()
-    hits = init_from_word_vectors(emb, path, VOCAB)
-    assert hits == 3  # cat, ▁dog (via the sentencepiece marker), zebra; emu is not in the vocabulary
-    out = emb(torch.tensor([3, 4, 5]))
-    torch.testing.assert_close(out, torch.tensor([[1, 2, 3, 4], [-1, 0.5, 0, 2], [0.25] * 4]))
-    untouched = [0, 1, 2, 6]
-    assert torch.equal(emb.weight[untouched], before[untouched])
-
-
-def test_read_word_vectors_formats(tmp_path):
-    vecs, dim = read_word_vectors(write(tmp_path / "w2v.txt", "2 3\na 1 2 3\nb 4 5 6\n"))
-    assert dim == 3 and vecs == {"a": [1.0, 2.0, 3.0], "b": [4.0, 5.0, 6.0]}
-    vecs, dim = read_word_vectors(write(tmp_path / "glove.txt", "a 1 2\nb 3 4\n"))
-    assert dim == 2 and vecs["b"] == [3.0, 4.0]
-
-
-def test_word_vector_dimension_mismatch_names_the_file(tmp_path):
-    path = write(tmp_path / "three_dims.txt", "cat 1 2 3\n")
-    emb = TokenEmbedding(vocab_size=len(VOCAB), d_model=4, pad_id=0)
-    with pytest.raises(ValueError, match=r"three_dims\.txt.*3 dimensions but d_model is 4"):
-        init_from_word_vectors(emb, path, VOCAB)
-
-
-def test_word_vector_file_errors_name_the_file_and_line(tmp_path):
-    with pytest.raises(ValueError, match=r"ragged\.txt:2: 2 numbers, expected 3"):
-        read_word_vectors(write(tmp_path / "ragged.txt", "a 1 2 3\nb 1 2\n"))
-    with pytest.raises(ValueError, match=r"words\.txt:1: expected a word followed by numbers"):
-        read_word_vectors(write(tmp_path / "words.txt", "a b c\n"))
-    with pytest.raises(FileNotFoundError, match="missing.txt"):
-        read_word_vectors(tmp_path / "missing.txt")
-
-
-def test_word_vectors_reach_the_tied_target_side(tmp_path, make_model):
-    model = make_model(vocab_size=len(VOCAB), d_model=4, n_heads=2)
-    path = write(tmp_path / "v.txt", "cat " + " ".join(["0.5"] * 4) + "\n")
-    assert init_from_word_vectors(model.src_embed, path, VOCAB) == 1
-    torch.testing.assert_close(model.tgt_embed(torch.tensor([3])), torch.full((1, 4), 0.5))

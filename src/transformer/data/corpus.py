@@ -12,6 +12,7 @@ one-line message that names the file (and line) and says what to do.
 from __future__ import annotations
 
 import gzip
+import random
 import zlib
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -20,7 +21,7 @@ from typing import BinaryIO
 
 from ..errors import UserError
 
-__all__ = ["read_lines", "open_lines", "iter_lines", "count_lines", "read_parallel", "read_tsv", "clean_pairs"]
+__all__ = ["read_lines", "open_lines", "iter_lines", "count_lines", "read_parallel", "read_tsv", "clean_pairs", "hold_out"]
 
 _GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error)
 
@@ -198,3 +199,18 @@ def clean_pairs(pairs: Iterable[tuple[str, str]]) -> tuple[list[tuple[str, str]]
         else:
             skipped += 1
     return kept, skipped
+
+
+def hold_out(pairs: list[tuple[str, str]], n: int, seed: int) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """Split ``n`` pairs, drawn at random with ``seed``, off ``pairs``: returns ``(rest,
+    held_out)``, both in their original order. The same pairs, n and seed give the same split.
+
+    Raises:
+        UserError: ``n`` would leave no pair to train on.
+    """
+    if n >= len(pairs):
+        raise UserError(f"holding out {n} pairs for validation leaves none of the {len(pairs)} to train on; "
+                        "lower valid_size or give valid_src/valid_tgt")
+    chosen = set(random.Random(seed).sample(range(len(pairs)), n))
+    rest = [p for i, p in enumerate(pairs) if i not in chosen]
+    return rest, [p for i, p in enumerate(pairs) if i in chosen]

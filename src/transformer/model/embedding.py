@@ -1,8 +1,8 @@
-"""Token embeddings (scaled by sqrt(d_model)), sinusoidal positional encoding, word vectors."""
+"""Token embeddings (scaled by sqrt(d_model)) and positional encodings; pretrained word
+vectors for the embedding rows are read in word_vectors.py."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -82,53 +82,3 @@ class TokenEmbedding(nn.Module):
     def forward(self, tokens: Tensor) -> Tensor:
         """(B, T) ids -> (B, T, C)."""
         return nn.functional.embedding(tokens, self.weight) * self.scale
-
-
-def read_word_vectors(path: str | Path) -> tuple[dict[str, list[float]], int]:
-    """Read a word2vec or GloVe text file: ``word v1 v2 ...`` per line (word2vec adds a
-    ``count dim`` header line). Returns ({word: vector}, dim)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: word-vector file not found")
-    vectors: dict[str, list[float]] = {}
-    dim = -1
-    with path.open(encoding="utf-8", errors="strict") as f:
-        for lineno, line in enumerate(f, 1):
-            parts = line.rstrip("\n").rstrip().split(" ")
-            if lineno == 1 and len(parts) == 2 and all(p.isdigit() for p in parts):
-                dim = int(parts[1])  # word2vec header
-                continue
-            if len(parts) < 2:
-                continue
-            try:
-                vec = [float(x) for x in parts[1:]]
-            except ValueError:
-                raise ValueError(f"{path}:{lineno}: expected a word followed by numbers") from None
-            if dim < 0:
-                dim = len(vec)
-            if len(vec) != dim:
-                raise ValueError(f"{path}:{lineno}: {len(vec)} numbers, expected {dim}")
-            vectors[parts[0]] = vec
-    if dim < 0:
-        raise ValueError(f"{path}: no vectors found")
-    return vectors, dim
-
-
-@torch.no_grad()
-def init_from_word_vectors(embedding: TokenEmbedding, path: str | Path, vocab: list[str]) -> int:
-    """Copy pretrained vectors into the rows of ``embedding`` whose token (``vocab[i]``) the
-    file holds, divided by sqrt(d_model) so that the scaled lookup returns the vector itself.
-    Returns the number of rows initialised."""
-    vectors, dim = read_word_vectors(path)
-    d_model = embedding.weight.size(1)
-    if dim != d_model:
-        raise ValueError(f"{path}: vectors have {dim} dimensions but d_model is {d_model}")
-    hits = 0
-    for i, tok in enumerate(vocab[: embedding.weight.size(0)]):
-        vec = vectors.get(tok)
-        if vec is None and tok.startswith("\u2581"):  # sentencepiece word-start marker
-            vec = vectors.get(tok[1:])
-        if vec is not None:
-            embedding.weight[i] = torch.tensor(vec) / embedding.scale
-            hits += 1
-    return hits

@@ -33,13 +33,14 @@ class TrainConfig:
 
     # ---- data ----
     dataset: str = "multi30k"  # translation: "multi30k" or "files"; a language model: "text", "tinyshakespeare" or "multi30k-mono" (tgt_lang's side)
-    src_lang: str = "en"  # multi30k: the source language, one of en, de, fr, cs
-    tgt_lang: str = "de"  # multi30k: the target language (another of en, de, fr, cs); multi30k-mono: the language modelled
+    src_lang: str = "en"  # the source language: multi30k's file names (en, de, fr, cs); dataset files: a label
+    tgt_lang: str = "de"  # the target language (as src_lang); multi30k-mono: the language modelled
     data_dir: str | None = resumable(None)  # where multi30k/ lives (else $TRANSFORMER_DATA, else a cache)
-    train_src: str | None = None  # dataset files: the training source sentences, one per line
-    train_tgt: str | None = None  # dataset files: their target sentences, line for line
-    valid_src: str | None = None  # dataset files: validation source sentences (None = no validation; alone: source<TAB>target lines)
-    valid_tgt: str | None = None  # dataset files: their target sentences, line for line
+    train_src: str | None = None  # dataset files: source sentences, one a line (UTF-8, .gz allowed); without train_tgt, a TSV of source<TAB>target lines
+    train_tgt: str | None = None  # dataset files: the target sentences, line N the translation of train_src's line N
+    valid_src: str | None = None  # dataset files: validation source sentences (with valid_tgt), or a TSV when train_src is one
+    valid_tgt: str | None = None  # dataset files: the validation target sentences (with valid_src)
+    valid_size: float = 0.01  # dataset files without valid_src: hold out this many training pairs (>= 1), or this fraction (< 1; at most 1,000 pairs), drawn with seed; 0 = no validation
     train_limit: int = 0  # use only the first N training pairs (0 = all)
     valid_limit: int = resumable(0)  # BLEU on the first N validation pairs (0 = all)
     vocab_size: int = 8000  # joint sentencepiece BPE
@@ -48,6 +49,10 @@ class TrainConfig:
     tokenizer: str = "bpe"  # "bpe": sentencepiece of vocab_size learned on the training text; "chars": nanoGPT's
     valid_fraction: float = 0.1  # the last part of the text validates (nanoGPT: 10%); 0 = no validation
     lowercase: bool = False  # the subword model lower-cases all text (as published Multi30k systems were trained)
+    # ---- a new translation run built on earlier work (a resumed run does not read these again) ----
+    init_from: str | None = None  # fine-tune: a run directory or weights file whose weights, subwords.model and architecture start this run (a fresh optimizer and schedule); the model section: left out, or agreeing
+    subwords_from: str | None = None  # reuse a subword model (a run directory, or a sentencepiece .model file) instead of learning one; vocab_size and lowercase must match it
+    embedding_init: str | None = None  # word vectors (word2vec text or binary, GloVe text) that start the embedding rows of the pieces they hold (see model/word_vectors.py)
     # ---- model: a preset plus overrides of any ModelConfig field ----
     model: dict[str, Any] = field(default_factory=lambda: {"preset": "tiny"})  # e.g. {preset: tiny, dropout: 0.1}: the model keys below
     # ---- optimisation ----
@@ -115,9 +120,8 @@ class TrainConfig:
 
         datasets = ("multi30k", "files", *TEXT_DATASETS)
         need(self.dataset in datasets, f"dataset must be one of {datasets}, not {self.dataset!r}")
-        if self.dataset == "files":
-            need(bool(self.train_src and self.train_tgt),
-                 "dataset 'files' needs train_src and train_tgt (and valid_src/valid_tgt for validation)")
+        self._check_files(need)
+        self._check_reuse(need)
         if self.dataset == "text":
             need(bool(self.text_files), "dataset 'text' needs text_files: [one or more UTF-8 files]")
         need(self.tokenizer in TOKENIZERS, f"tokenizer must be one of {TOKENIZERS}, not {self.tokenizer!r}")
@@ -153,6 +157,33 @@ class TrainConfig:
             DecodingConfig.from_dict(self.decoding)
         except (ValueError, TypeError) as e:
             raise UserError(f"config: decoding.{e}") from None
+
+    def _check_files(self, need) -> None:
+        """dataset files: train_src + train_tgt (+ valid_src + valid_tgt), or TSV files."""
+        files = ("train_src", "train_tgt", "valid_src", "valid_tgt")
+        if self.dataset != "files":
+            given = [k for k in files if getattr(self, k) is not None]
+            need(not given, f"{', '.join(given)} apply to dataset files, not {self.dataset!r}")
+            return
+        need(bool(self.train_src), "dataset files needs train_src (and train_tgt, or train_src as a TSV file of "
+                                   "source<TAB>target lines)")
+        if self.train_tgt is not None:
+            need(self.valid_src is None or self.valid_tgt is not None,
+                 "valid_src is given without valid_tgt; give both (line N of one the translation of line N "
+                 "of the other), or neither to hold out valid_size training pairs")
+        else:
+            need(self.valid_tgt is None, "valid_tgt is given but train_src is a TSV (no train_tgt); give "
+                                         "valid_src alone as a TSV too, or give train_tgt")
+        need(self.valid_tgt is None or self.valid_src is not None, "valid_tgt is given without valid_src; give both")
+        need(self.valid_size >= 0 and (self.valid_size < 1 or self.valid_size.is_integer()),
+             f"valid_size must be a whole number of pairs (>= 1) or a fraction in [0, 1), got {self.valid_size}")
+
+    def _check_reuse(self, need) -> None:
+        given = [k for k in ("init_from", "subwords_from", "embedding_init") if getattr(self, k)]
+        need(not (given and self.is_language_model),
+             f"{', '.join(given)} apply to translation (dataset multi30k or files), not {self.dataset!r}")
+        need(not (self.init_from and self.embedding_init),
+             "init_from and embedding_init both set the embeddings; give one (a fine-tuned run keeps its own)")
 
     @property
     def is_language_model(self) -> bool:
@@ -225,7 +256,11 @@ def _parse_value(text: str) -> Any:
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``key=value`` strings; ``model.d_model=256`` reaches into the model section."""
-    data = {**data, "model": dict(data.get("model") or {"preset": "tiny"}), "decoding": dict(data.get("decoding") or {})}
+    # Without a model section a run gets the tiny preset; a fine-tune (init_from) its source's model.
+    fine_tune = data.get("init_from") or any(k.strip() == "init_from" and v.strip()
+                                             for k, _, v in (o.partition("=") for o in overrides))
+    model = data.get("model") or ({} if fine_tune else {"preset": "tiny"})
+    data = {**data, "model": dict(model), "decoding": dict(data.get("decoding") or {})}
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     model_known = {f.name for f in dataclasses.fields(ModelConfig)} | {"preset"}
     for item in overrides:

@@ -5,22 +5,23 @@ A language model's text (:func:`prepare_text`) becomes two token streams: the fi
 ``1 - valid_fraction`` of the text for training, the rest for validation."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-
+import math
 import shutil
 import tempfile
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import yaml
 
-from ..data import Subwords, clean_pairs, filter_long, load_multi30k, read_parallel, read_tsv, train_subwords
+from ..data import (Subwords, clean_pairs, filter_long, hold_out, load_multi30k, read_parallel, read_tsv,
+                    train_subwords)
 from ..data.chars import CHARS_FILE as CHARS
 from ..data.chars import Chars
 from ..data.registry import load_multi30k_text, tinyshakespeare_path
 from ..data.text import LineSubwords, read_texts, split_text
 from ..errors import UserError
-from ..run.files import atomic_write, write_text_atomic
+from ..run.files import atomic_write, file_sha256, write_text_atomic
 from ..run.layout import CONFIG, SUBWORDS, remove_stale_files
 from .config import TrainConfig
 
@@ -102,23 +103,48 @@ def _read_pairs(cfg: TrainConfig, split: str) -> list[tuple[str, str]]:
     return read_parallel(src, tgt)
 
 
-def prepare_data(cfg: TrainConfig, run_dir: Path, max_len: int | None = None,
-                 log=print) -> PreparedData | PreparedText:
-    """Everything the training loop needs from the corpus. The subword model is learned
-    once, on the training text, and saved in the run directory; later runs reuse it."""
-    if cfg.is_language_model:
-        return prepare_text(cfg, run_dir, cfg.context or max_len, log)
+def held_out_size(valid_size: float, n_pairs: int) -> int:
+    """valid_size as a number of pairs: itself when >= 1, else that fraction of ``n_pairs``
+    rounded up (so that a small corpus still validates), at most 1,000."""
+    if valid_size >= 1:
+        return int(valid_size)
+    return min(1000, math.ceil(valid_size * n_pairs))
+
+
+def _pairs(cfg: TrainConfig, log) -> tuple[list[tuple[str, str]], list[tuple[str, str]], int]:
+    """(training pairs, validation pairs, empty pairs skipped). dataset files without a
+    validation file: valid_size training pairs, drawn with seed, validate instead."""
     train_pairs, n_empty = clean_pairs(_read_pairs(cfg, "train"))
-    if cfg.train_limit:
-        train_pairs = train_pairs[: cfg.train_limit]
     if not train_pairs:
         raise UserError("no training pairs left after skipping empty lines")
     valid, _ = clean_pairs(_read_pairs(cfg, "valid"))
+    n_held = held_out_size(cfg.valid_size, len(train_pairs)) if cfg.dataset == "files" and not cfg.valid_src else 0
+    if n_held:
+        n_all = len(train_pairs)
+        train_pairs, valid = hold_out(train_pairs, n_held, cfg.seed)
+        log(f"held out {n_held:,} of {n_all:,} training pairs for validation (valid_size {cfg.valid_size:g}, "
+            f"seed {cfg.seed})")
+    if cfg.train_limit:
+        train_pairs = train_pairs[: cfg.train_limit]
     if cfg.valid_limit:
         valid = valid[: cfg.valid_limit]
+    return train_pairs, valid, n_empty
+
+
+def _subwords(cfg: TrainConfig, run_dir: Path, train_pairs: list[tuple[str, str]], subwords_from: Path | None,
+              log) -> Subwords:
+    """The run's subword model: the one in run_dir, else a copy of ``subwords_from``, else
+    one learned on the training pairs (saved in run_dir)."""
     sw_path = Path(run_dir) / SUBWORDS
     if sw_path.is_file():
+        if subwords_from is not None and file_sha256(sw_path) != file_sha256(subwords_from):
+            raise UserError(f"{sw_path} is not the subword model {subwords_from} the config reuses; "
+                            "use another --out directory")
         subwords = Subwords.load(sw_path)
+    elif subwords_from is not None:
+        atomic_write(sw_path, lambda tmp: shutil.copyfile(subwords_from, tmp))
+        subwords = Subwords.load(sw_path)
+        log(f"reusing the subword model {subwords_from} ({subwords.vocab_size} subwords) -> {sw_path}")
     else:
         texts = [s for s, _ in train_pairs] + [t for _, t in train_pairs]
         subwords = train_subwords(texts, Path(run_dir) / "subwords", vocab_size=cfg.vocab_size,
@@ -129,6 +155,18 @@ def prepare_data(cfg: TrainConfig, run_dir: Path, max_len: int | None = None,
         raise UserError(f"{sw_path}: this subword model {'lower-cases' if subwords.lowercases else 'keeps case'}, "
                         f"but the config says lowercase: {str(cfg.lowercase).lower()}; "
                         "use another --out directory or change the option")
+    return subwords
+
+
+def prepare_data(cfg: TrainConfig, run_dir: Path, max_len: int | None = None,
+                 log=print, subwords_from: Path | None = None) -> PreparedData | PreparedText:
+    """Everything the training loop needs from the corpus. The subword model is learned
+    once, on the training text (or copied from ``subwords_from``), and saved in the run
+    directory; later runs reuse it."""
+    if cfg.is_language_model:
+        return prepare_text(cfg, run_dir, cfg.context or max_len, log)
+    train_pairs, valid, n_empty = _pairs(cfg, log)
+    subwords = _subwords(cfg, run_dir, train_pairs, subwords_from, log)
     if cfg.lowercase:  # validation BLEU compares lower-case output with lower-case references
         valid = [(s, t.lower()) for s, t in valid]
     encoded = [(subwords.encode(s), subwords.encode(t)) for s, t in train_pairs]
@@ -140,14 +178,15 @@ def prepare_data(cfg: TrainConfig, run_dir: Path, max_len: int | None = None,
     return PreparedData(subwords, encoded, valid, n_empty, n_too_long)
 
 
-def prepare_run(cfg: TrainConfig, run_dir: Path, max_len: int | None, log=print) -> PreparedData | PreparedText:
+def prepare_run(cfg: TrainConfig, run_dir: Path, max_len: int | None, log=print,
+                subwords_from: Path | None = None) -> PreparedData | PreparedText:
     """Rank 0 before training: tidy the leftovers of a crash, read the corpus, learn or
     reload the subwords, write config.yaml. The subwords are learned in a private folder
     and moved in complete (the model last: its presence means complete), so a crash while
     sentencepiece writes never leaves a truncated subwords.model to be reused."""
     remove_stale_files(run_dir)
     if tokenizer_file(cfg, run_dir).is_file():
-        data = prepare_data(cfg, run_dir, max_len, log)
+        data = prepare_data(cfg, run_dir, max_len, log, subwords_from)
     else:
         try:
             staging = Path(tempfile.mkdtemp(prefix=".prepare.", dir=run_dir))
@@ -155,7 +194,8 @@ def prepare_run(cfg: TrainConfig, run_dir: Path, max_len: int | None, log=print)
             raise UserError(f"{run_dir}: cannot write ({e.strerror or e})") from None
         try:
             data = prepare_data(cfg, staging, max_len,
-                                lambda *a: log(" ".join(map(str, a)).replace(str(staging), str(run_dir))))
+                                lambda *a: log(" ".join(map(str, a)).replace(str(staging), str(run_dir))),
+                                subwords_from)
             for name in ("subwords.vocab", SUBWORDS, CHARS):
                 if (staging / name).is_file():
                     atomic_write(run_dir / name, lambda tmp, f=staging / name: shutil.copyfile(f, tmp))

@@ -10,10 +10,11 @@ of the selected positions), ``tgt_out`` (the labels, ``pad_id`` where there is n
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
+from ..config import ModelConfig
 from ..data import Batch, TokenBatchSampler, collate, example_lengths
 from ..data.chars import Chars
 from ..data.text import TextBatch, WindowSampler, validation_windows, windows
@@ -35,8 +36,10 @@ class TranslationTask:
 
     score_name = "valid_bleu"
 
-    def __init__(self, cfg: TrainConfig, data: PreparedData, dist: Dist) -> None:
+    def __init__(self, cfg: TrainConfig, data: PreparedData, dist: Dist,
+                 model_config: Callable[[int], ModelConfig] | None = None) -> None:
         self.cfg, self.data = cfg, data
+        self.model_config = model_config or cfg.model_config  # vocab_size -> the model to build
         self.sampler = TokenBatchSampler(example_lengths(data.train), cfg.max_tokens, cfg.seed,
                                          num_shards=dist.world_size, shard_index=dist.rank)
         if len(self.sampler) == 0:  # fewer batches in an epoch than ranks: nothing to train on
@@ -56,7 +59,7 @@ class TranslationTask:
         return f"best validation BLEU {max(best, 0):.2f}"
 
     def build_model(self) -> Transformer:
-        return Transformer(self.cfg.model_config(self.data.subwords.vocab_size))
+        return Transformer(self.model_config(self.data.subwords.vocab_size))
 
     def batches(self, model: Transformer, device: torch.device) -> Iterator[Batch]:
         """Micro-batches, epoch after epoch, until ``max_epochs`` (the sampler continues where
@@ -163,8 +166,11 @@ class LanguageModelTask:
         return rec
 
 
-def make_task(cfg: TrainConfig, data: PreparedData | PreparedText, dist: Dist):
-    """The task the prepared data is for: a language model's text or translation pairs."""
+def make_task(cfg: TrainConfig, data: PreparedData | PreparedText, dist: Dist,
+              model_config: Callable[[int], ModelConfig] | None = None):
+    """The task the prepared data is for: a language model's text or translation pairs.
+    ``model_config`` (vocab_size -> ModelConfig; default the config's own) says what
+    translation model to build: a fine-tune's is its source's (see train/reuse.py)."""
     if isinstance(data, PreparedText):
         return LanguageModelTask(cfg, data, dist)
-    return TranslationTask(cfg, data, dist)
+    return TranslationTask(cfg, data, dist, model_config)

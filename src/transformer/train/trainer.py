@@ -13,6 +13,7 @@ import contextlib
 import itertools
 import math
 import random
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -30,6 +31,7 @@ from .distributed import Dist, reshard_position
 from .loss import compile_loss
 from .monitor import Monitor, require_tensorboard
 from .prepare import PreparedData, PreparedText, prepare_data, prepare_run, tokenizer_file
+from .reuse import Start
 from .schedule import cooldown_factor, cosine_lr, dropout_ramp, inverse_sqrt_lr, noam_lr
 from .step import StepStats, make_optimizer, resolve_precision, train_step
 from .task import make_task
@@ -65,17 +67,26 @@ class Trainer:
         self.stop_signal: str | None = None
         if cfg.tensorboard:  # before the data is prepared, and on every rank, so that all stop
             require_tensorboard()
+        with undone_if_it_fails(self.run_dir, self.dist.is_main):  # bad input leaves no half-made run behind
+            self._set_up()
+
+    def _set_up(self) -> None:
+        cfg = self.cfg
         check_run_dir(self.run_dir, cfg)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         _seed_all(cfg.seed)
+        self.start = Start.resolve(cfg, self.run_dir)  # init_from / subwords_from, read and checked
         self.data: PreparedData | PreparedText | None = None
         self.dist.on_main(self._prepare_run_dir)  # rank 0 learns the subwords and writes config.yaml ...
         if self.data is None:  # ... and the other ranks then read them
             self.data = prepare_data(cfg, self.run_dir, self._max_len(), _quiet)
-        self.task = make_task(cfg, self.data, self.dist)  # translation pairs or a language model's text
+        # translation pairs or a language model's text
+        self.task = make_task(cfg, self.data, self.dist, self.start.model_config)
         self.sampler = self.task.sampler
-        self.model = self.task.build_model().to(self.device)  # the same seed on every rank: the same weights
+        self.model = self.task.build_model()  # the same seed on every rank: the same weights
+        self.start.initialise(self.model, getattr(self.data, "subwords", None), self.log)  # a new run only
+        self.model = self.model.to(self.device)
         if self.dist.rank:
             _seed_all(cfg.seed + self.dist.rank)  # but each rank its own dropout masks
         self.optimizer = make_optimizer(self.model, cfg.optimizer, cfg.weight_decay, cfg.betas)
@@ -346,10 +357,10 @@ class Trainer:
 
     # ---- set-up -----------------------------------------------------------------------
     def _max_len(self) -> int:
-        return self.cfg.model_config(vocab_size=max(self.cfg.vocab_size, 8)).max_len
+        return self.start.model_config(vocab_size=max(self.cfg.vocab_size, 8)).max_len
 
     def _prepare_run_dir(self) -> None:
-        self.data = prepare_run(self.cfg, self.run_dir, self._max_len(), self.log)
+        self.data = prepare_run(self.cfg, self.run_dir, self._max_len(), self.log, self.start.subwords)
 
     def _loss_kernels(self):
         if not (self.cfg.compile_loss and self.device.type == "cpu"):
@@ -370,6 +381,29 @@ class Trainer:
         return DistributedDataParallel(self.model, device_ids=ids, forward_sync_buffers=False)
 
 
+@contextlib.contextmanager
+def undone_if_it_fails(run_dir: Path, active: bool):
+    """A new run whose set-up fails (bad input: a file, an option, a vocabulary) leaves the
+    run directory as it found it: what the attempt wrote there is removed, and the directory
+    itself when the attempt made it. A run that holds a checkpoint is never touched."""
+    existed = run_dir.exists()
+    before = set(run_dir.iterdir()) if run_dir.is_dir() else set()
+    holds_run = layout.latest_checkpoint(run_dir) is not None
+    try:
+        yield
+    except BaseException:
+        if active and not holds_run and run_dir.is_dir():
+            for path in set(run_dir.iterdir()) - before:
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+            if not existed:
+                with contextlib.suppress(OSError):
+                    run_dir.rmdir()
+        raise
+
+
 def check_run_dir(run_dir: Path, cfg: TrainConfig) -> None:
     """Refuse to resume a run under a different config: only the fields declared
     ``resumable`` in TrainConfig may change. Only a directory holding a checkpoint holds a
@@ -387,10 +421,18 @@ def check_run_dir(run_dir: Path, cfg: TrainConfig) -> None:
         raise UserError(f"{path}: not readable YAML ({str(e).splitlines()[0]}); "
                         "restore it or use another --out") from None
     new, free = cfg.to_dict(), TrainConfig.resumable_fields()
-    saved = {**TrainConfig().to_dict(), **saved}  # an option newer than the run: its default
+    saved = {**TrainConfig().to_dict(), **_before_it_existed(saved), **saved}  # an option newer than the run
     changed = sorted(k for k, v in new.items() if k not in free and k != "model" and saved.get(k) != v)
     old_model, new_model = saved.get("model") or {}, new["model"]
     changed += sorted(f"model.{k}" for k in set(old_model) | set(new_model) if old_model.get(k) != new_model.get(k))
     if changed:
         raise UserError(f"{run_dir}: holds a run with a different config ({', '.join(changed)}); "
                         "use another --out, or the same config to resume")
+
+
+def _before_it_existed(saved: dict) -> dict:
+    """What a run made before an option existed did, where that differs from the option's
+    default: a dataset-files run without validation files held nothing out (valid_size 0)."""
+    if saved.get("dataset") == "files" and not saved.get("valid_src"):
+        return {"valid_size": 0.0}
+    return {}
