@@ -11,7 +11,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from transformer.data import train_subwords
+from transformer.data import Subwords, train_subwords
 from transformer.errors import UserError
 from transformer.run import resolve_weights
 from transformer.run.weights import read_weights, unique_state_dict
@@ -94,7 +94,6 @@ def test_resuming_a_fine_tune_is_exact_and_needs_the_source_no_more(source_run, 
 @pytest.mark.parametrize("sets,mentions", [
     (["model.d_ff=256"], ["model.d_ff is 256", "d_ff 128"]),
     (["model.preset=tiny"], ["model.preset 'tiny' has d_model 128", "d_model 64"]),
-    (["vocab_size=100"], ["init_from", "holds 120 pieces but vocab_size is 100", "vocab_size: 120"]),
     (["lowercase=true"], ["init_from", "keeps case", "lowercase: false"]),
     (["embedding_init=v.txt"], ["init_from and embedding_init"]),
 ])
@@ -153,13 +152,20 @@ def test_subwords_from_copies_the_model_in(source_run, make_cfg, tmp_path, log, 
     assert not same(unique_state_dict(trainer.model), read_weights(resolve_weights(source_run))[1])
 
 
+def test_a_reused_vocabulary_keeps_its_own_size(corpus, make_cfg, tmp_path):
+    """vocab_size sizes a vocabulary to learn; a reused one (90 pieces, config 120) is taken as it is."""
+    texts = corpus["train_src"].read_text().splitlines()
+    small = train_subwords(texts, tmp_path / "v90", vocab_size=90)
+    trainer = Trainer(make_cfg("max_steps=1", f"subwords_from={small.path}"), tmp_path / "run", log=quiet)
+    assert trainer.model.cfg.vocab_size == 90 == Subwords.load(tmp_path / "run/subwords.model").vocab_size
+
+
 def test_subwords_from_and_init_from_may_name_the_same_model(source_run, make_cfg, tmp_path):
     Trainer(make_cfg("max_steps=1", f"init_from={source_run}", f"subwords_from={source_run}/subwords.model"),
             tmp_path / "run", log=quiet)
 
 
 @pytest.mark.parametrize("case,mentions", [
-    ("vocab-size", ["subwords_from:", "holds 90 pieces but vocab_size is 120", "vocab_size: 90"]),
     ("lowercase", ["subwords_from:", "lower-cases", "lowercase: false", "lowercase: true"]),
     ("other-than-init-from", ["subwords_from", "init_from", "different subword models"]),
     ("missing", ["subwords_from:", "nothere.model", "no such file"]),
@@ -169,7 +175,6 @@ def test_a_mismatched_vocabulary_is_refused(case, mentions, source_run, corpus, 
                                             tmp_path):
     texts = corpus["train_src"].read_text().splitlines()
     keys = {
-        "vocab-size": lambda: {"subwords_from": str(train_subwords(texts, tmp_path / "v90", vocab_size=90).path)},
         "lowercase": lambda: {"subwords_from": str(train_subwords(texts, tmp_path / "lc", vocab_size=120,
                                                                   lowercase=True).path)},
         "other-than-init-from": lambda: {"init_from": str(source_run), "subwords_from": str(

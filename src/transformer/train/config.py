@@ -43,7 +43,7 @@ class TrainConfig:
     valid_size: float = 0.01  # dataset files without valid_src: hold out this many training pairs (>= 1), or this fraction (< 1; at most 1,000 pairs), drawn with seed; 0 = no validation
     train_limit: int = 0  # use only the first N training pairs (0 = all)
     valid_limit: int = resumable(0)  # BLEU on the first N validation pairs (0 = all)
-    vocab_size: int = 8000  # joint sentencepiece BPE
+    vocab_size: int = 8000  # the size of the joint sentencepiece BPE vocabulary learned at the first start (not used with init_from / subwords_from: theirs is reused)
     # ---- a language model's text (dataset text / tinyshakespeare) ----
     text_files: list[str] = field(default_factory=list)  # dataset text: UTF-8 files read as one stream, in order
     tokenizer: str = "bpe"  # "bpe": sentencepiece of vocab_size learned on the training text; "chars": nanoGPT's

@@ -128,7 +128,8 @@ def _subwords_path(given: str) -> Path:
 
 
 def check_vocabulary(cfg: TrainConfig, path: Path, source: Source | None) -> None:
-    """The reused subword model agrees with vocab_size, lowercase and init_from's embeddings."""
+    """The reused subword model agrees with lowercase and init_from's embeddings. (vocab_size
+    sizes a vocabulary to learn; a reused one has its own size.)"""
     option = "init_from" if source is not None else "subwords_from"
     try:
         sw = Subwords.load(path)
@@ -139,9 +140,6 @@ def check_vocabulary(cfg: TrainConfig, path: Path, source: Source | None) -> Non
         raise UserError(f"init_from: {source.weights} has embedding rows for {' and '.join(map(str, sorted(rows)))} "
                         f"pieces but {path} holds {sw.vocab_size}; the weights and the subword model are of "
                         "different runs")
-    if sw.vocab_size != cfg.vocab_size:
-        raise UserError(f"{option}: {path} holds {sw.vocab_size:,} pieces but vocab_size is {cfg.vocab_size:,}; "
-                        f"set vocab_size: {sw.vocab_size}")
     if sw.lowercases != cfg.lowercase:
         raise UserError(f"{option}: {path} {'lower-cases' if sw.lowercases else 'keeps case'} but the config "
                         f"says lowercase: {str(cfg.lowercase).lower()}; set lowercase: {str(sw.lowercases).lower()}")
