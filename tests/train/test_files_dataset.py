@@ -149,3 +149,20 @@ def test_the_example_config_trains_as_it_stands(cli, tmp_path, monkeypatch):
         assert (out / name).is_file(), name
     r = cli("translate", "--model", out, "--beam", 1, stdin="A man is riding a bicycle.\n")
     assert r.code == 0 and len(r.out.splitlines()) == 1, r.err
+
+
+def test_a_files_run_older_than_valid_size_resumes_as_it_was(corpus, tmp_path):
+    """A run made before valid_size existed validated on nothing when it had no validation
+    files; resumed under today's default (1% held out) its training data would change, so
+    that resume is refused until valid_size: 0 says what the run did."""
+    from transformer.train.trainer import Trainer
+
+    run = tmp_path / "run"
+    overrides = file_overrides(corpus, valid=False) + ["max_steps=2", "save_every=1"]
+    Trainer(load_config(None, overrides + ["valid_size=0"]), run, log=quiet).train()
+    saved = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
+    del saved["valid_size"]  # as an older version wrote it
+    (run / "config.yaml").write_text(yaml.safe_dump(saved), encoding="utf-8")
+    with pytest.raises(UserError, match="valid_size"):
+        Trainer(load_config(None, overrides + ["max_steps=3"]), run, log=quiet)
+    assert Trainer(load_config(None, overrides + ["max_steps=3", "valid_size=0"]), run, log=quiet).step == 2
