@@ -46,17 +46,17 @@ def tokenizer_file(cfg: TrainConfig, run_dir: Path) -> Path:
     return Path(run_dir) / (CHARS if cfg.is_language_model and cfg.tokenizer == "chars" else SUBWORDS)
 
 
-def text_paths(cfg: TrainConfig) -> list[Path]:
+def text_paths(cfg: TrainConfig, download: bool = True) -> list[Path]:
     if cfg.dataset == "tinyshakespeare":
-        return [tinyshakespeare_path(cfg.data_dir)]
+        return [tinyshakespeare_path(cfg.data_dir, download=download)]
     return [Path(p) for p in cfg.text_files]
 
 
-def prepare_text(cfg: TrainConfig, run_dir: Path, context: int, log=print) -> PreparedText:
+def prepare_text(cfg: TrainConfig, run_dir: Path, context: int, log=print, download: bool = True) -> PreparedText:
     """A language model's streams. The vocabulary is learned once and kept in the run
     directory: characters from the whole text (as nanoGPT, so validation has no unknown
     character), BPE from the training part only."""
-    paths = text_paths(cfg)
+    paths = text_paths(cfg, download)
     text = read_texts(paths)
     train_text, valid_text = split_text(text, cfg.valid_fraction)
     path = tokenizer_file(cfg, run_dir)
@@ -81,10 +81,10 @@ def prepare_text(cfg: TrainConfig, run_dir: Path, context: int, log=print) -> Pr
     return PreparedText(tokenizer, train, valid)
 
 
-def _read_pairs(cfg: TrainConfig, split: str) -> list[tuple[str, str]]:
+def _read_pairs(cfg: TrainConfig, split: str, download: bool = True) -> list[tuple[str, str]]:
     if cfg.dataset == "multi30k":
         name = {"train": "train", "valid": "val"}[split]
-        return load_multi30k(name, cfg.src_lang, cfg.tgt_lang, data_dir=cfg.data_dir)
+        return load_multi30k(name, cfg.src_lang, cfg.tgt_lang, data_dir=cfg.data_dir, download=download)
     src, tgt = (cfg.train_src, cfg.train_tgt) if split == "train" else (cfg.valid_src, cfg.valid_tgt)
     if src is None:
         return []
@@ -94,17 +94,18 @@ def _read_pairs(cfg: TrainConfig, split: str) -> list[tuple[str, str]]:
 
 
 def prepare_data(cfg: TrainConfig, run_dir: Path, max_len: int | None = None,
-                 log=print) -> PreparedData | PreparedText:
+                 log=print, download: bool = True) -> PreparedData | PreparedText:
     """Everything the training loop needs from the corpus. The subword model is learned
-    once, on the training text, and saved in the run directory; later runs reuse it."""
+    once, on the training text, and saved in the run directory; later runs reuse it.
+    ``download=False``: a dataset missing from the data folder is a UserError, not fetched."""
     if cfg.is_language_model:
-        return prepare_text(cfg, run_dir, cfg.context or max_len, log)
-    train_pairs, n_empty = clean_pairs(_read_pairs(cfg, "train"))
+        return prepare_text(cfg, run_dir, cfg.context or max_len, log, download)
+    train_pairs, n_empty = clean_pairs(_read_pairs(cfg, "train", download))
     if cfg.train_limit:
         train_pairs = train_pairs[: cfg.train_limit]
     if not train_pairs:
         raise UserError("no training pairs left after skipping empty lines")
-    valid, _ = clean_pairs(_read_pairs(cfg, "valid"))
+    valid, _ = clean_pairs(_read_pairs(cfg, "valid", download))
     if cfg.valid_limit:
         valid = valid[: cfg.valid_limit]
     sw_path = Path(run_dir) / SUBWORDS
