@@ -167,8 +167,9 @@ def norm_effect(norm, s: Tensor) -> dict[str, float]:
     statistic it divides by, the normalised rows, and the rows after the learned gain."""
     out = norm(s)
     if isinstance(norm, torch.nn.RMSNorm):
-        rms = s.pow(2).mean(-1).add(norm.eps).sqrt()  # (1, T)
-        return {"rms_before": _r(rms.mean()), "rms_normalised": _r((s / rms[..., None]).pow(2).mean(-1).sqrt().mean()),
+        ms = s.pow(2).mean(-1, keepdim=True)  # (1, T, 1) mean square of each token's row
+        divided = s / (ms + norm.eps).sqrt()
+        return {"rms_before": _r(ms.sqrt().mean()), "rms_normalised": _r(divided.pow(2).mean(-1).sqrt().mean()),
                 "rms_after_gain": _r(out.pow(2).mean(-1).sqrt().mean())}
     z = (s - s.mean(-1, keepdim=True)) / torch.sqrt(s.var(-1, unbiased=False, keepdim=True) + norm.eps)
     return {"mean_before": _r(s.mean(-1).mean()), "std_before": _r(s.std(-1, unbiased=False).mean()),
