@@ -36,7 +36,7 @@ def embedding_step(cfg, scale: float, looked_up: Tensor, x: Tensor, pieces: list
     st.numbers = {"pieces": pieces, "ids": ids, "scale": _r(scale), "row_norm": _r(looked_up[0].norm(dim=-1).mean()),
                   "first_row_first4": _vec(x[0, 0])}
     st.lines = [f"tokens: {clip(pieces, ' ')}", f"ids:    {clip([str(i) for i in ids], ' ')}",
-                f"We[{ids[0]}][:4] = {st.numbers['first_row_first4']} (the row of {pieces[0]}); mean row norm "
+                f"We[{ids[0]}][:4] = {st.numbers['first_row_first4']} (the row of '{pieces[0]}'); mean row norm "
                 f"{st.numbers['row_norm']:.3f}" + (f", x sqrt({C}) = {scale:.2f}" if scaled else "; not scaled "
                                                    "(GPT and Llama look the row up as it is)")]
     return st
@@ -116,10 +116,10 @@ def scores_step(cfg, a, pieces: list[str], t_dims) -> Step:
     st.numbers = {"sqrt_d_k": _r(math.sqrt(D)), "score_std": _r((raw / math.sqrt(D)).std()),
                   "head1_last_row_scaled": [_r(v, 3) for v in last]}
     st.lines = [f"layer 1: scaled scores have std {st.numbers['score_std']:.2f} (divided by sqrt(d_k) = {math.sqrt(D):.2f})",
-                f"head 1, the last token {pieces[-1]} against each key: "
+                f"head 1, the last token '{pieces[-1]}' against each key: "
                 + clip([f"{p}:{v:.2f}" for p, v in zip(pieces, last)], " ", 24)]
     if T > 1:
-        st.lines.append(f"head 1, row 1 ({pieces[0]}) has keys beyond it too: Score[1, 2] = "
+        st.lines.append(f"head 1, row 1 ('{pieces[0]}') has keys beyond it too: Score[1, 2] = "
                         f"{float(raw[0, 0, 1]) / math.sqrt(D):.2f}, which the mask removes in the next step")
     return st
 
@@ -296,7 +296,7 @@ def choice_step(logits: Tensor, show, decoding) -> Step:
               "greedy: argmax P;  sampling: draw from softmax(filter_top_k_top_p(Logits / temperature))",
               "src/transformer/decode/sample.py: next_tokens, filter_logits")
     st.numbers = {"greedy": show(greedy), "greedy_p": _r(p[greedy]), "temperature": t, "top_k": k, "top_p": top_p}
-    st.lines = [f"greedy (temperature 0) takes {show(greedy)} (p = {float(p[greedy]):.3f})"]
+    st.lines = [f"greedy (temperature 0) takes '{show(greedy)}' (p = {float(p[greedy]):.3f})"]
     if t == 0:
         st.lines.append("the run decodes greedily (temperature 0): no sampling")
         return st
