@@ -12,6 +12,7 @@ import torch
 from transformer import ModelConfig
 from transformer.decode.config import DecodingConfig
 from transformer.model import build_model
+from transformer.model.rotary import apply_rotary
 from transformer.run import load_model
 from transformer.viz.lm_walkthrough import STEPS, walk_lm
 
@@ -81,6 +82,13 @@ def test_numbers_say_what_the_seed_says():
     assert rope["q_norm_after"] == pytest.approx(rope["q_norm_before"], abs=2e-4)  # a rotation keeps the length
     assert rope["score_shifted"] == pytest.approx(rope["score_p_0"], abs=1e-4)  # only the distance counts
     assert rope["angle_fastest_pair"] == len(ids) - 1
+    layer = model.decoder.layers[0]
+    with torch.no_grad():
+        q, k, v = layer.self_attn.project_qkv(layer.self_block.norm(model.embed(torch.tensor([ids]))))
+        cos, sin = model.rotary(torch.arange(len(ids))[None])
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    for name, t in (("q", q), ("k", k), ("v", v)):  # head 1's vectors of the last token, after the rotation
+        assert step["3a"][f"head1_last_{name}_first4"] == [round(x, 4) for x in t[0, 0, -1, :4].tolist()]
     assert step["3b"]["max_weight_above_diagonal"] == 0.0  # the causal mask
     assert step["3b"]["first_row_self_weight"] == pytest.approx(1.0)
     assert step["3b"]["head1_last_row"] == [round(v, 3) for v in weights[0][0, 0, -1].tolist()]

@@ -115,7 +115,10 @@ def scores_step(cfg, a, pieces: list[str], t_dims) -> Step:
     last = (raw[0, -1] / math.sqrt(D)).tolist()
     st.numbers = {"sqrt_d_k": _r(math.sqrt(D)), "score_std": _r((raw / math.sqrt(D)).std()),
                   "head1_last_row_scaled": [_r(v, 3) for v in last]}
-    st.lines = [f"layer 1: scaled scores have std {st.numbers['score_std']:.2f} (divided by sqrt(d_k) = {math.sqrt(D):.2f})",
+    q, k, v = (t[0, 0, -1] for t in (a.q, a.k, a.v))  # head 1, the last token
+    st.numbers.update(head1_last_q_first4=_vec(q), head1_last_k_first4=_vec(k), head1_last_v_first4=_vec(v))
+    st.lines = [f"layer 1, head 1, the last token '{pieces[-1]}': q[:4] = {_vec(q)}, k[:4] = {_vec(k)}, v[:4] = {_vec(v)}",
+                f"layer 1: scaled scores have std {st.numbers['score_std']:.2f} (divided by sqrt(d_k) = {math.sqrt(D):.2f})",
                 f"head 1, the last token '{pieces[-1]}' against each key: "
                 + clip([f"{p}:{v:.2f}" for p, v in zip(pieces, last)], " ", 24)]
     if T > 1:
@@ -137,7 +140,10 @@ def mask_softmax_step(cfg, a, pieces: list[str], t_dims) -> Step:
     st.numbers = {"max_weight_above_diagonal": above, "row_sum_max_abs_err": _r((w.sum(-1) - 1).abs().max(), 8),
                   "first_row_self_weight": _r(w[:, 0, 0].mean()), "head1_last_row": [_r(v, 3) for v in last],
                   "strongest_links": strongest_links(w, pieces, pieces, skip_diagonal=True)}
-    st.lines = [f"largest weight on a later token: {above}; rows sum to 1 (largest error "
+    n = min(T, 4)
+    corner = " ".join("[" + " ".join("0" if j <= i else "-inf" for j in range(n)) + "]" for i in range(n))
+    st.lines = [f"M for the first {n} tokens: {corner}",
+                f"largest weight on a later token: {above}; rows sum to 1 (largest error "
                 f"{st.numbers['row_sum_max_abs_err']:.1e}); the first token can only attend to itself: weight "
                 f"{st.numbers['first_row_self_weight']:.2f}",
                 "head 1, the last token's weights: " + clip([f"{p}:{v:.2f}" for p, v in zip(pieces, last)], " ", 24),

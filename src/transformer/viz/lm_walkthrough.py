@@ -53,6 +53,9 @@ def token_shower(tokenizer) -> Callable[[int], str]:
 class CausalAttention:
     """One layer's masked self-attention, opened up (batch of one prompt)."""
 
+    q: Tensor  # (1, H, T, D) the queries (rotated, with RoPE)
+    k: Tensor  # (1, H, T, D) the keys (rotated; repeated for each query head under grouped-query attention)
+    v: Tensor  # (1, H, T, D)
     raw_scores: Tensor  # (1, H, T, T) Q K^T, before the scaling and the mask
     weights: Tensor  # (1, H, T, T) softmax(Q K^T / sqrt(d_k) + M)
     concat: Tensor  # (1, T, H * d_k) the heads side by side
@@ -81,7 +84,7 @@ def open_causal_attention(mha, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | N
     heads = weights @ v  # (1, H, T, D)
     b, _, t, _ = heads.shape
     concat = heads.transpose(1, 2).reshape(b, t, mha.n_heads * mha.d_head)
-    return CausalAttention(raw, weights, concat, mha.out_proj(concat))
+    return CausalAttention(q, k, v, raw, weights, concat, mha.out_proj(concat))
 
 
 def ffn_parts(ffn, x: Tensor) -> dict[str, Tensor]:
