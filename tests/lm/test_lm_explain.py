@@ -116,7 +116,10 @@ def test_gated_ffn_numbers_are_the_models():
     finally:
         hook.remove()
     assert w.steps[6].number == "5"
-    assert w.steps[6].numbers["gate_negative"] == pytest.approx(float((seen["gate"] < 0).float().mean()), abs=1e-4)
+    gate = seen["gate"]
+    assert w.steps[6].numbers["gate_negative"] == pytest.approx(float((gate < 0).float().mean()), abs=1e-4)
+    silu = torch.nn.functional.silu(gate[gate < 0])
+    assert w.steps[6].numbers["silu_mean_abs_negative"] == pytest.approx(float(silu.abs().mean()), abs=1e-4)
     assert any("W_gate, W_up: (d_model=16, d_ff=24) each" == s for s in w.steps[6].shapes)
 
 

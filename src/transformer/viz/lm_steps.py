@@ -218,14 +218,16 @@ def ffn_step(cfg, parts: dict[str, Tensor], t_dims) -> Step:
                   MODEL + "layers.py: FeedForward.hidden, FeedForward.forward")
         st.shapes = [f"W_gate, W_up: {dims((D_MODEL, C, None), ff)} each", f"W_down: {dims(ff, (D_MODEL, C, None))}",
                      f"gate, up, h: {dims(t_dims, ff)}", f"FFN(x): {dims(t_dims, (D_MODEL, C, None))}"]
-        silu = F.silu(parts["gate"])
-        shut = float((silu.abs() < 0.05 * silu.abs().max()).float().mean())
-        st.numbers = {"gate_negative": _r((parts["gate"] < 0).float().mean()), "gate_nearly_shut": _r(shut),
+        gate = parts["gate"]
+        silu, neg = F.silu(gate), gate < 0
+        st.numbers = {"gate_negative": _r(neg.float().mean()), "silu_mean_abs_negative": _r(silu[neg].abs().mean()),
+                      "silu_mean_abs_positive": _r(silu[~neg].abs().mean()),
                       "up_norm": _r(parts["up"][0].norm(dim=-1).mean()), "h_norm": _r(parts["hidden"][0].norm(dim=-1).mean()),
                       "out_norm": _r(parts["out"][0].norm(dim=-1).mean())}
         n = st.numbers
-        st.lines = [f"{n['gate_negative']:.1%} of the gate values are negative (SiLU takes them near 0); "
-                    f"{n['gate_nearly_shut']:.1%} of the units are nearly shut (|SiLU(gate)| < 5% of its largest)",
+        st.lines = [f"{n['gate_negative']:.1%} of the gate values are negative: there |SiLU(gate)| averages "
+                    f"{n['silu_mean_abs_negative']:.3f} (it is at most 0.278), against {n['silu_mean_abs_positive']:.3f} "
+                    "where the gate is positive: the gate passes a unit's up, scaled, or nearly shuts it",
                     f"mean row norm: up {n['up_norm']:.3f} -> h = SiLU(gate) * up {n['h_norm']:.3f} -> "
                     f"h W_down {n['out_norm']:.3f}"]
         return st
