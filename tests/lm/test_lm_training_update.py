@@ -143,7 +143,8 @@ def test_a_translation_run_is_explained_too(tmp_path, log):
     before = digests(tmp_path / "run")
     n = explain_update(tmp_path / "run", lr=1e-3).numbers
     assert digests(tmp_path / "run") == before
-    assert n["parameter"] == "encoder.layers.0.self_attn.q_proj.weight" and n["optimizer"] == "adam"
+    assert n["matrix"] == "encoder layer 1 WQ" and n["parameter"] == "encoder.layers.0.self_attn.q_proj.weight"
+    assert n["optimizer"] == "adam"
     assert " => " in n["context"] and n["loss_after"] < n["loss"]
 
 

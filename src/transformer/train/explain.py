@@ -16,6 +16,7 @@ Dropout is off and the arithmetic is fp32, so the numbers repeat exactly.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,24 +93,38 @@ def _vocab_size(data) -> int:
     return data.tokenizer.vocab_size if hasattr(data, "tokenizer") else data.subwords.vocab_size
 
 
+SEED_NAMES = {"self_attn.q_proj": "WQ", "self_attn.k_proj": "WK", "self_attn.v_proj": "WV", "self_attn.out_proj": "WO",
+              "cross_attn.q_proj": "cross WQ", "cross_attn.k_proj": "cross WK", "cross_attn.v_proj": "cross WV",
+              "cross_attn.out_proj": "cross WO", "ffn.gate": "W_gate", "ffn.fc1": "W_up", "ffn.fc2": "W_down"}
+
+
 def matrix_names(model) -> dict[str, str]:
-    """{seed name or parameter name: parameter name} of the 2-D weights the update can follow."""
+    """{seed name or parameter name: parameter name} of the 2-D weights the update can follow:
+    a language model's names from ``weight_matrices`` ("layer 1 WQ", "We", "Whead"), a
+    translation model's "encoder layer 1 WQ", "decoder layer 2 cross WK", ..., "We", "Whead"."""
     names = {n: n for n, p in model.named_parameters() if p.dim() == 2}
     if model.cfg.decoder_only:
         from ..model import weight_matrices
 
         for seed_name, param, _, _ in weight_matrices(model):
             names[seed_name] = param.split(" ")[0]  # "embed.weight (tied: We)" -> embed.weight
+        return names
+    for n in list(names):
+        m = re.fullmatch(r"(encoder|decoder)\.layers\.(\d+)\.(.+)\.weight", n)  # encoder.layers.0.self_attn.q_proj.weight
+        if m and m[3] in SEED_NAMES:
+            names[f"{m[1]} layer {int(m[2]) + 1} {SEED_NAMES[m[3]]}"] = n
+    names["We"] = "src_embed.weight"
+    names["Whead"] = "out_proj.weight" if model.out_proj is not None else "tgt_embed.weight"
     return names
 
 
 def _matrix(model, asked: str | None) -> tuple[str, torch.nn.Parameter]:
     names = matrix_names(model)
-    default = "layer 1 WQ" if model.cfg.decoder_only else "encoder.layers.0.self_attn.q_proj.weight"
+    default = "layer 1 WQ" if model.cfg.decoder_only else "encoder layer 1 WQ"
     asked = default if asked is None else " ".join(asked.split())
     key = next((k for k in names if k.lower() == asked.lower()), None)
     if key is None:
-        shown = [k for k in names if k.startswith(("We", "Whead", "layer 1 "))] or list(names)[:8]
+        shown = [k for k in names if k.startswith(("We", "Whead", "layer 1 ", "encoder layer 1 "))] or list(names)[:8]
         raise UserError(f"--matrix {asked!r}: no such matrix; choose e.g. {', '.join(shown)} "
                         "(or a parameter name that `transformer info` lists)")
     return key, dict(model.named_parameters())[names[key]]
@@ -230,7 +245,8 @@ def _header(n: dict, model) -> list[str]:
             f"batch: the run's first training batch, {b[0]} rows x {b[1]} positions, {n['scored_tokens']} scored tokens; "
             f"dropout off, fp32 (the run trains with precision {n['precision']})",
             f"optimizer: {'AdamW' if n['optimizer'] == 'adamw' else 'Adam'} (betas {n['betas']}, eps {n['eps']:g}, "
-            f"weight decay {n['weight_decay']:g}), gradient clipping at {n['clip_norm']}, lr {n['lr']:.3g} "
+            f"weight decay {n['weight_decay']:g}), "
+            + (f"gradient clipping at {n['clip_norm']}" if n["clip_norm"] else "no gradient clipping") + f", lr {n['lr']:.3g} "
             f"(the run's schedule at update {n['weights_step'] + 1} unless --lr is given)", ""]
 
 
