@@ -279,8 +279,9 @@ def softmax_step(logits: Tensor, ids: list[int], show, t_dims, V: int) -> Step:
               "src/transformer/decode/sample.py: next_tokens")
     st.shapes = [f"P: {dims(t_dims, ('V', V, 'tokens'))}"]
     T = probs.size(0)
-    top = [[show(int(j)), _r(q)] for q, j in zip(*[x.tolist() for x in probs[-1].topk(min(5, V))])]
-    st.numbers = {"row_sum_max_abs_err": _r((probs.sum(-1) - 1).abs().max(), 8), "top5_last": top}
+    top = [(show(int(j)), q) for q, j in zip(*[x.tolist() for x in probs[-1].topk(min(5, V))])]
+    st.numbers = {"row_sum_max_abs_err": _r((probs.sum(-1) - 1).abs().max(), 8),
+                  "top5_last": [[p, _r(q)] for p, q in top]}
     st.lines = [f"rows sum to 1 (largest error {st.numbers['row_sum_max_abs_err']:.1e})",
                 "after the last token: top-5 " + ", ".join(f"{p} {q:.3f}" for p, q in top)]
     if T > 1:
@@ -310,8 +311,8 @@ def choice_step(logits: Tensor, show, decoding) -> Step:
         return st
     q = filter_logits(last / t, k, top_p).softmax(-1)[0]
     kept = int((q > 0).sum())
-    top = [[show(int(j)), _r(v)] for v, j in zip(*[x.tolist() for x in q.topk(min(5, kept))])]
-    st.numbers.update(sample_candidates=kept, sample_top5=top, sample_greedy_p=_r(q[greedy]))
+    top = [(show(int(j)), v) for v, j in zip(*[x.tolist() for x in q.topk(min(5, kept))])]
+    st.numbers.update(sample_candidates=kept, sample_top5=[[a, _r(b)] for a, b in top], sample_greedy_p=_r(q[greedy]))
     st.lines.append(f"sampling at temperature {t:g}, top-k {k or 'off'}, top-p {top_p:g}: {kept} candidates; "
                     + ", ".join(f"{a} {b:.3f}" for a, b in top)
                     + f"; it picks the greedy token with probability {float(q[greedy]):.3f}")
