@@ -110,7 +110,11 @@ def test_numbers_say_what_the_seed_says():
 def test_gated_ffn_numbers_are_the_models():
     model = tiny_lm(**VARIANTS["llama"])
     seen = {}
-    hook = model.decoder.layers[0].ffn.gate.register_forward_hook(lambda m, a, out: seen.setdefault("gate", out))
+    def keep(module, args, out):
+        seen.setdefault("x", args[0])
+        seen.setdefault("gate", out)
+
+    hook = model.decoder.layers[0].ffn.gate.register_forward_hook(keep)
     try:
         w = walk_lm(model, [3, 4, 5, 6], show, DecodingConfig())
     finally:
@@ -118,8 +122,11 @@ def test_gated_ffn_numbers_are_the_models():
     assert w.steps[6].number == "5"
     gate = seen["gate"]
     assert w.steps[6].numbers["gate_negative"] == pytest.approx(float((gate < 0).float().mean()), abs=1e-4)
-    silu = torch.nn.functional.silu(gate[gate < 0])
-    assert w.steps[6].numbers["silu_mean_abs_negative"] == pytest.approx(float(silu.abs().mean()), abs=1e-4)
+    assert w.steps[6].numbers["silu_gate_max"] == pytest.approx(float(torch.nn.functional.silu(gate).max()), abs=1e-4)
+    with torch.no_grad():
+        h = (model.decoder.layers[0].ffn.fc1(seen["x"].clone()) * torch.nn.functional.silu(gate.clone())).flatten() ** 2
+    top = max(1, h.numel() // 100)
+    assert w.steps[6].numbers["h_top1pct_share"] == pytest.approx(float(h.sort().values[-top:].sum() / h.sum()), abs=1e-4)
     assert any("W_gate, W_up: (d_model=16, d_ff=24) each" == s for s in w.steps[6].shapes)
 
 

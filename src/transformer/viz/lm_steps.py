@@ -218,18 +218,19 @@ def ffn_step(cfg, parts: dict[str, Tensor], t_dims) -> Step:
                   MODEL + "layers.py: FeedForward.hidden, FeedForward.forward")
         st.shapes = [f"W_gate, W_up: {dims((D_MODEL, C, None), ff)} each", f"W_down: {dims(ff, (D_MODEL, C, None))}",
                      f"gate, up, h: {dims(t_dims, ff)}", f"FFN(x): {dims(t_dims, (D_MODEL, C, None))}"]
-        gate = parts["gate"]
-        silu, neg = F.silu(gate), gate < 0
-        st.numbers = {"gate_negative": _r(neg.float().mean()), "silu_mean_abs_negative": _r(silu[neg].abs().mean()),
-                      "silu_mean_abs_positive": _r(silu[~neg].abs().mean()),
-                      "up_norm": _r(parts["up"][0].norm(dim=-1).mean()), "h_norm": _r(parts["hidden"][0].norm(dim=-1).mean()),
+        gate, h = parts["gate"], parts["hidden"]
+        energy = h.flatten().pow(2).sort(descending=True).values
+        top = max(1, energy.numel() // 100)
+        st.numbers = {"gate_negative": _r((gate < 0).float().mean()), "silu_gate_max": _r(F.silu(gate).max()),
+                      "h_top1pct_share": _r(energy[:top].sum() / energy.sum()),
+                      "up_norm": _r(parts["up"][0].norm(dim=-1).mean()), "h_norm": _r(h[0].norm(dim=-1).mean()),
                       "out_norm": _r(parts["out"][0].norm(dim=-1).mean())}
         n = st.numbers
-        st.lines = [f"{n['gate_negative']:.1%} of the gate values are negative: there |SiLU(gate)| averages "
-                    f"{n['silu_mean_abs_negative']:.3f} (it is at most 0.278), against {n['silu_mean_abs_positive']:.3f} "
-                    "where the gate is positive: the gate passes a unit's up, scaled, or nearly shuts it",
+        st.lines = [f"{n['gate_negative']:.1%} of the gate values are negative, where SiLU(gate) lies in (-0.278, 0): "
+                    f"those units pass at most 0.278 x up; the largest SiLU(gate) is {n['silu_gate_max']:.2f}",
                     f"mean row norm: up {n['up_norm']:.3f} -> h = SiLU(gate) * up {n['h_norm']:.3f} -> "
-                    f"h W_down {n['out_norm']:.3f}"]
+                    f"h W_down {n['out_norm']:.3f}; the largest 1% of h's entries hold {n['h_top1pct_share']:.1%} "
+                    "of its sum of squares"]
         return st
     act = cfg.ffn_activation
     st = Step("5", "FFN: W_up, W_down", "前馈神经网络", f"FFN(x) = {act}(x W_up) W_down",
