@@ -55,8 +55,9 @@ def explain_update(path: str | Path, matrix: str | None = None, lr: float | None
         raise UserError(f"{path}: the weights do not match the run's config.yaml (another model or vocabulary)")
     step = 0
     if from_init:
-        torch.manual_seed(cfg.seed)  # the run's seed, as the trainer seeds before it builds the model
-        model = task.build_model()
+        with torch.random.fork_rng():  # the run's seed, as the trainer seeds before it builds the model
+            torch.manual_seed(cfg.seed)
+            model = task.build_model()
     else:
         step = int(meta.get("step", 0) or 0)
     model.eval()  # no dropout: the loss before and after the step is on the same function
@@ -160,43 +161,49 @@ def _update(cfg, model, batch, data, name: str, param, lr: float, step: int, fro
     raw_grad = param.grad.detach().clone()
     clip = cfg.clip_norm or math.inf
     total_norm = float(torch.nn.utils.clip_grad_norm_(list(params.values()), clip))  # as train_step does
-    old = {n: p.detach().clone() for n, p in params.items()}
-    grads = {n: p.grad.detach().clone() for n, p in params.items() if p.grad is not None}
     optimizer = make_optimizer(model, cfg.optimizer, cfg.weight_decay, cfg.betas)
-    for group in optimizer.param_groups:
-        group["lr"] = lr
     group = next(g for g in optimizer.param_groups if any(p is param for p in g["params"]))
-    optimizer.step()
-    with torch.no_grad():
-        adam_new = param.detach().clone()
-        after = float(mean_loss(model, batch))
-        for n, p in params.items():  # the same step with plain SGD, from the same weights
-            p.copy_(old[n] - lr * grads[n] if n in grads else old[n])
-        after_sgd = float(mean_loss(model, batch))
-
     pname = next(n for n, p in params.items() if p is param)
+    old, grads, adam_new, after, after_sgd = _adam_and_sgd(model, optimizer, lr, batch, pname)
     g, w_old = grads[pname], old[pname]
     predicted = adam_first_step(w_old, g, lr, group, decoupled=cfg.optimizer == "adamw")
-    entries = _entries(g)
     rows = [{"index": list(i), "w_old": float(w_old[i]), "grad": float(g[i]), "sgd_new": float(w_old[i] - lr * g[i]),
              "adam_new": float(adam_new[i]), "adam_formula": float(predicted[i]),
-             "adam_move_over_lr": float((adam_new[i] - w_old[i]) / lr)} for i in entries]
-    moves = (adam_new - w_old).abs() / lr
+             "adam_move_over_lr": float((adam_new[i] - w_old[i]) / lr)} for i in _entries(g)]
     show, context = _token_text(data, batch, row, t)
+    nll = nll.detach()
     numbers = {
         "weights_step": step, "from_init": from_init, "lr": lr, "optimizer": cfg.optimizer,
         "betas": list(group["betas"]), "eps": group["eps"], "weight_decay": group["weight_decay"],
         "clip_norm": cfg.clip_norm, "label_smoothing": cfg.label_smoothing, "precision": cfg.precision,
         "batch_shape": list(batch.tgt_out.shape), "scored_tokens": int(real.sum()),
         "ln_V": math.log(logits_width(model)), "row": row, "position": t, "token": show, "context": context,
-        "p": float(torch.exp(-nll[row, t].detach())), "minus_log_p": float(nll[row, t].detach()), "loss": float(loss.detach()),
+        "p": float(torch.exp(-nll[row, t])), "minus_log_p": float(nll[row, t]), "loss": float(loss.detach()),
         "matrix": name, "parameter": pname, "shape": list(param.shape),
         "grad_norm": float(raw_grad.norm()), "total_grad_norm": total_norm,
         "clip_factor": min(1.0, clip / (total_norm + 1e-6)) if math.isfinite(clip) else 1.0,
-        "entries": rows, "adam_mean_move_over_lr": float(moves.mean()),
+        "entries": rows, "adam_mean_move_over_lr": float(((adam_new - w_old).abs() / lr).mean()),
         "sgd_mean_move_over_lr": float(g.abs().mean()), "loss_after": after, "loss_after_sgd": after_sgd,
     }
     return Update(_header(numbers, model), _steps(numbers), numbers)
+
+
+@torch.no_grad()
+def _adam_and_sgd(model, optimizer, lr: float, batch, name: str):
+    """From the gradients in ``model``: the optimizer's step, then plain SGD's step from the
+    same weights. Returns the old weights and the gradients (by parameter name), the matrix
+    ``name`` after the optimizer's step, and the batch loss after each step."""
+    params = dict(model.named_parameters())
+    old = {n: p.detach().clone() for n, p in params.items()}
+    grads = {n: p.grad.detach().clone() for n, p in params.items() if p.grad is not None}
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    optimizer.step()
+    adam_new = params[name].detach().clone()
+    after = float(mean_loss(model, batch))
+    for n, p in params.items():
+        p.copy_(old[n] - lr * grads[n] if n in grads else old[n])
+    return old, grads, adam_new, after, float(mean_loss(model, batch))
 
 
 def adam_first_step(w: torch.Tensor, g: torch.Tensor, lr: float, group: dict, decoupled: bool) -> torch.Tensor:
