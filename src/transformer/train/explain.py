@@ -248,12 +248,14 @@ def _header(n: dict, model) -> list[str]:
     start = ("a random initialisation (the run's seed)" if n["from_init"]
              else f"the weights of update {n['weights_step']}")
     b = n["batch_shape"]
-    return [f"model: {model.num_parameters():,} parameters, from {start}; a copy in memory (the run's files are not changed)",
+    return [f"model: {model.num_parameters():,} parameters, from {start}; a copy in memory "
+            "(the run's files are not changed)",
             f"batch: the run's first training batch, {b[0]} rows x {b[1]} positions, {n['scored_tokens']} scored tokens; "
             f"dropout off, fp32 (the run trains with precision {n['precision']})",
             f"optimizer: {'AdamW' if n['optimizer'] == 'adamw' else 'Adam'} (betas {n['betas']}, eps {n['eps']:g}, "
             f"weight decay {n['weight_decay']:g}), "
-            + (f"gradient clipping at {n['clip_norm']}" if n["clip_norm"] else "no gradient clipping") + f", lr {n['lr']:.3g} "
+            + (f"gradient clipping at {n['clip_norm']}" if n["clip_norm"] else "no gradient clipping")
+            + f", lr {n['lr']:.3g} "
             f"(the run's schedule at update {n['weights_step'] + 1} unless --lr is given)", ""]
 
 
@@ -282,7 +284,8 @@ def _grad_step(n: dict) -> Step:
               "loss.backward() fills W.grad = dLoss/dW for every matrix W",
               "torch autograd; " + CODE + "step.py: train_step")
     st.shapes = [f"{n['matrix']} ({n['parameter']}): {' x '.join(map(str, n['shape']))}, and so is its gradient"]
-    st.lines = [f"|dLoss/dW| of {n['matrix']} = {n['grad_norm']:.4g}; of all parameters together {n['total_grad_norm']:.4g}"]
+    st.lines = [f"|dLoss/dW| of {n['matrix']} = {n['grad_norm']:.4g}; "
+                f"of all parameters together {n['total_grad_norm']:.4g}"]
     if n["clip_factor"] < 1.0:
         st.lines.append(f"the run clips the total to {n['clip_norm']}: every gradient is multiplied by "
                         f"{n['clip_factor']:.4f} before the step")

@@ -30,9 +30,11 @@ def embedding_step(cfg, scale: float, looked_up: Tensor, x: Tensor, pieces: list
     """(1): looked_up = We[x] (1, T, C); x = looked_up * scale (1.0 for GPT and Llama)."""
     C = cfg.d_model
     scaled = scale != 1.0
-    st = Step("1", "Token embedding We", "词嵌入 We", "X = We[x]" + (" * sqrt(d_model)" if scaled else " (a row of We per token)"),
+    formula = "X = We[x]" + (" * sqrt(d_model)" if scaled else " (a row of We per token)")
+    st = Step("1", "Token embedding We", "词嵌入 We", formula,
               MODEL + "embedding.py: TokenEmbedding.forward; lm.py: LanguageModel.hidden")
-    st.shapes = [f"We: {dims(('V', cfg.vocab_size, 'tokens'), (D_MODEL, C, None))}", f"X: {dims(t_dims, (D_MODEL, C, None))}"]
+    st.shapes = [f"We: {dims(('V', cfg.vocab_size, 'tokens'), (D_MODEL, C, None))}",
+                 f"X: {dims(t_dims, (D_MODEL, C, None))}"]
     st.numbers = {"pieces": pieces, "ids": ids, "scale": _r(scale), "row_norm": _r(looked_up[0].norm(dim=-1).mean()),
                   "first_row_first4": _vec(x[0, 0])}
     st.lines = [f"tokens: {clip(pieces, ' ')}", f"ids:    {clip([str(i) for i in ids], ' ')}",
@@ -118,7 +120,8 @@ def scores_step(cfg, a, pieces: list[str], t_dims) -> Step:
     q, k, v = (t[0, 0, -1] for t in (a.q, a.k, a.v))  # head 1, the last token
     st.numbers.update(head1_last_q_first4=_vec(q), head1_last_k_first4=_vec(k), head1_last_v_first4=_vec(v))
     st.lines = [f"layer 1, head 1, the last token '{pieces[-1]}': q[:4] = {_vec(q)}, k[:4] = {_vec(k)}, v[:4] = {_vec(v)}",
-                f"layer 1: scaled scores have std {st.numbers['score_std']:.2f} (divided by sqrt(d_k) = {math.sqrt(D):.2f})",
+                f"layer 1: scaled scores have std {st.numbers['score_std']:.2f} "
+                f"(divided by sqrt(d_k) = {math.sqrt(D):.2f})",
                 f"head 1, the last token '{pieces[-1]}' against each key: "
                 + clip([f"{p}:{v:.2f}" for p, v in zip(pieces, last)], " ", 24)]
     if T > 1:
@@ -134,7 +137,8 @@ def mask_softmax_step(cfg, a, pieces: list[str], t_dims) -> Step:
     st = Step("3b", "Causal mask and softmax", "因果掩码与 Softmax",
               "weights = softmax(Score + M), M[i, j] = -inf for j > i: a token sees itself and the tokens before it",
               MODEL + "masks.py: causal_mask; attention.py: attention")
-    st.shapes = [f"M: {dims(('T', T, None), ('T', T, None))}", f"weights: {dims(('H', cfg.n_heads, 'heads'), t_dims, t_dims)}"]
+    st.shapes = [f"M: {dims(('T', T, None), ('T', T, None))}",
+                 f"weights: {dims(('H', cfg.n_heads, 'heads'), t_dims, t_dims)}"]
     above = float(torch.triu(w, diagonal=1).abs().max()) if T > 1 else 0.0
     last = w[0, -1].tolist()
     st.numbers = {"max_weight_above_diagonal": above, "row_sum_max_abs_err": _r((w.sum(-1) - 1).abs().max(), 8),
@@ -179,7 +183,8 @@ def norm_effect(norm, s: Tensor) -> dict[str, float]:
                 "rms_after_gain": _r(out.pow(2).mean(-1).sqrt().mean())}
     z = (s - s.mean(-1, keepdim=True)) / torch.sqrt(s.var(-1, unbiased=False, keepdim=True) + norm.eps)
     return {"mean_before": _r(s.mean(-1).mean()), "std_before": _r(s.std(-1, unbiased=False).mean()),
-            "std_normalised": _r(z.std(-1, unbiased=False).mean()), "std_after_gain": _r(out.std(-1, unbiased=False).mean())}
+            "std_normalised": _r(z.std(-1, unbiased=False).mean()),
+            "std_after_gain": _r(out.std(-1, unbiased=False).mean())}
 
 
 def describe_norm(cfg, stats: dict[str, float]) -> str:
@@ -187,7 +192,8 @@ def describe_norm(cfg, stats: dict[str, float]) -> str:
         return (f"RMSNorm: per-token RMS {stats['rms_before']:.3f} -> {stats['rms_normalised']:.3f} after dividing, "
                 f"{stats['rms_after_gain']:.3f} after the learned gain g")
     return (f"LayerNorm: per-token mean {stats['mean_before']:.3f}, std {stats['std_before']:.3f} -> std "
-            f"{stats['std_normalised']:.3f} after normalising, {stats['std_after_gain']:.3f} after the learned gain and bias")
+            f"{stats['std_normalised']:.3f} after normalising, {stats['std_after_gain']:.3f} after the learned gain "
+            "and bias")
 
 
 def add_norm_step(cfg, block, x_in: Tensor, y: Tensor, s: Tensor, t_dims) -> Step:
