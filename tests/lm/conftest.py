@@ -71,3 +71,19 @@ def trained_lm(tmp_path_factory) -> Path:
     cfg = load_config(None, lm_overrides(text) + ["max_steps=60", "eval_every=60", "save_every=60"])
     Trainer(cfg, run, log=lambda *a: None).train()
     return run
+
+
+@pytest.fixture(scope="session")
+def trained_llama(tmp_path_factory) -> Path:
+    """The toy run with the Llama-style block (RMSNorm, SwiGLU's three matrices, rotary
+    positions, no biases, an untied head), 2 layers, trained for 20 updates."""
+    from transformer.train.trainer import Trainer
+
+    root = tmp_path_factory.mktemp("trained-llama")
+    text = root / "tiny.txt"
+    text.write_text(make_text(), encoding="utf-8")
+    run = root / "run"
+    cfg = load_config(None, lm_overrides(text) + ["model.preset=llama-char", "model.n_layers=2", "max_steps=20",
+                                                  "eval_every=20", "save_every=20"])
+    Trainer(cfg, run, log=lambda *a: None).train()
+    return run

@@ -1,5 +1,6 @@
-"""``transformer attention``: heatmaps of every attention weight for one sentence, and the
-encoder heads that link one word to another (the seed's "it" -> "animal")."""
+"""``transformer attention``: heatmaps of every attention weight for one sentence (or, for a
+language model, the causal self-attention of a prompt), and the heads that link one word to
+another (the seed's "it" -> "animal")."""
 from __future__ import annotations
 
 import argparse
@@ -8,17 +9,20 @@ from ._options import add_decoding_options, decoding_options
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("attention", help="draw the attention weights of one sentence and its translation")
-    p.add_argument("sentence", help="the source sentence")
+    p = sub.add_parser("attention", help="draw the attention weights of one sentence and its translation "
+                                         "(or of a language model's prompt)")
+    p.add_argument("sentence", help="the source sentence (translation model) or the prompt (language model)")
     p.add_argument("--model", required=True, help="run directory or .safetensors file")
     p.add_argument("--out", help="picture to write: PNG, or HTML with --html (or a .html name)")
     p.add_argument("--html", action="store_true", help="write a self-contained HTML page instead of a PNG")
     p.add_argument("--layer", type=int, help="layer of the enlarged head, from 1 (default: the last)")
     p.add_argument("--head", type=int, default=1, help="the enlarged head, from 1 (default: 1)")
-    p.add_argument("--kind", choices=["all", "encoder", "decoder", "cross"], default="all",
-                   help="which attention to draw in the PNG (default: all three)")
+    p.add_argument("--kind", choices=["all", "encoder", "decoder", "cross", "self"], default="all",
+                   help="which attention to draw in the PNG (default: all three; a language model has only "
+                        "self, its causal self-attention)")
     p.add_argument("--target", help="use this translation instead of the model's own")
-    p.add_argument("--focus", metavar="WORD", help="rank the encoder heads by attention from WORD ...")
+    p.add_argument("--focus", metavar="WORD", help="rank the encoder heads (a language model: the self-attention "
+                                                   "heads, from WORD's last token) by attention from WORD ...")
     p.add_argument("--to", metavar="WORD", help="... to this WORD (e.g. --focus it --to animal)")
     p.add_argument("--vs", metavar="WORD", help="... and show the attention to this WORD beside it (e.g. --vs street)")
     add_decoding_options(p, "beam", "device")
@@ -53,10 +57,17 @@ def _check_head(args, cfg) -> tuple[int, int]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..errors import UserError
+    from ..run import read_model_config
     from ..translator import load_translator
     from ..viz.maps import KINDS, collect_attention, format_links, prepare_pair, rank_heads
 
     _check(args)
+    if read_model_config(args.model).decoder_only:
+        return _language_model(args)
+    if args.kind == "self":
+        raise UserError("--kind self is a language model's attention; a translation model has encoder, "
+                        "decoder and cross")
     translator = load_translator(args.model, **decoding_options(args))
     layer, head = _check_head(args, translator.model.cfg)
     pair = prepare_pair(translator, args.sentence, args.target)
@@ -67,6 +78,35 @@ def run(args: argparse.Namespace) -> int:
         print(format_links(links, args.focus, args.to, len(maps.src_pieces), args.vs))
     if args.out is None:
         return 0
+    kinds = KINDS if args.kind == "all" else (args.kind,)
+    return _write(maps, args, layer, head, kinds)
+
+
+def _language_model(args: argparse.Namespace) -> int:
+    """A prompt's causal self-attention: all layers and heads, one head enlarged."""
+    from ..errors import UserError
+    from ..viz.maps import collect_prompt_attention, find_word, format_links, rank_heads
+    from ._lm import load_language_model, prompt_ids, token_pieces
+
+    if args.kind not in ("all", "self"):
+        raise UserError(f"--kind {args.kind}: a language model has only causal self-attention (--kind self)")
+    if args.target is not None:
+        raise UserError("--target is for a translation model; a language model reads the prompt as it is")
+    generator = load_language_model(args.model, decoding_options(args))
+    layer, head = _check_head(args, generator.model.cfg)
+    ids = prompt_ids(generator, args.sentence)
+    maps = collect_prompt_attention(generator.model, args.sentence, ids, token_pieces(generator, ids))
+    print(f"prompt: {len(ids)} tokens")
+    if args.focus is not None:
+        links = rank_heads(maps, args.focus, args.to, args.vs)
+        keys = find_word(maps.pieces, args.focus)[-1] + 1  # the query sees itself and the tokens before it
+        print(format_links(links, args.focus, args.to, keys, args.vs, heads="self-attention"))
+    if args.out is None:
+        return 0
+    return _write(maps, args, layer, head, ("self",))
+
+
+def _write(maps, args: argparse.Namespace, layer: int, head: int, kinds: tuple[str, ...]) -> int:
     if args.html or args.out.lower().endswith((".html", ".htm")):
         from ..viz.html import write_html
 
@@ -74,7 +114,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         from ..viz.heatmap import draw_attention, save_png
 
-        kinds = KINDS if args.kind == "all" else (args.kind,)
         save_png(draw_attention(maps, layer, head, kinds), args.out)
     print(f"wrote {args.out}")
     return 0

@@ -1,5 +1,7 @@
-"""``transformer explain``: one sentence through the real model, in the seed's ten steps
-(formula, tensor shapes with their dimension names, and telling numbers for each)."""
+"""``transformer explain``: one sentence through the real model, in the seed's steps (formula,
+tensor shapes with their dimension names, and telling numbers for each): the translation
+model's ten steps, or a language model's prompt from We to the next token; with
+``--training``, one training update in the seed's formulas (-log p, dLoss/dW, the step)."""
 from __future__ import annotations
 
 import argparse
@@ -8,28 +10,52 @@ from ._options import add_decoding_options, decoding_options
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("explain", help="walk one sentence through the model step by step (the ten steps)")
-    p.add_argument("sentence", help="the source sentence")
+    p = sub.add_parser("explain", help="walk one sentence (or a prompt) through the model step by step, "
+                                       "or one training update (--training)")
+    p.add_argument("sentence", nargs="?", help="the source sentence (translation model) or the prompt (language model)")
     p.add_argument("--model", required=True, help="run directory or .safetensors file")
     p.add_argument("--step", action="append", metavar="N",
-                   help="print only step N (1..10; 3 means 3a-3c, or 3a, 3b, 3c); repeatable")
+                   help="print only step N (1..10 for a translation model, 1..9 for a language model; "
+                        "3 means 3a-3c, or 3a, 3b, 3c); repeatable")
     p.add_argument("--json", action="store_true", help="print the steps as JSON")
     p.add_argument("--target", help="teacher-force this translation instead of the model's own")
-    add_decoding_options(p, "beam", "device")
+    p.add_argument("--training", action="store_true",
+                   help="explain one training update on the run's own first batch: Loss = -log p, dLoss/dW, "
+                        "W_new = W_old - lr x gradient (SGD) beside Adam's step (the run's files are not changed)")
+    p.add_argument("--matrix", metavar="NAME",
+                   help="with --training: the matrix to follow, e.g. 'layer 1 WQ', 'layer 2 W_gate', We, Whead, "
+                        "or a parameter name (default: layer 1 WQ; encoder layer 1's W_Q for a translation model)")
+    p.add_argument("--lr", type=float, metavar="LR",
+                   help="with --training: this learning rate instead of the run's schedule at its step")
+    p.add_argument("--from-init", action="store_true",
+                   help="with --training: start from a random initialisation (the run's seed), not the trained weights")
+    add_decoding_options(p, "beam", "temperature", "top_k", "top_p", "device")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..errors import UserError
+    from ..run import read_model_config
+
+    if args.training:
+        return _training(args)
+    if args.matrix is not None or args.lr is not None or args.from_init:
+        raise UserError("--matrix, --lr and --from-init go with --training")
+    if args.sentence is None or not args.sentence.strip():
+        raise UserError("the sentence is empty; give some text to explain (or --training for a training update)")
+    if read_model_config(args.model).decoder_only:
+        return _language_model(args)
+    return _translation(args)
+
+
+def _translation(args: argparse.Namespace) -> int:
     import json
 
-    from ..errors import UserError
     from ..translator import load_translator
     from ..viz.maps import prepare_pair
     from ..viz.walkthrough import format_text, to_dict, walk
 
-    if not args.sentence.strip():
-        raise UserError("the sentence is empty; give some text to explain")
-    wanted = _steps(args.step)
+    wanted = _steps(args.step, STEPS, "1..10, 3a, 3b, 3c")
     translator = load_translator(args.model, **decoding_options(args))
     pair = prepare_pair(translator, args.sentence, args.target)
     w = walk(translator.model, pair.src_ids, pair.tgt_ids, translator.subwords.id_to_piece)
@@ -44,10 +70,52 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _language_model(args: argparse.Namespace) -> int:
+    import json
+
+    from ..errors import UserError
+    from ..viz.lm_walkthrough import STEPS as LM_STEPS
+    from ..viz.lm_walkthrough import format_text, to_dict, token_shower, walk_lm
+    from ._lm import load_language_model, prompt_ids
+
+    if args.target is not None:
+        raise UserError("--target is for a translation model; a language model explains the prompt as it is")
+    wanted = _steps(args.step, LM_STEPS, "1..9, 3a, 3b, 3c")
+    generator = load_language_model(args.model, decoding_options(args))
+    ids = prompt_ids(generator, args.sentence)
+    w = walk_lm(generator.model, ids, token_shower(generator.tokenizer), generator.decoding)
+    if wanted is not None:
+        w.steps = [s for s in w.steps if s.number in wanted]
+    if args.json:
+        print(json.dumps({"prompt": args.sentence, **to_dict(w)}, ensure_ascii=False, indent=1))
+    else:
+        print(f"prompt: {args.sentence!r} ({len(ids)} tokens)\n")
+        print(format_text(w))
+    return 0
+
+
+def _training(args: argparse.Namespace) -> int:
+    import json
+
+    from ..errors import UserError
+    from ..train.explain import explain_update, format_update
+
+    if args.sentence is not None:
+        raise UserError("--training explains an update on the run's own training batch; give no sentence with it")
+    if args.step is not None or args.target is not None:
+        raise UserError("--step and --target are for the forward walkthrough, not --training")
+    update = explain_update(args.model, args.matrix, args.lr, args.from_init)
+    if args.json:
+        print(json.dumps(update.numbers, ensure_ascii=False, indent=1))
+    else:
+        print(format_update(update), end="")
+    return 0
+
+
 STEPS = ["1", "2", "3a", "3b", "3c", "4", "5", "6", "7", "8", "9", "10"]
 
 
-def _steps(asked: list[str] | None) -> set[str] | None:
+def _steps(asked: list[str] | None, steps: list[str], choices: str) -> set[str] | None:
     from ..errors import UserError
 
     if not asked:
@@ -55,8 +123,8 @@ def _steps(asked: list[str] | None) -> set[str] | None:
     wanted = set()
     for a in asked:
         a = a.strip().lower()
-        found = {s for s in STEPS if s == a or (a == "3" and s.startswith("3"))}
+        found = {s for s in steps if s == a or (a == "3" and s.startswith("3"))}
         if not found:
-            raise UserError(f"--step {a}: no such step; choose from 1..10, 3a, 3b, 3c")
+            raise UserError(f"--step {a}: no such step; choose from {choices}")
         wanted |= found
     return wanted

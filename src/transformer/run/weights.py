@@ -82,6 +82,23 @@ def _config_of(path: Path, meta: dict[str, str]) -> ModelConfig:
         raise UserError(f"{path}: bad model config in metadata ({e})") from None
 
 
+def read_model_config(path: str | Path) -> ModelConfig:
+    """The ModelConfig of the weights a model path stands for (see :func:`resolve_weights`),
+    read from the file's metadata alone (no tensor is loaded): which kind of model it is."""
+    weights = resolve_weights(path)
+    try:
+        with safe_open(str(weights), framework="pt") as f:
+            meta = f.metadata() or {}
+    except (SafetensorError, OSError, ValueError) as e:
+        raise UserError(f"{weights}: not a readable safetensors file, truncated or corrupt ({e})") from None
+    try:
+        return ModelConfig.from_dict(json.loads(meta["model_config"]))
+    except KeyError:
+        raise UserError(f"{weights}: no model config in the file's metadata; was it written by transformer?") from None
+    except (ValueError, TypeError) as e:
+        raise UserError(f"{weights}: bad model config in metadata ({e})") from None
+
+
 def load_weights_into(model: Transformer, tensors: dict[str, torch.Tensor], source: str | Path) -> None:
     """Copy tensors into ``model``; every parameter must be present with the right shape."""
     own = unique_state_dict(model)

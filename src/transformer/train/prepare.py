@@ -47,28 +47,28 @@ def tokenizer_file(cfg: TrainConfig, run_dir: Path) -> Path:
     return Path(run_dir) / (CHARS if cfg.is_language_model and cfg.tokenizer == "chars" else SUBWORDS)
 
 
-def text_paths(cfg: TrainConfig) -> list[Path]:
+def text_paths(cfg: TrainConfig, download: bool = True) -> list[Path]:
     if cfg.dataset == "tinyshakespeare":
-        return [tinyshakespeare_path(cfg.data_dir)]
+        return [tinyshakespeare_path(cfg.data_dir, download=download)]
     return [Path(p) for p in cfg.text_files]
 
 
-def read_lm_text(cfg: TrainConfig) -> tuple[str, str, str]:
+def read_lm_text(cfg: TrainConfig, download: bool = True) -> tuple[str, str, str]:
     """A language model's training text, validation text and the name of their source:
     Multi30k's own train / val sentences of ``tgt_lang`` for ``multi30k-mono``, else the
     files read as one text and split contiguously by ``valid_fraction``."""
     if cfg.dataset == "multi30k-mono":
-        train, valid = (load_multi30k_text(split, cfg.tgt_lang, cfg.data_dir) for split in ("train", "val"))
+        train, valid = (load_multi30k_text(split, cfg.tgt_lang, cfg.data_dir, download) for split in ("train", "val"))
         return train, valid, f"multi30k {cfg.tgt_lang}"
-    paths = text_paths(cfg)
+    paths = text_paths(cfg, download)
     return *split_text(read_texts(paths), cfg.valid_fraction), ", ".join(map(str, paths))
 
 
-def prepare_text(cfg: TrainConfig, run_dir: Path, context: int, log=print) -> PreparedText:
+def prepare_text(cfg: TrainConfig, run_dir: Path, context: int, log=print, download: bool = True) -> PreparedText:
     """A language model's streams. The vocabulary is learned once and kept in the run
     directory: characters from the whole text (as nanoGPT, so validation has no unknown
     character), BPE from the training part only."""
-    train_text, valid_text, names = read_lm_text(cfg)
+    train_text, valid_text, names = read_lm_text(cfg, download)
     text = train_text + valid_text
     path = tokenizer_file(cfg, run_dir)
     if cfg.tokenizer == "chars":
@@ -91,10 +91,10 @@ def prepare_text(cfg: TrainConfig, run_dir: Path, context: int, log=print) -> Pr
     return PreparedText(tokenizer, train, valid)
 
 
-def _read_pairs(cfg: TrainConfig, split: str) -> list[tuple[str, str]]:
+def _read_pairs(cfg: TrainConfig, split: str, download: bool = True) -> list[tuple[str, str]]:
     if cfg.dataset == "multi30k":
         name = {"train": "train", "valid": "val"}[split]
-        return load_multi30k(name, cfg.src_lang, cfg.tgt_lang, data_dir=cfg.data_dir)
+        return load_multi30k(name, cfg.src_lang, cfg.tgt_lang, data_dir=cfg.data_dir, download=download)
     src, tgt = (cfg.train_src, cfg.train_tgt) if split == "train" else (cfg.valid_src, cfg.valid_tgt)
     if src is None:
         return []
@@ -111,13 +111,13 @@ def held_out_size(valid_size: float, n_pairs: int) -> int:
     return min(1000, math.ceil(valid_size * n_pairs))
 
 
-def _pairs(cfg: TrainConfig, log) -> tuple[list[tuple[str, str]], list[tuple[str, str]], int]:
+def _pairs(cfg: TrainConfig, log, download: bool = True) -> tuple[list[tuple[str, str]], list[tuple[str, str]], int]:
     """(training pairs, validation pairs, empty pairs skipped). dataset files without a
     validation file: valid_size training pairs, drawn with seed, validate instead."""
-    train_pairs, n_empty = clean_pairs(_read_pairs(cfg, "train"))
+    train_pairs, n_empty = clean_pairs(_read_pairs(cfg, "train", download))
     if not train_pairs:
         raise UserError("no training pairs left after skipping empty lines")
-    valid, _ = clean_pairs(_read_pairs(cfg, "valid"))
+    valid, _ = clean_pairs(_read_pairs(cfg, "valid", download))
     n_held = held_out_size(cfg.valid_size, len(train_pairs)) if cfg.dataset == "files" and not cfg.valid_src else 0
     if n_held:
         n_all = len(train_pairs)
@@ -159,13 +159,14 @@ def _subwords(cfg: TrainConfig, run_dir: Path, train_pairs: list[tuple[str, str]
 
 
 def prepare_data(cfg: TrainConfig, run_dir: Path, max_len: int | None = None,
-                 log=print, subwords_from: Path | None = None) -> PreparedData | PreparedText:
+                 log=print, subwords_from: Path | None = None, download: bool = True) -> PreparedData | PreparedText:
     """Everything the training loop needs from the corpus. The subword model is learned
     once, on the training text (or copied from ``subwords_from``), and saved in the run
-    directory; later runs reuse it."""
+    directory; later runs reuse it. ``download=False``: a dataset missing from the data
+    folder is a UserError, not fetched."""
     if cfg.is_language_model:
-        return prepare_text(cfg, run_dir, cfg.context or max_len, log)
-    train_pairs, valid, n_empty = _pairs(cfg, log)
+        return prepare_text(cfg, run_dir, cfg.context or max_len, log, download)
+    train_pairs, valid, n_empty = _pairs(cfg, log, download)
     subwords = _subwords(cfg, run_dir, train_pairs, subwords_from, log)
     if cfg.lowercase:  # validation BLEU compares lower-case output with lower-case references
         valid = [(s, t.lower()) for s, t in valid]

@@ -71,6 +71,18 @@ def dropout_ramp(step: int, start: float, end: float, ramp: int) -> float:
     return start + (end - start) * min(1.0, max(step, 1) / ramp)
 
 
+def lr_at(cfg, d_model: int, step: int) -> float:
+    """The learning rate of update ``step`` (from 1) under a TrainConfig ``cfg``'s schedule
+    (noam, cosine or inverse_sqrt) and cooldown, for a model of width ``d_model``."""
+    if cfg.lr_schedule == "noam":
+        base = noam_lr(step, d_model, cfg.warmup, cfg.lr_scale)
+    elif cfg.lr_schedule == "cosine":
+        base = cosine_lr(step, cfg.peak_lr, cfg.min_lr, cfg.warmup, cfg.lr_decay_steps or cfg.max_steps)
+    else:
+        base = inverse_sqrt_lr(step, cfg.peak_lr, cfg.warmup)
+    return base * cooldown_factor(step, cfg.max_steps, cfg.cooldown)
+
+
 def paper_adam_kwargs() -> dict:
     """Adam with beta1 = 0.9, beta2 = 0.98, eps = 1e-9 (section 5.3)."""
     return {"betas": (0.9, 0.98), "eps": 1e-9}

@@ -32,7 +32,7 @@ from .loss import compile_loss
 from .monitor import Monitor, require_tensorboard
 from .prepare import PreparedData, PreparedText, prepare_data, prepare_run, tokenizer_file
 from .reuse import Start
-from .schedule import cooldown_factor, cosine_lr, dropout_ramp, inverse_sqrt_lr, noam_lr
+from .schedule import dropout_ramp, lr_at
 from .step import StepStats, make_optimizer, resolve_precision, train_step
 from .task import make_task
 
@@ -188,14 +188,7 @@ class Trainer:
 
     # ---- schedule ---------------------------------------------------------------------
     def lr(self, step: int) -> float:
-        c = self.cfg
-        if c.lr_schedule == "noam":
-            base = noam_lr(step, self.model.cfg.d_model, c.warmup, c.lr_scale)
-        elif c.lr_schedule == "cosine":
-            base = cosine_lr(step, c.peak_lr, c.min_lr, c.warmup, c.lr_decay_steps or c.max_steps)
-        else:
-            base = inverse_sqrt_lr(step, c.peak_lr, c.warmup)
-        return base * cooldown_factor(step, c.max_steps, c.cooldown)
+        return lr_at(self.cfg, self.model.cfg.d_model, step)
 
     def _dropout(self, step: int) -> float:
         return dropout_ramp(step, self.cfg.dropout_start, self.model.cfg.dropout, self.cfg.dropout_ramp)

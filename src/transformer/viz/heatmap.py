@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import fonts
-from .maps import KIND_TITLES, KINDS, AttentionMaps
+from .maps import KIND_TITLES, AttentionMaps, PromptMaps
 
 MIN_CELL_IN, MAX_CELL_IN = 1.0, 2.2  # inches per small heatmap
 DPI = 100
@@ -32,14 +32,15 @@ def _pyplot():
     return plt
 
 
-def draw_attention(maps: AttentionMaps, layer: int | None = None, head: int = 0,
-                   kinds: tuple[str, ...] = KINDS):
+def draw_attention(maps: AttentionMaps | PromptMaps, layer: int | None = None, head: int = 0,
+                   kinds: tuple[str, ...] | None = None):
     """The figure (not yet saved).
 
     Args:
-        maps: from :func:`~transformer.viz.maps.collect_attention`.
+        maps: from :func:`~transformer.viz.maps.collect_attention` (a translation) or
+            :func:`~transformer.viz.maps.collect_prompt_attention` (a language model's prompt).
         layer, head: the head to enlarge, counted from 0 (default: the last layer, head 0).
-        kinds: which sections to draw, in order.
+        kinds: which sections to draw, in order (default: every kind the maps hold).
 
     Returns:
         A matplotlib Figure. Each heatmap axes carries a label ``"KIND/L<l>/H<h>"`` (from 0)
@@ -48,14 +49,15 @@ def draw_attention(maps: AttentionMaps, layer: int | None = None, head: int = 0,
     plt = _pyplot()
     n_l, n_h = maps.n_layers, maps.n_heads
     layer = n_l - 1 if layer is None else layer
-    longest = max(len(maps.src_pieces), len(maps.tgt_in_pieces))
+    kinds = maps.kinds if kinds is None else kinds
+    longest = maps.longest
     big_in = min(max(4.5, 0.22 * longest + 2.0), 12.0)  # room for one label per row / column
     cell = min(max((big_in - 0.8) / n_l, MIN_CELL_IN), MAX_CELL_IN)
     grid_w, grid_h = n_h * cell + 0.5, n_l * cell + 0.8
     section_h = max(grid_h, big_in)
     # The fallback list is set on each text that may hold any script (it then does not
     # depend on rcParams at drawing time); the rest uses matplotlib's defaults.
-    family = fonts.families([maps.source, maps.translation, *maps.src_pieces, *maps.tgt_out_pieces])
+    family = fonts.families(maps.texts())
     with plt.rc_context({"font.size": 8}):
         fig = plt.figure(figsize=(grid_w + big_in + 1.0, section_h * len(kinds) + 0.6), dpi=DPI,
                          layout="constrained")
@@ -68,13 +70,13 @@ def draw_attention(maps: AttentionMaps, layer: int | None = None, head: int = 0,
     return fig
 
 
-def _title(maps: AttentionMaps, width: int = 110) -> str:
+def _title(maps: AttentionMaps | PromptMaps, width: int = 110) -> str:
     cut = lambda s: s if len(s) <= width else s[: width - 3] + "..."  # noqa: E731
-    return "\n".join(fonts.displayable(line) for line in (f"source: {cut(maps.source)}",
-                                                          f"translation: {cut(maps.translation)}"))
+    one_line = lambda s: s.replace("\n", " / ")  # noqa: E731  (a prompt may hold line breaks)
+    return "\n".join(fonts.displayable(f"{label}: {cut(one_line(text))}") for label, text in maps.heading())
 
 
-def _draw_grid(sf, maps: AttentionMaps, kind: str) -> None:
+def _draw_grid(sf, maps: AttentionMaps | PromptMaps, kind: str) -> None:
     w = maps.weights(kind).numpy()  # (L, H, rows, cols)
     axes = sf.subplots(maps.n_layers, maps.n_heads, squeeze=False)
     sf.suptitle(f"{KIND_TITLES[kind]}\nlayers down, heads across", fontsize=9)
@@ -91,7 +93,7 @@ def _draw_grid(sf, maps: AttentionMaps, kind: str) -> None:
                 ax.set_ylabel(f"layer {layer + 1}", fontsize=7)
 
 
-def _draw_one(sf, maps: AttentionMaps, kind: str, layer: int, head: int, family: list[str]) -> None:
+def _draw_one(sf, maps: AttentionMaps | PromptMaps, kind: str, layer: int, head: int, family: list[str]) -> None:
     rows, cols = maps.labels(kind)
     size = 8 if max(len(rows), len(cols)) <= 40 else 6
     ax = sf.subplots(1, 1)

@@ -6,19 +6,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .maps import KIND_TITLES, KINDS, AttentionMaps
+from .maps import KIND_TITLES, AttentionMaps, PromptMaps
 
 
-def page_data(maps: AttentionMaps, decimals: int = 4) -> dict:
-    """The JSON the page embeds: labels and weights [layer][head][row][col], rounded."""
+def page_data(maps: AttentionMaps | PromptMaps, decimals: int = 4) -> dict:
+    """The JSON the page embeds: labels and weights [layer][head][row][col], rounded;
+    ``heading``: the (label, text) lines above the plot (source and translation, or prompt)."""
     kinds = {}
-    for kind in KINDS:
+    for kind in maps.kinds:
         rows, cols = maps.labels(kind)
         w = maps.weights(kind)
         kinds[kind] = {"title": KIND_TITLES[kind], "rows": rows, "cols": cols,
                        "weights": [[[[round(float(x), decimals) for x in row] for row in head]
                                     for head in layer] for layer in w.tolist()]}
-    return {"source": maps.source, "translation": maps.translation,
+    return {"source": maps.source, "translation": maps.translation, "heading": [list(h) for h in maps.heading()],
             "n_layers": maps.n_layers, "n_heads": maps.n_heads, "kinds": kinds}
 
 
@@ -28,11 +29,11 @@ def _embed(data: dict) -> str:
     return json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("/", "\\/")
 
 
-def render_html(maps: AttentionMaps) -> str:
+def render_html(maps: AttentionMaps | PromptMaps) -> str:
     return _TEMPLATE.replace("__DATA__", _embed(page_data(maps)))
 
 
-def write_html(maps: AttentionMaps, path: str | Path) -> Path:
+def write_html(maps: AttentionMaps | PromptMaps, path: str | Path) -> Path:
     from ..run.files import write_text_atomic
 
     return write_text_atomic(path, render_html(maps))
@@ -56,8 +57,7 @@ _TEMPLATE = """<!DOCTYPE html>
 </head>
 <body>
 <h1>Attention weights</h1>
-<p class="sent"><b>source:</b> <span id="source"></span></p>
-<p class="sent"><b>translation:</b> <span id="translation"></span></p>
+<div id="heading"></div>
 <div class="controls">
   <label>kind <select id="kind"></select></label>
   <label>layer <select id="layer"></select></label>
@@ -70,8 +70,11 @@ _TEMPLATE = """<!DOCTYPE html>
 "use strict";
 const DATA = JSON.parse(document.getElementById("data").textContent);
 const $ = (id) => document.getElementById(id);
-$("source").textContent = DATA.source;
-$("translation").textContent = DATA.translation;
+DATA.heading.forEach(([label, text]) => {
+  const p = document.createElement("p"), b = document.createElement("b"), span = document.createElement("span");
+  p.className = "sent"; b.textContent = label + ": "; span.textContent = text;
+  p.append(b, span); $("heading").appendChild(p);
+});
 
 function fill(select, items) {
   select.innerHTML = "";

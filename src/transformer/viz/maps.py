@@ -10,6 +10,7 @@ Shape legend (one sentence, the batch dimension dropped)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -21,6 +22,7 @@ KIND_TITLES = {
     "encoder": "encoder self-attention",
     "decoder": "decoder masked self-attention",
     "cross": "encoder-decoder (cross) attention",
+    "self": "causal self-attention",
 }
 WORD_START = "\u2581"  # sentencepiece's word-start marker
 
@@ -48,9 +50,24 @@ class AttentionMaps:
     decoder: Tensor  # (L, H, T, T), zero above the diagonal
     cross: Tensor  # (L, H, T, S)
 
+    kinds: ClassVar[tuple[str, ...]] = KINDS
+    focus_kind: ClassVar[str] = "encoder"  # the attention that --focus ranks
+
     @property
     def n_layers(self) -> int:
         return self.encoder.size(0)
+
+    @property
+    def longest(self) -> int:
+        return max(len(self.src_pieces), len(self.tgt_in_pieces))
+
+    def heading(self) -> list[tuple[str, str]]:
+        """(label, text) lines for a picture's title."""
+        return [("source", self.source), ("translation", self.translation)]
+
+    def texts(self) -> list[str]:
+        """Every text a picture labels with (to choose fonts that have its characters)."""
+        return [self.source, self.translation, *self.src_pieces, *self.tgt_out_pieces]
 
     @property
     def n_heads(self) -> int:
@@ -72,6 +89,63 @@ class AttentionMaps:
         if kind == "decoder":
             return self.tgt_in_pieces, self.tgt_in_pieces
         return self.tgt_out_pieces, self.src_pieces
+
+
+@dataclass(frozen=True)
+class PromptMaps:
+    """Per-layer, per-head causal self-attention of one prompt through a language model
+    (float32, on the CPU): the same interface as :class:`AttentionMaps`, one kind ("self")."""
+
+    prompt: str
+    pieces: list[str]  # T tokens: rows (queries) and columns (keys)
+    self_attn: Tensor  # (L, H, T, T), zero above the diagonal
+
+    kinds: ClassVar[tuple[str, ...]] = ("self",)
+    focus_kind: ClassVar[str] = "self"
+
+    @property
+    def n_layers(self) -> int:
+        return self.self_attn.size(0)
+
+    @property
+    def n_heads(self) -> int:
+        return self.self_attn.size(1)
+
+    @property
+    def longest(self) -> int:
+        return len(self.pieces)
+
+    @property
+    def source(self) -> str:  # the HTML page's first line
+        return self.prompt
+
+    @property
+    def translation(self) -> None:
+        return None
+
+    def weights(self, kind: str) -> Tensor:
+        if kind != "self":
+            raise UserError(f"a language model has causal self-attention only, not {kind!r}")
+        return self.self_attn
+
+    def labels(self, kind: str) -> tuple[list[str], list[str]]:  # noqa: ARG002
+        return self.pieces, self.pieces
+
+    def heading(self) -> list[tuple[str, str]]:
+        return [("prompt", self.prompt)]
+
+    def texts(self) -> list[str]:
+        return [self.prompt, *self.pieces]
+
+
+@torch.inference_mode()
+def collect_prompt_attention(model, prompt: str, ids: list[int], pieces: list[str]) -> PromptMaps:
+    """The self-attention weights of ``model`` (a LanguageModel, eval mode) on ``ids``: the
+    explicit-attention path of ``decode``, the weights that give its logits."""
+    device = next(model.parameters()).device
+    tokens = torch.tensor([ids], device=device)
+    _, _, weights = model.decode(tokens, model.start_cache(1, device), return_weights=True)
+    return PromptMaps(prompt, pieces, torch.stack([w[0].float().cpu() for w in weights]))
 
 
 def prepare_pair(translator, sentence: str, target: str | None = None) -> Pair:
@@ -143,7 +217,7 @@ def find_word(pieces: list[str], word: str) -> list[int]:
         if w.lower() == word.strip().lower():
             return idx
     known = " ".join(w for w, _ in words(pieces))
-    raise UserError(f"{word!r} is not a word of the source sentence (its words: {known})")
+    raise UserError(f"{word!r} is not a word of the text (its words: {known})")
 
 
 @dataclass(frozen=True)
@@ -158,13 +232,21 @@ class HeadLink:
     contrast: float | None = None  # the same weight towards a contrasting word, if one was given
 
 
-def rank_heads(maps: AttentionMaps, word: str, target: str, contrast: str | None = None) -> list[HeadLink]:
-    """Every encoder head, ranked by how strongly ``word`` attends to ``target`` (and, for
-    comparison, to ``contrast``: "it" -> "animal" rather than "street")."""
-    rows, cols = find_word(maps.src_pieces, word), find_word(maps.src_pieces, target)
-    other = find_word(maps.src_pieces, contrast) if contrast is not None else None
-    w = maps.encoder[:, :, rows, :].mean(dim=2)  # (L, H, S): the word's attention row
-    groups = words(maps.src_pieces)
+def rank_heads(maps: AttentionMaps | PromptMaps, word: str, target: str, contrast: str | None = None) -> list[HeadLink]:
+    """Every encoder head (a language model: every self-attention head), ranked by how
+    strongly ``word`` attends to ``target`` (and, for comparison, to ``contrast``: "it" ->
+    "animal" rather than "street"). A causal model's query is the word's last token, the
+    first that has read all of it; a bare space token ("▁", characters) belongs to no word."""
+    pieces = maps.labels(maps.focus_kind)[1]
+    causal = maps.focus_kind == "self"
+    find = (lambda w: _without_spaces(pieces, find_word(pieces, w))) if causal else (lambda w: find_word(pieces, w))
+    rows, cols = find(word), find(target)
+    rows = rows[-1:] if causal else rows
+    other = find(contrast) if contrast is not None else None
+    w = maps.weights(maps.focus_kind)[:, :, rows, :].mean(dim=2)  # (L, H, S): the word's attention row
+    groups = words(pieces)
+    if causal:
+        groups = [(g, _without_spaces(pieces, idx)) for g, idx in groups]
     per_word = torch.stack([w[..., idx].sum(-1) for _, idx in groups], dim=-1)  # (L, H, n_words)
     links = []
     for layer in range(maps.n_layers):
@@ -176,10 +258,17 @@ def rank_heads(maps: AttentionMaps, word: str, target: str, contrast: str | None
     return sorted(links, key=lambda h: -h.weight)
 
 
-def format_links(links: list[HeadLink], word: str, target: str, n_src: int, contrast: str | None = None) -> str:
-    """The ranked table ``transformer attention --focus`` prints."""
+def _without_spaces(pieces: list[str], idx: list[int]) -> list[int]:
+    kept = [i for i in idx if pieces[i] != WORD_START]
+    return kept or idx
+
+
+def format_links(links: list[HeadLink], word: str, target: str, n_src: int, contrast: str | None = None,
+                 heads: str = "encoder") -> str:
+    """The ranked table ``transformer attention --focus`` prints; ``n_src``: the keys the
+    query row spreads over (uniform attention gives each 1 / n_src)."""
     extra = f"  {word + '->' + contrast:>14}" if contrast else ""
-    lines = [f"encoder heads ranked by attention from {word!r} to {target!r} "
+    lines = [f"{heads} heads ranked by attention from {word!r} to {target!r} "
              f"(layers and heads counted from 1; uniform attention would give about {1 / n_src:.3f} per piece)",
              f"{'rank':>4}  {'layer':>5}  {'head':>4}  {word + '->' + target:>14}{extra}  {word}'s strongest link"]
     for rank, h in enumerate(links, 1):

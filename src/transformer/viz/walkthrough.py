@@ -217,19 +217,29 @@ def _decoder(model, y: Tensor, cache, src_p, tgt_p, s_dims, t_dims) -> tuple[Ten
 
 def to_dict(w: Walkthrough) -> dict:
     return {"source_pieces": w.source_pieces, "decoder_input_pieces": w.target_pieces, "checks": w.checks,
-            "steps": [{"step": s.number, "title": s.title, "title_zh": s.title_zh, "formula": s.formula,
-                       "code": s.code, "shapes": s.shapes, "numbers": s.numbers} for s in w.steps]}
+            "steps": step_dicts(w.steps)}
 
 
-def format_text(w: Walkthrough) -> str:
+def format_steps(steps: list[rec.Step]) -> list[str]:
+    """Each step as a block of text lines (title, formula, code, shapes, numbers), then a blank."""
     out = []
-    for s in w.steps:
+    for s in steps:
         out.append(f"({s.number}) {s.title_zh} / {s.title}")
         out.append(f"    formula: {s.formula}")
         out.append(f"    code:    {s.code}")
         out += [f"    shape:   {line}" for line in s.shapes]
         out += [f"    {line}" for line in s.lines]
         out.append("")
+    return out
+
+
+def step_dicts(steps: list[rec.Step]) -> list[dict]:
+    return [{"step": s.number, "title": s.title, "title_zh": s.title_zh, "formula": s.formula,
+             "code": s.code, "shapes": s.shapes, "numbers": s.numbers} for s in steps]
+
+
+def format_text(w: Walkthrough) -> str:
+    out = format_steps(w.steps)
     c = w.checks
     same = c["memory_max_abs_diff"] == 0 and c["logits_max_abs_diff"] == 0
     out.append(f"check: step-by-step vs model.encode / model.decode: max |diff| memory {c['memory_max_abs_diff']:.1e}, "
