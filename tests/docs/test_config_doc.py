@@ -95,7 +95,7 @@ def test_presets_table_lists_every_preset_with_its_shape(page):
 
 def test_decoding_and_service_flags_come_from_the_commands(page):
     assert "| `beam` | `--beam` (translate, evaluate, attention, explain, serve) |" in page
-    assert "| `temperature` | `--temperature` (generate, serve) |" in page
+    assert "| `temperature` | `--temperature` (generate, explain, serve) |" in page
     assert "| `max_len_a` |  |" in page  # no flag: the decoding: section only
     assert "| `batching` | `--no-batching` |" in page and "| `max_body_bytes` |  |" in page
 
