@@ -52,9 +52,8 @@ def read_weights(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: weights file not found")
+    meta = _metadata(path)
     try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
         tensors = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as e:
         raise UserError(f"{path}: not a readable safetensors file, truncated or corrupt ({e})") from None
@@ -65,12 +64,15 @@ def read_model_config(path: str | Path) -> ModelConfig:
     """The config of the model a path stands for (as :func:`load_model` resolves it), from
     the weights file's metadata alone: which kind of model it is, before loading it."""
     weights = resolve_weights(path)
+    return _config_of(weights, _metadata(weights))
+
+
+def _metadata(path: Path) -> dict[str, str]:
     try:
-        with safe_open(str(weights), framework="pt") as f:
-            meta = f.metadata() or {}
+        with safe_open(str(path), framework="pt") as f:
+            return f.metadata() or {}
     except (SafetensorError, OSError, ValueError) as e:
-        raise UserError(f"{weights}: not a readable safetensors file, truncated or corrupt ({e})") from None
-    return _config_of(weights, meta)
+        raise UserError(f"{path}: not a readable safetensors file, truncated or corrupt ({e})") from None
 
 
 def _config_of(path: Path, meta: dict[str, str]) -> ModelConfig:
@@ -80,23 +82,6 @@ def _config_of(path: Path, meta: dict[str, str]) -> ModelConfig:
         return ModelConfig.from_dict(json.loads(meta["model_config"]))
     except (ValueError, TypeError) as e:
         raise UserError(f"{path}: bad model config in metadata ({e})") from None
-
-
-def read_model_config(path: str | Path) -> ModelConfig:
-    """The ModelConfig of the weights a model path stands for (see :func:`resolve_weights`),
-    read from the file's metadata alone (no tensor is loaded): which kind of model it is."""
-    weights = resolve_weights(path)
-    try:
-        with safe_open(str(weights), framework="pt") as f:
-            meta = f.metadata() or {}
-    except (SafetensorError, OSError, ValueError) as e:
-        raise UserError(f"{weights}: not a readable safetensors file, truncated or corrupt ({e})") from None
-    try:
-        return ModelConfig.from_dict(json.loads(meta["model_config"]))
-    except KeyError:
-        raise UserError(f"{weights}: no model config in the file's metadata; was it written by transformer?") from None
-    except (ValueError, TypeError) as e:
-        raise UserError(f"{weights}: bad model config in metadata ({e})") from None
 
 
 def load_weights_into(model: Transformer, tensors: dict[str, torch.Tensor], source: str | Path) -> None:
