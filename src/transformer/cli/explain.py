@@ -49,8 +49,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _translation(args: argparse.Namespace) -> int:
-    import json
-
     from ..translator import load_translator
     from ..viz.maps import prepare_pair
     from ..viz.walkthrough import format_text, to_dict, walk
@@ -59,20 +57,12 @@ def _translation(args: argparse.Namespace) -> int:
     translator = load_translator(args.model, **decoding_options(args))
     pair = prepare_pair(translator, args.sentence, args.target)
     w = walk(translator.model, pair.src_ids, pair.tgt_ids, translator.subwords.id_to_piece)
-    if wanted is not None:
-        w.steps = [s for s in w.steps if s.number in wanted]
-    if args.json:
-        print(json.dumps({"source": pair.source, "translation": pair.translation, **to_dict(w)},
-                         ensure_ascii=False, indent=1))
-    else:
-        print(f"source:      {pair.source}\ntranslation: {pair.translation}\n")
-        print(format_text(w))
-    return 0
+    return _print_walk(w, wanted, args.json, to_dict, format_text,
+                       {"source": pair.source, "translation": pair.translation},
+                       f"source:      {pair.source}\ntranslation: {pair.translation}\n")
 
 
 def _language_model(args: argparse.Namespace) -> int:
-    import json
-
     from ..errors import UserError
     from ..viz.lm_walkthrough import STEPS as LM_STEPS
     from ..viz.lm_walkthrough import format_text, to_dict, token_shower, walk_lm
@@ -84,12 +74,20 @@ def _language_model(args: argparse.Namespace) -> int:
     generator = load_language_model(args.model, decoding_options(args))
     ids = prompt_ids(generator, args.sentence)
     w = walk_lm(generator.model, ids, token_shower(generator.tokenizer), generator.decoding)
+    return _print_walk(w, wanted, args.json, to_dict, format_text, {"prompt": args.sentence},
+                       f"prompt: {args.sentence!r} ({len(ids)} tokens)\n")
+
+
+def _print_walk(w, wanted, as_json: bool, to_dict, format_text, header: dict, header_text: str) -> int:
+    """Either walk's steps (only the ``wanted`` ones, if given) as JSON or as text under its header."""
+    import json
+
     if wanted is not None:
         w.steps = [s for s in w.steps if s.number in wanted]
-    if args.json:
-        print(json.dumps({"prompt": args.sentence, **to_dict(w)}, ensure_ascii=False, indent=1))
+    if as_json:
+        print(json.dumps({**header, **to_dict(w)}, ensure_ascii=False, indent=1))
     else:
-        print(f"prompt: {args.sentence!r} ({len(ids)} tokens)\n")
+        print(header_text)
         print(format_text(w))
     return 0
 
