@@ -99,11 +99,16 @@ function showAttention(data) {
   state.data = data;
   $("attention").hidden = data.source_tokens.length === 0;
   // Options are numbered from 1, as people count; state holds indices from 0.
-  fillSelect($("layer"), range(data.n_layers).map((i) => [i + 1, `${i + 1} of ${data.n_layers}`]), state.layer + 1);
-  fillSelect($("head"), [["avg", "average"], ...range(data.n_heads).map((i) => [i + 1, `${i + 1}`])],
-    state.head === "avg" ? "avg" : state.head + 1);
+  fillLayerHead($("layer"), $("head"), data, state);
   readControls();
   draw();
+}
+
+// The layer and head pickers for data's shape, keeping the chosen ones (indices from 0) where they exist.
+function fillLayerHead(layerSelect, headSelect, data, chosen) {
+  fillSelect(layerSelect, range(data.n_layers).map((i) => [i + 1, `${i + 1} of ${data.n_layers}`]), chosen.layer + 1);
+  fillSelect(headSelect, [["avg", "average"], ...range(data.n_heads).map((i) => [i + 1, `${i + 1}`])],
+    chosen.head === "avg" ? "avg" : chosen.head + 1);
 }
 
 function fillSelect(select, options, keep) {
@@ -129,28 +134,33 @@ function draw() {
   $("axes").textContent = kind.axes;
 
   const table = $("heatmap");
+  fillHeatmap(table, state.rows, state.cols, state.values);
+  table.dataset.kind = state.kind;
+  table.dataset.layer = $("layer").value; // as shown: from 1
+  table.dataset.head = $("head").value;
+  showHover(null);
+}
+
+// A table of weights: a header of the column tokens, then one row per row token.
+function fillHeatmap(table, rows, cols, values) {
   const header = document.createElement("tr");
   header.append(document.createElement("th"));
-  state.cols.forEach((token, j) => header.append(tokenCell("th", token, { col: j }, "col")));
-  const body = state.values.map((row, i) => {
+  cols.forEach((token, j) => header.append(tokenCell("th", token, { col: j }, "col")));
+  const body = values.map((row, i) => {
     const tr = document.createElement("tr");
-    tr.append(tokenCell("th", state.rows[i], { row: i }, "row"));
+    tr.append(tokenCell("th", rows[i], { row: i }, "row"));
     row.forEach((weight, j) => {
       const td = document.createElement("td");
       td.dataset.row = i;
       td.dataset.col = j;
       td.dataset.w = weight.toFixed(3);
       td.style.backgroundColor = heat(weight);
-      td.title = `${state.rows[i]} → ${state.cols[j]}: ${weight.toFixed(3)}`;
+      td.title = `${rows[i]} → ${cols[j]}: ${weight.toFixed(3)}`;
       tr.append(td);
     });
     return tr;
   });
   table.replaceChildren(header, ...body);
-  table.dataset.kind = state.kind;
-  table.dataset.layer = $("layer").value; // as shown: from 1
-  table.dataset.head = $("head").value;
-  showHover(null);
 }
 
 function tokenCell(tag, token, indices, className) {

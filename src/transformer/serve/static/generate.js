@@ -117,9 +117,7 @@ function parseEvent(block) {
 function showLMAttention(data) {
   lm.data = data;
   $("lm-attention").hidden = data.tokens.length === 0;
-  fillSelect($("lm-layer"), range(data.n_layers).map((i) => [i + 1, `${i + 1} of ${data.n_layers}`]), lm.layer + 1);
-  fillSelect($("lm-head"), [["avg", "average"], ...range(data.n_heads).map((i) => [i + 1, `${i + 1}`])],
-    lm.head === "avg" ? "avg" : lm.head + 1);
+  fillLayerHead($("lm-layer"), $("lm-head"), data, lm);
   redrawLM();
 }
 
@@ -150,24 +148,7 @@ function drawLM() {
   }));
 
   const table = $("lm-heatmap");
-  const header = document.createElement("tr");
-  header.append(document.createElement("th"));
-  tokens.forEach((token, j) => header.append(tokenCell("th", token, { col: j }, "col")));
-  const body = lm.values.map((row, i) => {
-    const tr = document.createElement("tr");
-    tr.append(tokenCell("th", tokens[i], { row: i }, "row"));
-    row.forEach((weight, j) => {
-      const td = document.createElement("td");
-      td.dataset.row = i;
-      td.dataset.col = j;
-      td.dataset.w = weight.toFixed(3);
-      td.style.backgroundColor = heat(weight);
-      td.title = `${tokens[i]} → ${tokens[j]}: ${weight.toFixed(3)}`;
-      tr.append(td);
-    });
-    return tr;
-  });
-  table.replaceChildren(header, ...body);
+  fillHeatmap(table, tokens, tokens, lm.values);
   table.dataset.layer = $("lm-layer").value; // as shown: from 1
   table.dataset.head = $("lm-head").value;
   showLMHover(null);
