@@ -37,18 +37,27 @@ def _gzip_error(path: Path, e: Exception) -> UserError:
     return UserError(f"{path}: not a valid gzip file ({e}); re-download it or remove the .gz suffix")
 
 
-def _read_bytes(path: Path) -> bytes:
-    """The file's bytes, gunzipped when the name ends in ``.gz``."""
-    _check_file(path)
+@contextmanager
+def _read_errors(path: Path) -> Iterator[None]:
+    """Read errors (a damaged gzip stream, an OS error) as one-line UserErrors naming ``path``."""
     try:
-        if path.suffix == ".gz":
-            with gzip.open(path, "rb") as f:
-                return f.read()
-        return path.read_bytes()
+        yield
     except _GZIP_ERRORS as e:
         raise _gzip_error(path, e) from e
     except OSError as e:
         raise UserError(f"{path}: cannot read ({e.strerror or e})") from e
+
+
+def _open_binary(path: Path) -> BinaryIO:
+    """The file opened for reading bytes, gunzipped when the name ends in ``.gz``."""
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+
+
+def _read_bytes(path: Path) -> bytes:
+    """The file's bytes, gunzipped when the name ends in ``.gz``."""
+    _check_file(path)
+    with _read_errors(path), _open_binary(path) as f:
+        return f.read()
 
 
 def _utf8_error(name: str, line: int, byte: int, column: int) -> UserError:
@@ -117,22 +126,16 @@ def open_lines(path: str | Path) -> Iterator[Iterator[str]]:
     """
     path = Path(path)
     _check_file(path)
-    try:
-        f: BinaryIO = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
-    except OSError as e:
-        raise UserError(f"{path}: cannot read ({e.strerror or e})") from e
+    with _read_errors(path):
+        f = _open_binary(path)
     with f:
         yield _reading(iter_lines(f, str(path)), path)
 
 
 def _reading(lines: Iterator[str], path: Path) -> Iterator[str]:
     """``lines``, with read errors turned into one-line UserErrors naming ``path``."""
-    try:
+    with _read_errors(path):
         yield from lines
-    except _GZIP_ERRORS as e:
-        raise _gzip_error(path, e) from e
-    except OSError as e:
-        raise UserError(f"{path}: cannot read ({e.strerror or e})") from e
 
 
 def count_lines(path: str | Path, block: int = 1 << 20) -> int:
@@ -141,14 +144,9 @@ def count_lines(path: str | Path, block: int = 1 << 20) -> int:
     path = Path(path)
     _check_file(path)
     n, last = 0, b"\n"
-    try:
-        with gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb") as f:
-            while data := f.read(block):
-                n, last = n + data.count(b"\n"), data[-1:]
-    except _GZIP_ERRORS as e:
-        raise _gzip_error(path, e) from e
-    except OSError as e:
-        raise UserError(f"{path}: cannot read ({e.strerror or e})") from e
+    with _read_errors(path), _open_binary(path) as f:
+        while data := f.read(block):
+            n, last = n + data.count(b"\n"), data[-1:]
     return n + (last != b"\n")
 
 
