@@ -64,8 +64,8 @@ def main() -> None:
     def prompts(b: int) -> list[list[int]]:
         return torch.randint(3, cfg.vocab_size, (b, args.prompt), generator=gen).tolist()
 
-    def ours(m):
-        return lambda p: generate(m, p, args.new, temperature=0)
+    def ours(m, compile="off"):
+        return lambda p: generate(m, p, args.new, temperature=0, compile=compile)
 
     @torch.inference_mode()
     def hf_generate(p):
@@ -81,19 +81,23 @@ def main() -> None:
             return [r.sequences_ids[0] for r in res]
         return run
 
-    systems = {"ours-fp32": ours(model), "ours-bf16": ours(bf16), "hf-fp32": hf_generate,
+    systems = {"ours-fp32": ours(model), "ours-bf16": ours(bf16), "ours-fp32-compiled": ours(model, "on"),
+               "ours-bf16-compiled": ours(bf16, "on"), "hf-fp32": hf_generate,
                "ct2-fp32": ct2_generate("float32"), "ct2-int8": ct2_generate("int8")}
     print(f"{cfg.kind} {cfg.positions} {cfg.n_layers} layers, d_model {cfg.d_model}, {model.num_parameters():,} "
           f"parameters; prompt {args.prompt}, {args.new} new tokens, greedy; torch {torch.__version__}, "
           f"{args.threads} threads, {args.rounds} rounds (medians)\n")
-    print("| batch | system | new tokens/s | x HF | greedy tokens equal to ours-fp32 |")
-    print("|---|---|---|---|---|")
+    print("| batch | system | new tokens/s | x HF | greedy tokens equal to ours-fp32 | first call, s |")
+    print("|---|---|---|---|---|---|")
     for b in map(int, args.batches.split(",")):
         p = prompts(b)
         times: dict[str, list[float]] = {n: [] for n in systems}
         outs = {}
-        for n, f in systems.items():  # warm-up, and the outputs
+        warmup = {}
+        for n, f in systems.items():  # warm-up (for the compiled step: its compilation), and the outputs
+            t = time.perf_counter()
             outs[n] = f(p)
+            warmup[n] = time.perf_counter() - t
         for r in range(args.rounds):
             names = list(systems)
             for n in names[r % len(names):] + names[: r % len(names)]:
@@ -104,7 +108,7 @@ def main() -> None:
         ref = outs["ours-fp32"]
         for n in systems:
             same = sum(a[: len(c)] == c[: len(a)] and len(a) == len(c) for a, c in zip(outs[n], ref))
-            print(f"| {b} | {n} | {tps[n]:,.0f} | {tps[n] / tps['hf-fp32']:.2f} | {same}/{b} |")
+            print(f"| {b} | {n} | {tps[n]:,.0f} | {tps[n] / tps['hf-fp32']:.2f} | {same}/{b} | {warmup[n]:.1f} |")
 
 
 if __name__ == "__main__":

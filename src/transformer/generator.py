@@ -104,7 +104,8 @@ class Generator:
         encoded = [self.encode(p) for p in prompts]
         seed = None if d.seed is None else d.seed + seed_offset
         rows = [TextPieces(self.tokenizer) for _ in prompts]
-        for token in generate_stream(self.model, encoded, d.max_new_tokens, d.temperature, d.top_k, d.top_p, seed):
+        for token in generate_stream(self.model, encoded, d.max_new_tokens, d.temperature, d.top_k, d.top_p, seed,
+                                     compile=d.compile):
             yield [row.add(t) for row, t in zip(rows, token.tolist())]
         rest = [row.finish() for row in rows]
         if any(rest):

@@ -17,7 +17,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--num-samples", type=int, default=1, metavar="N",
                    help="continuations of the prompt, one after another, sample n with seed + n (the rows "
                         "of one batch of n prompts with the same seed) (default: 1)")
-    add_decoding_options(p, "max_new_tokens", "temperature", "top_k", "top_p", "seed", "precision", "device")
+    add_decoding_options(p, "max_new_tokens", "temperature", "top_k", "top_p", "seed", "precision", "device", "compile")
     p.set_defaults(func=run)
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .precision import check_precision
+from .static import COMPILE_CHOICES
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class DecodingConfig:
     max_tokens: int = 4000  # source tokens per batch (padded)
     precision: str = "fp32"  # fp32, bf16 or int8 (CPU); see decode/precision.py
     device: str = "cpu"  # cpu or cuda[:N]
+    compile: str = "auto"  # generation: on, off or auto (on when long enough to pay); see decode/static.py
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):  # YAML and JSON give 1 for 1.0
@@ -57,6 +59,8 @@ class DecodingConfig:
         _need(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", "must be positive",
               self.max_tokens)
         _need(isinstance(self.device, str), "device", "must be a device name such as cpu or cuda:0", self.device)
+        _need(self.compile in COMPILE_CHOICES, "compile", f"must be one of {', '.join(COMPILE_CHOICES)}",
+              self.compile)
         check_precision(self.precision, self.device)  # ValueError: "precision ..." names the field too
 
     def replace(self, **changes: Any) -> "DecodingConfig":

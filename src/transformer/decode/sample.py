@@ -18,6 +18,9 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import Tensor
 
+from ..model.cache import StaticKVCache
+from .static import cache_capacity, compiled_step, should_compile
+
 
 def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
     """(B, V) logits with every token outside the top-k and outside the nucleus set to -inf.
@@ -60,19 +63,25 @@ def left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[Tensor, Ten
 @torch.inference_mode()
 def generate_stream(model, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0,
                     top_k: int = 0, top_p: float = 1.0, seed: int | Sequence[int | None] | None = None,
-                    stop_id: int | None = None) -> Iterator[Tensor]:
+                    stop_id: int | None = None, compile: str | bool = "off") -> Iterator[Tensor]:
     """Yield the next token of every row, (B,) ids, ``max_new_tokens`` times (fewer when every
     row has produced ``stop_id``; a finished row then repeats ``stop_id``).
 
     ``prompts`` are token ids, each non-empty and at most ``max_len - 1`` long (the callers
     cut longer ones from the left and start empty ones with BOS). ``seed``: one int (row
-    ``i`` draws with ``seed + i``), one per row (None: a fresh one), or None (fresh ones)."""
+    ``i`` draws with ``seed + i``), one per row (None: a fresh one), or None (fresh ones).
+    ``compile``: ``"on"`` runs the steps after the prompt through one compiled step on a
+    fixed-shape cache (:mod:`transformer.decode.static`), ``"off"`` eagerly on the growing
+    cache, ``"auto"`` compiles when the generation is long enough to pay for it."""
     cfg, device = model.cfg, model.output_layer()[0].device
     if any(not p or len(p) >= cfg.max_len for p in prompts):
         raise ValueError(f"every prompt needs 1 to {cfg.max_len - 1} tokens")
     generators = None
     if temperature > 0:
         generators = [torch.Generator(device=device).manual_seed(s) for s in row_seeds(seed, len(prompts))]
+    if should_compile(compile, len(prompts), max_new_tokens):
+        yield from _generate_static(model, prompts, max_new_tokens, temperature, top_k, top_p, generators, stop_id)
+        return
     history = [list(p) for p in prompts]
     cache = model.start_cache(len(prompts), device)
     ids, real = left_pad(prompts, cfg.pad_id, device)
@@ -101,6 +110,46 @@ def generate_stream(model, prompts: list[list[int]], max_new_tokens: int, temper
             logits, cache = model.decode(token[:, None], cache, real=every)
 
 
+def _generate_static(model, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_k: int,
+                     top_p: float, generators, stop_id: int | None) -> Iterator[Tensor]:
+    """:func:`generate_stream` on a fixed-shape cache: the prompt eagerly, every later step
+    through the compiled step. The same tokens as the eager path, sliding window included
+    (the cache is rebuilt when its slots are full: rows whose positions are full slide, the
+    others keep their whole window, as they would on the growing cache)."""
+    cfg, device = model.cfg, model.output_layer()[0].device
+    step = compiled_step(model)
+    capacity = cache_capacity(max(len(p) for p in prompts), max_new_tokens, cfg.max_len)
+    history = [list(p) for p in prompts]
+
+    def prefill(rows: list[list[int]]) -> tuple[StaticKVCache, Tensor]:
+        cache = model.start_static_cache(len(rows), capacity)
+        ids, real = left_pad(rows, cfg.pad_id, device)
+        return cache, model.decode_static(ids, cache, real)
+
+    cache, logits = prefill(history)
+    every = torch.ones(len(prompts), 1, dtype=torch.bool, device=device)
+    done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
+    new: list[Tensor] = []  # the tokens since `history` was last brought up to date
+    for i in range(max_new_tokens):
+        token = next_tokens(logits, temperature, top_k, top_p, generators)
+        if stop_id is not None:
+            token = token.masked_fill(done, stop_id)
+            done |= token == stop_id
+        yield token
+        if i == max_new_tokens - 1 or (stop_id is not None and bool(done.all())):
+            return
+        new.append(token)
+        if cache.length == cache.capacity:  # no slot left: slide the rows whose positions are full
+            for row, ts in zip(history, torch.stack(new, 1).tolist()):
+                row.extend(ts)
+            new.clear()
+            windows = cache.next_position.tolist()
+            cache, logits = prefill([row[-(cfg.max_len // 2):] if n >= cfg.max_len else row[-(n + 1):]
+                                     for row, n in zip(history, windows)])
+        else:
+            logits = model.decode_static(token[:, None], cache, every, step)
+
+
 def row_seeds(seed: int | Sequence[int | None] | None, n_rows: int) -> list[int]:
     """The seed of each row's generator: ``seed + row``, or the given one per row; a fresh
     one (``torch.seed()``) where none is given."""
@@ -114,11 +163,12 @@ def row_seeds(seed: int | Sequence[int | None] | None, n_rows: int) -> list[int]
 
 def generate(model, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0, top_k: int = 0,
              top_p: float = 1.0, seed: int | Sequence[int | None] | None = None,
-             stop_id: int | None = None) -> list[list[int]]:
-    """The new tokens of each row (without the prompt; cut after ``stop_id``, which is kept)."""
+             stop_id: int | None = None, compile: str | bool = "off") -> list[list[int]]:
+    """The new tokens of each row (without the prompt; cut after ``stop_id``, which is kept);
+    ``compile`` as for :func:`generate_stream`."""
     out: list[list[int]] = [[] for _ in prompts]
     finished = [False] * len(prompts)
-    for token in generate_stream(model, prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_id):
+    for token in generate_stream(model, prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_id, compile):
         for i, t in enumerate(token.tolist()):
             if not finished[i]:
                 out[i].append(t)

@@ -49,7 +49,8 @@ def attention(
     weights = scores.softmax(dim=-1)
     if mask is not None:  # a fully masked row would otherwise be uniform over padding
         empty = ~mask.any(dim=-1, keepdim=True)
-        if bool(empty.any()):  # (never under a causal mask alone: every query sees itself)
+        # (never under a causal mask alone: every query sees itself); compiled: no branch on data
+        if torch.compiler.is_compiling() or bool(empty.any()):
             weights = weights.masked_fill(empty, 0.0)
     used = weights
     if dropout_p > 0:
@@ -61,6 +62,8 @@ def _fused_pays(q: Tensor) -> bool:
     """torch's fused CPU kernel is faster in fp32, but 1.5-7x slower than the explicit
     matmul-softmax-matmul in bf16 / fp16, forward + backward, at translation-sized shapes
     (measured with torch 2.13 on an AVX512-BF16 CPU; see benchmarks/README.md)."""
+    if torch.compiler.is_compiling() and q.device.type == "cpu":
+        return False  # compiled: inductor fuses the mask, softmax and sums into its own loops
     return q.device.type != "cpu" or q.dtype not in (torch.bfloat16, torch.float16)
 
 

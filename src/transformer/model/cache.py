@@ -85,3 +85,62 @@ class KVCache:
             return replace(self, self_kv=self_kv)  # same sentences, same order: nothing to copy
         return replace(self, cross_kv=tuple(pick(kv, sources) for kv in self.cross_kv), self_kv=self_kv,
                        memory_mask=self.memory_mask.index_select(0, sources))
+
+
+@dataclass(frozen=True)
+class Slots:
+    """One layer's self-attention K, V at a fixed shape: buffers (B, H_kv, L, D) preallocated
+    for L positions, into which a decoding step writes its new keys and values in place, at
+    the slots ``index`` (T_new,). Attention then reads the whole buffers, and the mask hides
+    the slots not written yet. (The growing cache of :class:`KVCache` changes shape every
+    step; this one does not, so one compiled step serves a whole search.)"""
+
+    k: Tensor
+    v: Tensor
+    index: Tensor
+
+    def write(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store the new K, V (B, H_kv, T_new, D) at ``index``; return the whole buffers."""
+        self.k.index_copy_(2, self.index, k)
+        self.v.index_copy_(2, self.index, v)
+        return self.k, self.v
+
+
+@dataclass
+class StaticKVCache:
+    """A decoder-only model's cache at a fixed shape, written in place (see :class:`Slots`).
+
+    Attributes:
+        k, v: per layer, (B, H_kv, L, D) buffers for L = ``capacity`` positions.
+        key_mask: (B, L) True where a slot holds a real token (left-padded prompts leave
+            padding slots; slots not written yet are False).
+        next_position: (B,) the position of each row's next token.
+        length: slots written so far (the same for every row).
+    """
+
+    k: tuple[Tensor, ...]
+    v: tuple[Tensor, ...]
+    key_mask: Tensor
+    next_position: Tensor
+    length: int = 0
+
+    @classmethod
+    def empty(cls, n_layers: int, batch_size: int, n_kv_heads: int, capacity: int, d_head: int,
+              dtype: torch.dtype, device: torch.device | str) -> "StaticKVCache":
+        def buf() -> Tensor:
+            return torch.zeros(batch_size, n_kv_heads, capacity, d_head, dtype=dtype, device=device)
+
+        return cls(k=tuple(buf() for _ in range(n_layers)), v=tuple(buf() for _ in range(n_layers)),
+                   key_mask=torch.zeros(batch_size, capacity, dtype=torch.bool, device=device),
+                   next_position=torch.zeros(batch_size, dtype=torch.long, device=device))
+
+    def __post_init__(self) -> None:
+        self.slots = torch.arange(self.capacity, device=self.key_mask.device)  # each step's index is a view of it
+
+    @property
+    def capacity(self) -> int:
+        return self.key_mask.size(1)
+
+    @property
+    def batch_size(self) -> int:
+        return self.key_mask.size(0)

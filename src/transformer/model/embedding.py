@@ -44,7 +44,7 @@ class PositionalEncoding(nn.Module):
 
     def at(self, x: Tensor, positions: Tensor) -> Tensor:
         """Adds PE[positions] to (B, T, C) inputs; ``positions`` (B, T), one row per sequence."""
-        _check_length(int(positions.max()) + 1 if positions.numel() else 0, self.max_len)
+        _check_length(_last_position(positions), self.max_len)
         return x + self.pe[positions].to(x.dtype)
 
 
@@ -58,8 +58,16 @@ class LearnedPositions(nn.Module):
         nn.init.normal_(self.weight, mean=0.0, std=0.02)
 
     def at(self, x: Tensor, positions: Tensor) -> Tensor:
-        _check_length(int(positions.max()) + 1 if positions.numel() else 0, self.max_len)
+        _check_length(_last_position(positions), self.max_len)
         return x + nn.functional.embedding(positions, self.weight).to(x.dtype)
+
+
+def _last_position(positions: Tensor) -> int:
+    """The positions' end (largest + 1), for the length check; 0 inside a compiled graph,
+    which cannot branch on data (the eager path checks)."""
+    if torch.compiler.is_compiling() or not positions.numel():
+        return 0
+    return int(positions.max()) + 1
 
 
 def _check_length(n: int, max_len: int) -> None:

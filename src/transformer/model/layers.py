@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from ..config import ModelConfig
 from .attention import MultiHeadAttention
+from .cache import Slots
 from .dropout import Dropout
 from .rotary import apply_rotary
 
@@ -114,7 +115,7 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         x: Tensor,
-        past_kv: tuple[Tensor, Tensor] | None,
+        past_kv: tuple[Tensor, Tensor] | Slots | None,
         cross_kv: tuple[Tensor, Tensor] | None,
         self_mask: Tensor | None,
         memory_mask: Tensor | None,
@@ -126,7 +127,8 @@ class DecoderLayer(nn.Module):
 
         Args:
             x: (B, T_new, C) the positions being decoded now.
-            past_kv: self-attention K, V (B, H, T_past, D) of earlier positions, or None.
+            past_kv: self-attention K, V (B, H, T_past, D) of earlier positions, or None; or
+                :class:`~transformer.model.cache.Slots`, a fixed-shape cache written in place.
             cross_kv: K, V (B / group, H, S, D) projected from the encoder output (computed
                 once); None in a decoder-only model.
             self_mask: (1, 1, T_new, T_past + T_new) causal mask, or None when T_new == 1.
@@ -143,7 +145,9 @@ class DecoderLayer(nn.Module):
             q, k, v = self.self_attn.project_qkv(h)  # (B, H, T_new, D); K, V (B, H_kv, T_new, D)
             if rotary is not None:  # keys are cached rotated: each turned once, at its own position
                 q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
-            if past_kv is not None:
+            if isinstance(past_kv, Slots):  # fixed-shape cache: written in place, read whole
+                k, v = past_kv.write(k, v)
+            elif past_kv is not None:
                 k = torch.cat([past_kv[0], k], dim=2)
                 v = torch.cat([past_kv[1], v], dim=2)
             out, w = self.self_attn.attend(q, k, v, self_mask, need_weights)

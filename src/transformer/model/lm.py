@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from ..config import ModelConfig
-from .cache import KVCache
+from .cache import KVCache, Slots, StaticKVCache
 from .dropout import Dropout
 from .embedding import LearnedPositions, PositionalEncoding, TokenEmbedding
 from .rotary import Rotary
@@ -98,18 +98,72 @@ class LanguageModel(nn.Module):
         """The final hidden states (B, T, C), the grown cache and the attention weights."""
         real = tokens != self.cfg.pad_id if real is None else real
         key_mask = cache.key_mask
-        if key_mask is not None or not bool(real.all()):
+        # (compiled: always masked, since a graph cannot branch on whether there is padding)
+        if key_mask is not None or torch.compiler.is_compiling() or not bool(real.all()):
             past = key_mask if key_mask is not None else real.new_ones(tokens.size(0), cache.length)
             key_mask = torch.cat([past, real], dim=1)
         positions = (cache.next_position[:, None] + real.long().cumsum(1) - 1).clamp(min=0)  # padding: 0, unused
+        x, rotary = self._embed(tokens, positions)
+        h, cache, weights = self.decoder(x, cache, need_weights, rotary, key_mask)
+        cache = replace(cache, key_mask=key_mask, next_position=cache.next_position + real.sum(1))
+        return h, cache, [w for w, _ in weights]
+
+    def _embed(self, tokens: Tensor, positions: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
+        """(B, T) ids at (B, T) positions -> the decoder's input (B, T, C) and the rotary cos, sin."""
         x = self.embed(tokens)
         if self.positions is not None:
             x = self.positions.at(x, positions)
         rotary = self.rotary(positions) if self.rotary is not None else None
-        x = self.dropout(x)
-        h, cache, weights = self.decoder(x, cache, need_weights, rotary, key_mask)
-        cache = replace(cache, key_mask=key_mask, next_position=cache.next_position + real.sum(1))
-        return h, cache, [w for w, _ in weights]
+        return self.dropout(x), rotary
+
+    # ---- the fixed-shape cache (compiled decoding) ----------------------------------------
+    def start_static_cache(self, batch_size: int, capacity: int | None = None) -> StaticKVCache:
+        """An empty fixed-shape cache for ``batch_size`` sequences of up to ``capacity``
+        tokens (default and most: ``max_len``), in the model's dtype and device."""
+        capacity = self.cfg.max_len if capacity is None else capacity
+        if not 1 <= capacity <= self.cfg.max_len:
+            raise ValueError(f"capacity must be 1 to max_len={self.cfg.max_len}, got {capacity}")
+        w = self.output_layer()[0]
+        dtype = w.dtype if w.is_floating_point() else torch.bfloat16  # an int8 head computes in bf16
+        attn = self.decoder.layers[0].self_attn
+        return StaticKVCache.empty(self.cfg.n_layers, batch_size, attn.n_kv_heads, capacity, attn.d_head,
+                                   dtype, w.device)
+
+    def decode_static(self, tokens: Tensor, cache: StaticKVCache, real: Tensor | None = None,
+                      step=None) -> Tensor:
+        """The next ``T`` positions, written into ``cache`` in place: (B, V) logits of the
+        last one. The same numbers as :meth:`decode` at its last position.
+
+        Args:
+            tokens: (B, T) ids (left-padded prompts on the first call).
+            real: (B, T) bool, True at real tokens (default: ``tokens != pad_id``).
+            step: :meth:`step_slots` or a compiled version of it (default: the former).
+        """
+        t = tokens.size(1)
+        if cache.length + t > cache.capacity:
+            raise ValueError(f"the cache holds {cache.capacity} positions; {cache.length} are used and "
+                             f"{t} more do not fit")
+        real = tokens != self.cfg.pad_id if real is None else real
+        index = cache.slots[cache.length: cache.length + t]
+        logits = (step or self.step_slots)(tokens, real, index, cache.k, cache.v, cache.key_mask,
+                                           cache.next_position)
+        cache.length += t
+        return logits
+
+    def step_slots(self, tokens: Tensor, real: Tensor, index: Tensor, k: tuple[Tensor, ...],
+                   v: tuple[Tensor, ...], key_mask: Tensor, next_position: Tensor) -> Tensor:
+        """The tensor-only core of :meth:`decode_static`, the function ``torch.compile``
+        compiles (its shapes stay the same from one step to the next): the new tokens (B, T)
+        at slots ``index`` (T,), written into ``k``, ``v``, ``key_mask`` and
+        ``next_position`` in place; returns the last position's logits (B, V)."""
+        key_mask.index_copy_(1, index, real)
+        positions = (next_position[:, None] + real.long().cumsum(1) - 1).clamp(min=0)  # padding: 0, unused
+        next_position.add_(real.sum(1))
+        slots = torch.arange(key_mask.size(1), device=tokens.device)
+        mask = key_mask[:, None, None, :] & (slots[None, :] <= index[:, None])[None, None]  # (B, 1, T, L)
+        x, rotary = self._embed(tokens, positions)
+        h = self.decoder.forward_slots(x, [Slots(kb, vb, index) for kb, vb in zip(k, v)], mask, rotary)
+        return self.project(h[:, -1])
 
     # ---- the output -------------------------------------------------------------------
     def project(self, h: Tensor) -> Tensor:

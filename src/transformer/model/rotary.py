@@ -25,7 +25,7 @@ class Rotary(nn.Module):
 
     def forward(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """(B, T) or (T,) positions -> cos, sin broadcastable to (B, H, T, D)."""
-        if int(positions.max()) >= self.max_len if positions.numel() else False:
+        if not torch.compiler.is_compiling() and positions.numel() and int(positions.max()) >= self.max_len:
             raise ValueError(f"position {int(positions.max())} is beyond the model's max_len={self.max_len}; "
                              "shorten the input or build the model with a larger max_len")
         cos, sin = self.cos[positions], self.sin[positions]  # (..., T, D)

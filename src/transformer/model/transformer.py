@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from ..config import ModelConfig
 from . import masks
 from .attention import fused_projection
-from .cache import KVCache
+from .cache import KVCache, Slots
 from .dropout import Dropout
 from .embedding import PositionalEncoding, TokenEmbedding
 from .layers import DecoderLayer, EncoderLayer, make_norm
@@ -65,6 +65,13 @@ class Decoder(nn.Module):
         if self.norm is not None:
             x = self.norm(x)
         return x, replace(cache, self_kv=tuple(new_self_kv)), weights
+
+    def forward_slots(self, x: Tensor, slots: list[Slots], mask: Tensor, rotary=None) -> Tensor:
+        """x (B, T_new, C) -> (B, T_new, C) on a fixed-shape cache (one :class:`Slots` per
+        layer, written in place); ``mask`` (B, 1, T_new, L) True = may attend. Decoder-only."""
+        for layer, layer_slots in zip(self.layers, slots):
+            x, _, _ = layer(x, layer_slots, None, mask, None, False, 1, rotary)
+        return x if self.norm is None else self.norm(x)
 
 
 class Transformer(nn.Module):

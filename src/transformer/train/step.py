@@ -115,14 +115,15 @@ def train_step(
     skip decision is all-reduced, so every rank skips the same updates.
     """
     forward = model if forward is None else forward
-    ddp = isinstance(forward, DistributedDataParallel)
-    world = torch.distributed.get_world_size(forward.process_group) if ddp else 1
+    wrapper = getattr(forward, "_orig_mod", forward)  # under torch.compile: the module it compiled
+    ddp = isinstance(wrapper, DistributedDataParallel)
+    world = torch.distributed.get_world_size(wrapper.process_group) if ddp else 1
     pad_id = model.cfg.pad_id
     for group in optimizer.param_groups:
         group["lr"] = lr
     total = sum(int(b.n_tgt_tokens) for b in micro_batches)
     if world > 1:
-        total = int(_all_reduce_sum([total], micro_batches[0].tgt_out.device, forward.process_group)[0])
+        total = int(_all_reduce_sum([total], micro_batches[0].tgt_out.device, wrapper.process_group)[0])
     optimizer.zero_grad(set_to_none=True)
     loss_sum = nll_sum = 0.0
     for i, b in enumerate(micro_batches):
@@ -131,7 +132,7 @@ def train_step(
         if bool(select.all()):  # no padding (a language model's windows): no gather, no scatter back
             select = None
         last = i == len(micro_batches) - 1
-        with forward.no_sync() if ddp and not last else contextlib.nullcontext():
+        with wrapper.no_sync() if ddp and not last else contextlib.nullcontext():
             with autocast(device, amp_dtype):
                 logits = forward(*b.inputs, select)  # (N, V), or (B, T, V) when every position is selected
             gold = b.tgt_out.reshape(-1) if select is None else b.tgt_out[select]
@@ -147,7 +148,7 @@ def train_step(
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip_norm if clip_norm else math.inf))
     bad = float(not (math.isfinite(grad_norm) and math.isfinite(loss_sum)))
     if world > 1:  # a NaN on any rank skips the update on all of them
-        loss_sum, nll_sum, bad = _all_reduce_sum([loss_sum, nll_sum, bad], device, forward.process_group)
+        loss_sum, nll_sum, bad = _all_reduce_sum([loss_sum, nll_sum, bad], device, wrapper.process_group)
     skipped = bad > 0 or not math.isfinite(loss_sum)
     if grad_scaler is not None:
         grad_scaler.step(optimizer)  # skips the update itself on inf/nan

@@ -97,7 +97,7 @@ class Trainer:
         self.saved_step: int | None = None  # the step of the newest checkpoint
         self._resume()
         self.dist.on_main(self._repair_metrics)
-        self.forward = self._wrap()
+        self.forward = self._compiled(self._wrap())
         self.monitor = Monitor(self.run_dir, active=self.dist.is_main, progress=cfg.progress,
                                tensorboard=cfg.tensorboard, log_every=cfg.log_every, log=self.log)
         self.log(self.task.batch_summary(self.dist.world_size, cfg.accum_steps))
@@ -362,6 +362,15 @@ class Trainer:
         if kernels is not None:
             self.log("loss: compiled kernels (compile_loss: true)")
         return kernels
+
+    def _compiled(self, wrapper):
+        """``compile: true``: the forward train_step runs (the DDP wrapper, else the model)
+        compiled by torch.compile at the window's fixed shape, one graph for forward and
+        backward; validation and decoding stay eager."""
+        if not self.cfg.compile:
+            return wrapper
+        self.log("model: the training forward and backward compiled by torch.compile (compile: true)")
+        return torch.compile(wrapper or self.model, dynamic=False)
 
     def _wrap(self):
         """The DistributedDataParallel wrapper train_step runs forward through (None: one process)."""

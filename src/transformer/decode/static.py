@@ -1,0 +1,76 @@
+"""Compiled decoding at fixed shapes: one decoding step of a decoder-only model, compiled once
+by ``torch.compile`` and reused for every step of a generation.
+
+The cache of :meth:`LanguageModel.decode` grows by one position a step, so its shapes change
+every step and a compiled step would be rebuilt each time. A :class:`StaticKVCache` has its
+final size from the start (``capacity`` positions, written in place, the slots not written
+yet masked), so every step after the prompt has the same shapes, and one compiled graph
+serves them all. On a CPU, inductor turns the step into generated C++ loops and prepacked
+matrix products (``freezing``: the weights are constants of the graph), which removes most of
+the per-operator cost that dominates a small model's step in eager mode.
+
+The eager path is the reference: the compiled step computes the same function (the tests
+compare their logits and their tokens). Compiling takes seconds (more the first time on a
+machine: inductor keeps what it built in its cache folder), so it pays for long or repeated
+generations, not for one short one; :func:`should_compile` says when ``compile="auto"`` does it.
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch import nn
+
+COMPILE_CHOICES = ("auto", "on", "off")
+# compile="auto" compiles when a generation runs at least this many decoding steps
+# (rows x new tokens): below it, the compilation would cost more than it saves
+AUTO_MIN_WORK = 8192
+
+_compiled: "weakref.WeakKeyDictionary[nn.Module, object]" = weakref.WeakKeyDictionary()
+
+
+def compiled_step(model: nn.Module):
+    """``model.step_slots`` compiled by torch.compile at fixed shapes (one graph per batch
+    size and cache capacity, built on first use and kept with the model), with the weights
+    frozen into the graph as constants. If the weights change afterwards (in place, as an
+    optimizer does, or replaced), the next call compiles afresh."""
+    version = _weights_version(model)
+    entry = _compiled.get(model)
+    if entry is not None and entry[0] == version:
+        return entry[1]
+    if entry is not None:  # the frozen graphs hold the old weights: drop every compiled graph
+        torch._dynamo.reset()
+    compiled = torch.compile(model.step_slots, dynamic=False, fullgraph=True)
+
+    def step(*args):
+        # inductor reads `freezing` when it compiles, which happens inside a call (the first
+        # one at a new shape); frozen, a linear layer becomes one prepacked matrix product
+        with torch._inductor.config.patch(freezing=True):
+            return compiled(*args)
+
+    _compiled[model] = (version, step)
+    return step
+
+
+def _weights_version(model: nn.Module) -> tuple[int, ...]:
+    """Changes when a parameter or buffer is modified in place or replaced."""
+    return tuple(x for t in (*model.parameters(), *model.buffers()) for x in (id(t), t._version))
+
+
+def should_compile(compile: str | bool, rows: int, new_tokens: int) -> bool:
+    """Whether a generation of ``rows`` x ``new_tokens`` runs the compiled step: ``on`` /
+    True always, ``off`` / False never, ``auto`` when the work pays for the compilation."""
+    if isinstance(compile, bool):
+        return compile
+    if compile not in COMPILE_CHOICES:
+        raise ValueError(f"compile must be one of {', '.join(COMPILE_CHOICES)}, got {compile!r}")
+    return compile == "on" or (compile == "auto" and rows * new_tokens >= AUTO_MIN_WORK)
+
+
+def cache_capacity(longest_prompt: int, new_tokens: int, max_len: int) -> int:
+    """The positions a generation's fixed-shape cache holds: enough for the longest prompt
+    and every new token, rounded up to a multiple of 64 so that generations of similar
+    lengths share one compiled step (each step attends over the whole cache, so it is kept
+    no larger than that), and never more than ``max_len``."""
+    need = longest_prompt + new_tokens
+    return min(max_len, -(-need // 64) * 64)

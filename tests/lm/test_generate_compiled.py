@@ -1,0 +1,132 @@
+"""Compiled generation on the fixed-shape cache (decode/static.py): the eager path is the
+reference. The fixed-shape cache gives the growing cache's logits; the compiled step gives
+the eager tokens, greedy and sampled, through the sliding window and stop tokens; a model
+whose weights change is compiled afresh; the options reject bad values in one line."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from transformer import ModelConfig
+from transformer.cli import main
+from transformer.decode import generate
+from transformer.decode.config import DecodingConfig
+from transformer.decode.static import cache_capacity, should_compile
+from transformer.model import LanguageModel
+from transformer.train.trainer import Trainer
+
+SHAPES = {  # small, so that a compilation takes seconds on one core
+    "llama": dict(preset="llama-char", d_model=32, n_heads=4, n_kv_heads=2, d_ff=48, n_layers=2),
+    "gpt": dict(preset="nanogpt-char", d_model=32, n_heads=2, d_ff=64, n_layers=2),
+    "sinusoidal": dict(preset="nanogpt-char", d_model=32, n_heads=2, d_ff=64, n_layers=1, positions="sinusoidal",
+                       norm_first=False),
+}
+
+
+def make_model(shape: str, max_len: int = 32, sharp: bool = True) -> LanguageModel:
+    """Random weights; ``sharp``: the matrices scaled up so that no two logits are near a
+    tie (rounding differences between two correct paths then cannot change a greedy token)."""
+    torch.manual_seed(0)
+    spec = dict(SHAPES[shape])
+    model = LanguageModel(ModelConfig.preset(spec.pop("preset"), vocab_size=40, max_len=max_len, **spec)).eval()
+    if sharp:
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() == 2:
+                    p.mul_(8)
+    return model
+
+
+PROMPTS = [[5, 6, 7], [9] * 10, [3]]  # different lengths: left padding in one batch
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_the_fixed_shape_cache_gives_the_growing_caches_logits(shape):
+    model = make_model(shape, sharp=False)
+    from transformer.decode.sample import left_pad
+
+    ids, real = left_pad(PROMPTS, model.cfg.pad_id, "cpu")
+    with torch.inference_mode():
+        cache = model.start_cache(len(PROMPTS))
+        static = model.start_static_cache(len(PROMPTS), 24)
+        want, cache = model.decode(ids, cache, real=real)
+        got = model.decode_static(ids, static, real)
+        torch.testing.assert_close(got, want[:, -1])
+        every = torch.ones(len(PROMPTS), 1, dtype=torch.bool)
+        for step in range(24 - ids.size(1)):
+            token = torch.tensor([[4 + step], [7], [30 - step]])
+            want, cache = model.decode(token, cache, real=every)
+            got = model.decode_static(token, static, every)
+            torch.testing.assert_close(got, want[:, -1])
+        assert static.length == static.capacity == 24
+        with pytest.raises(ValueError, match="24 are used and 1 more do not fit"):
+            model.decode_static(token, static, every)
+
+
+@pytest.mark.parametrize("shape", ["llama", "gpt"])
+def test_compiled_generation_gives_the_eager_tokens(shape):
+    model = make_model(shape)
+    # 60 new tokens with a context of 32: the windows slide (each row on its own)
+    for temperature in (0.0, 1.0):
+        eager = generate(model, PROMPTS, 60, temperature=temperature, seed=3, compile="off")
+        compiled = generate(model, PROMPTS, 60, temperature=temperature, seed=3, compile="on")
+        assert compiled == eager and all(len(row) == 60 for row in eager)
+    # a stop token ends each row where the eager path ends it
+    stop = generate(model, PROMPTS, 60, temperature=1.0, seed=5, compile="off")[0][10]
+    eager = generate(model, PROMPTS, 60, temperature=1.0, seed=5, stop_id=stop, compile="off")
+    assert generate(model, PROMPTS, 60, temperature=1.0, seed=5, stop_id=stop, compile="on") == eager
+    assert eager[0][-1] == stop and len(eager[0]) <= 11
+
+
+def test_a_model_whose_weights_change_is_compiled_afresh():
+    model = make_model("gpt")
+    first = generate(model, [[5, 6]], 12, temperature=0, compile="on")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))
+    eager = generate(model, [[5, 6]], 12, temperature=0, compile="off")
+    assert eager != first  # the change matters, and the compiled step follows it
+    assert generate(model, [[5, 6]], 12, temperature=0, compile="on") == eager
+
+
+def test_when_auto_compiles_and_how_large_the_cache_is():
+    assert should_compile("auto", 32, 256) and not should_compile("auto", 1, 256)
+    assert should_compile("on", 1, 1) and not should_compile("off", 64, 4096)
+    assert should_compile(True, 1, 1) and not should_compile(False, 64, 4096)
+    with pytest.raises(ValueError, match="compile must be one of auto, on, off"):
+        should_compile("yes", 1, 1)
+    assert cache_capacity(16, 256, 512) == 320  # a multiple of 64 ...
+    assert cache_capacity(3, 5, 512) == 64
+    assert cache_capacity(16, 600, 512) == 512  # ... never beyond the positions (the window slides)
+    with pytest.raises(ValueError, match="capacity must be 1 to max_len=32"):
+        make_model("gpt").start_static_cache(2, 33)
+
+
+def test_a_bad_compile_value_is_a_one_line_error(trained_lm, capsys):
+    with pytest.raises(ValueError, match="compile must be one of auto, on, off, got 'sometimes'"):
+        DecodingConfig(compile="sometimes")
+    code = main(["generate", "--model", str(trained_lm), "--compile", "sometimes", "--prompt", "a"])
+    err = capsys.readouterr().err
+    assert code == 2 and "compile must be one of auto, on, off" in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_generate_command_compiles_on_request(trained_lm, capsys):
+    argv = ["generate", "--model", str(trained_lm), "--prompt", "the cat", "--temperature", "0",
+            "--max-new-tokens", "40"]
+    assert main(argv + ["--compile", "off"]) == 0
+    eager = capsys.readouterr().out
+    assert main(argv + ["--compile", "on"]) == 0
+    assert capsys.readouterr().out == eager
+
+
+def test_compile_true_trains_a_language_model_as_the_eager_step_does(lm_cfg, tmp_path):
+    def losses(run, *extra):
+        Trainer(lm_cfg("max_steps=6", *extra), tmp_path / run, log=lambda *a: None).train()
+        import json
+
+        recs = [json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+        return [r["loss"] for r in recs if "loss" in r]
+
+    eager, compiled = losses("eager"), losses("compiled", "compile=true")
+    assert len(eager) == len(compiled) == 6
+    assert compiled == pytest.approx(eager, rel=1e-4, abs=1e-4)
