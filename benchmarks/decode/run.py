@@ -9,6 +9,9 @@ Systems (all from one model):
     ours-bf16   the same on bfloat16 weights (transformer.decode.precision, --precision bf16)
     ours-int8   the same after int8 dynamic quantisation of every linear layer and the output
                 projection (transformer.decode.precision, --precision int8)
+    ours-fp32-compiled  greedy through one compiled step on a fixed-shape cache
+                (greedy_search(compile=True), --compile on); beam search is not compiled, so
+                its beam rows are ours-fp32's search again (not in the default --systems)
     hf-fp32     transformers MarianMTModel.generate() on to_marian(model)
     ct2-fp32    CTranslate2 on our exporter's output (transformer.interop.ctranslate2)
     ct2-int8    the same, compute_type="int8" (weights quantised when loading)
@@ -68,7 +71,7 @@ Decode = Callable[[list[list[int]], int, int | None], list[list[int]]]
 
 
 # ---- the systems: (source ids without EOS, beam, forced length or None) -> output ids -----------
-def ours(model: Transformer, precision: str = "fp32") -> Decode:
+def ours(model: Transformer, precision: str = "fp32", compile: bool = False) -> Decode:
     model = for_inference(model, precision)
     cfg = model.cfg
 
@@ -77,7 +80,7 @@ def ours(model: Transformer, precision: str = "fp32") -> Decode:
         src = pad_batch([s + [cfg.eos_id] for s in srcs], cfg.pad_id)
         n = (forced or MAX_NEW) + 1  # + EOS
         kw = dict(max_len_a=0.0, max_len_b=n, min_length=n if forced else 0)
-        hyps = (greedy_search(model, src, **kw) if beam == 1
+        hyps = (greedy_search(model, src, compile=compile, **kw) if beam == 1
                 else beam_search(model, src, beam_size=beam, alpha=0.0, **kw))
         return [_strip(h[0].tokens, cfg.eos_id) for h in hyps]
 
@@ -140,6 +143,7 @@ def build(model: Transformer, vocab: list[str], workdir: Path, threads: int, nam
             "ours-fp32": lambda: ours(model),
             "ours-bf16": lambda: ours(model, "bf16"),
             "ours-int8": lambda: ours(model, "int8"),
+            "ours-fp32-compiled": lambda: ours(model, compile=True),
             "hf-fp32": lambda: hf(model),
             "ct2-fp32": lambda: ct2(ct2_dir, vocab, "float32", threads),
             "ct2-int8": lambda: ct2(ct2_dir, vocab, "int8", threads),

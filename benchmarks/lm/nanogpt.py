@@ -11,7 +11,11 @@ two numbers compare exactly), the median milliseconds per update, training token
 and the ratio of ours to the peer's.
 
     TRANSFORMER_DATA=DATA_DIR .venv/bin/python benchmarks/lm/nanogpt.py --peer PATH/TO/nanoGPT \\
-        [--config configs/shakespeare-char.yaml] [--set KEY=VALUE ...] [--peer-args "--max_iters=2000 ..."]
+        [--config configs/shakespeare-char.yaml] [--set KEY=VALUE ...] [--peer-args "--max_iters=2000 ..."] \
+        [--variant KEY=VALUE[,KEY=VALUE] ...]
+
+``--variant`` adds a run of ours per round with more overrides (e.g. ``compile=true``), so
+that two settings of ours and the peer are measured side by side in one run.
 
 The peer's ``data/shakespeare_char/prepare.py`` runs on a copy of Tiny Shakespeare in a
 temporary folder (a stand-in ``requests`` module is given to it when none is installed: the
@@ -123,6 +127,8 @@ def main() -> None:
     ap.add_argument("--config", default="configs/shakespeare-char.yaml")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--peer-args", default=CPU_RECIPE)
+    ap.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
+                    help="one more run of ours per round, with these overrides added")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
@@ -130,15 +136,18 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="nanogpt-bench."))
     peer = prepare_peer(Path(args.peer), text, work)
     rows = []
+    systems = ["peer", "ours"] + [f"ours {v}" for v in args.variant]
     for r in range(args.rounds):
-        order = ["peer", "ours"] if r % 2 == 0 else ["ours", "peer"]
+        order = systems if r % 2 == 0 else systems[::-1]
         for who in order:
             print(f"round {r + 1}: {who} ...", file=sys.stderr, flush=True)
             if who == "peer":
                 res = run_peer(peer, args.peer_args, work / f"peer-{r}")
                 res["exact_val"] = peer_exact_val(peer, res.pop("checkpoint"), text, _arg(args.peer_args, "block_size", 256))
             else:
-                res = run_ours(args.config, args.overrides, work / f"ours-{r}")
+                extra = who.removeprefix("ours").strip()
+                overrides = args.overrides + (extra.split(",") if extra else [])
+                res = run_ours(args.config, overrides, work / f"{who.replace(' ', '-')}-{r}")
                 res["exact_val"] = res["reported_val"]  # ours scores every validation character
                 res["run"] = str(res["run"])
             rows.append({"who": who, "round": r + 1, **res})
@@ -148,14 +157,16 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|")
     for row in rows:
         ms = row["ms_per_update"]
-        print(f"| {row['round']} | {'nanoGPT' if row['who'] == 'peer' else 'ours'} | {row['updates']} | "
+        print(f"| {row['round']} | {'nanoGPT' if row['who'] == 'peer' else row['who']} | {row['updates']} | "
               f"{row['reported_val']:.4f} | {row['exact_val']:.4f} | {ms:.1f} | {row['tokens_per_s']:,.0f} | "
               f"{row['wall_s']:.0f} |")
     for r in range(args.rounds):
-        peer_row, ours_row = (next(x for x in rows if x["round"] == r + 1 and x["who"] == w) for w in ("peer", "ours"))
-        print(f"round {r + 1}: ours / nanoGPT tokens/s = {ours_row['tokens_per_s'] / peer_row['tokens_per_s']:.2f}x; "
-              f"validation loss difference (ours - nanoGPT, every character) = "
-              f"{ours_row['exact_val'] - peer_row['exact_val']:+.4f}")
+        peer_row = next(x for x in rows if x["round"] == r + 1 and x["who"] == "peer")
+        for who in systems[1:]:
+            ours_row = next(x for x in rows if x["round"] == r + 1 and x["who"] == who)
+            print(f"round {r + 1}: {who} / nanoGPT tokens/s = {ours_row['tokens_per_s'] / peer_row['tokens_per_s']:.2f}x; "
+                  f"validation loss difference ({who} - nanoGPT, every character) = "
+                  f"{ours_row['exact_val'] - peer_row['exact_val']:+.4f}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
 

@@ -129,7 +129,8 @@ class Translator:
     def _decode(self, src: torch.Tensor, n_best: int) -> list[list[Hypothesis]]:
         d = self.decoding
         if d.beam == 1:
-            return greedy_search(self.model, src, d.max_len_a, d.max_len_b)
+            # compiled on request only: "auto" is for generation (see decode/static.py)
+            return greedy_search(self.model, src, d.max_len_a, d.max_len_b, compile=d.compile == "on")
         return beam_search(self.model, src, d.beam, d.alpha, n_best, d.max_len_a, d.max_len_b)
 
     def _to_text(self, h: Hypothesis) -> Translation:

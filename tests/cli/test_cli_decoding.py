@@ -98,3 +98,11 @@ def test_help_shows_every_decoding_default(command):
         if action.dest in FIELDS:
             assert f"default: the run's decoding.{action.dest}, else {FIELDS[action.dest]}" in text, action.dest
     assert "--beam" in text
+
+
+def test_translate_compile_on_gives_the_eager_greedy_translations(trained, cli, one_line_error):
+    stdin = "".join(line + "\n" for line in LINES)
+    eager = cli("translate", "--model", trained.run, "--beam", "1", "--compile", "off", stdin=stdin).out
+    assert cli("translate", "--model", trained.run, "--beam", "1", "--compile", "on", stdin=stdin).out == eager
+    one_line_error(cli("translate", "--model", trained.run, "--compile", "always", stdin="red dog\n"),
+                   "translate", "--compile")

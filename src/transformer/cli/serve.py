@@ -26,7 +26,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--new-tokens-limit", type=int, default=1024, metavar="N",
                    help="the most tokens a /generate request may ask for (language model; default: 1024)")
     add_decoding_options(p, "beam", "alpha", "max_tokens", "max_new_tokens", "temperature", "top_k", "top_p", "seed",
-                         "precision", "device")
+                         "precision", "device", "compile")
     p.add_argument("--access-log", action="store_true", help="log every request")
     p.set_defaults(func=run)
 

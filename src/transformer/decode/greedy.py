@@ -5,11 +5,12 @@ import torch
 from torch import Tensor
 
 from .common import Hypothesis, force_eos, max_output_lengths, next_token_logprobs
+from .static import cache_capacity, compiled_step
 
 
 @torch.inference_mode()
 def greedy_search(model, src: Tensor, max_len_a: float = 1.0, max_len_b: int = 50,
-                  min_length: int = 0) -> list[list[Hypothesis]]:
+                  min_length: int = 0, compile: bool = False) -> list[list[Hypothesis]]:
     """Decode a batch greedily.
 
     Args:
@@ -18,15 +19,20 @@ def greedy_search(model, src: Tensor, max_len_a: float = 1.0, max_len_b: int = 5
         max_len_a, max_len_b: each sentence generates at most a * src_len + b tokens; EOS
             is forced at the limit.
         min_length: EOS is blocked until this many tokens (EOS included) could be reached.
+        compile: every step through one compiled step on a fixed-shape cache
+            (:mod:`transformer.decode.static`; finished sentences stay in the batch, their
+            tokens no longer recorded, so that the shapes stay fixed).
 
     Returns:
         For each sentence, a list holding one :class:`Hypothesis`.
-        Finished sentences leave the batch, so their rows cost nothing afterwards.
+        Eagerly, finished sentences leave the batch, so their rows cost nothing afterwards.
     """
     cfg = model.cfg
     batch = src.size(0)
     limits = max_output_lengths(src, cfg, max_len_a, max_len_b)
     cache = model.start_cache(model.encode(src), src)
+    if compile and hasattr(model, "step_slots"):  # (an ensemble decodes eagerly)
+        return _greedy_static(model, cache, limits, min_length)
     alive = torch.arange(batch, device=src.device)  # sentence index of each row
     tokens = torch.full((batch, int(limits.max())), cfg.pad_id, dtype=torch.long, device=src.device)
     logprob = torch.zeros(batch, dtype=torch.float64, device=src.device)
@@ -48,6 +54,38 @@ def greedy_search(model, src: Tensor, max_len_a: float = 1.0, max_len_b: int = 5
         if not bool(keep.all()):
             rows = keep.nonzero().squeeze(1)
             alive, best, cache = alive[rows], best[rows], cache.index_select(rows)
+        last = best[:, None]
+    return [
+        [Hypothesis(tokens[i, : lengths[i]].tolist(), float(logprob[i]), float(logprob[i]))]
+        for i in range(batch)
+    ]
+
+
+def _greedy_static(model, cache, limits: Tensor, min_length: int) -> list[list[Hypothesis]]:
+    """Greedy search through the compiled step on a fixed-shape cache: the same tokens as the
+    eager loop above. Every row decodes until the last sentence ends (a finished row's
+    tokens are not recorded), so the step's shapes never change."""
+    cfg, batch, device = model.cfg, limits.size(0), limits.device
+    longest = int(limits.max())
+    static = model.start_static_cache(cache, cache_capacity(0, longest, cfg.max_len))
+    step_fn = compiled_step(model)
+    tokens = torch.full((batch, longest), cfg.pad_id, dtype=torch.long, device=device)
+    logprob = torch.zeros(batch, dtype=torch.float64, device=device)
+    lengths = torch.zeros(batch, dtype=torch.long, device=device)
+    alive = torch.ones(batch, dtype=torch.bool, device=device)
+    last = torch.full((batch, 1), cfg.bos_id, dtype=torch.long, device=device)
+    for step in range(1, longest + 1):
+        lp = next_token_logprobs(model.decode_static(last, static, step_fn), cfg)
+        if step < min_length:
+            lp[:, cfg.eos_id] = float("-inf")
+        force_eos(lp, limits <= step, cfg.eos_id)
+        best_lp, best = lp.max(dim=-1)  # (B,)
+        tokens[:, step - 1] = torch.where(alive, best, cfg.pad_id)
+        logprob += torch.where(alive, best_lp.double(), 0.0)
+        lengths += alive.long()
+        alive &= best != cfg.eos_id
+        if not bool(alive.any()):
+            break
         last = best[:, None]
     return [
         [Hypothesis(tokens[i, : lengths[i]].tolist(), float(logprob[i]), float(logprob[i]))]

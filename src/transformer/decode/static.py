@@ -1,18 +1,20 @@
-"""Compiled decoding at fixed shapes: one decoding step of a decoder-only model, compiled once
-by ``torch.compile`` and reused for every step of a generation.
+"""Compiled decoding on a fixed-shape cache: one decoding step, compiled by ``torch.compile``
+and reused for every step of a search (language-model generation, greedy translation).
 
-The cache of :meth:`LanguageModel.decode` grows by one position a step, so its shapes change
-every step and a compiled step would be rebuilt each time. A :class:`StaticKVCache` has its
-final size from the start (``capacity`` positions, written in place, the slots not written
-yet masked), so every step after the prompt has the same shapes, and one compiled graph
-serves them all. On a CPU, inductor turns the step into generated C++ loops and prepacked
-matrix products (``freezing``: the weights are constants of the graph), which removes most of
-the per-operator cost that dominates a small model's step in eager mode.
+The cache of ``model.decode`` grows by one position a step, so its shapes change every step
+and a compiled step would be rebuilt each time. A :class:`~transformer.model.cache.StaticKVCache`
+has its final size from the start (``capacity`` positions, written in place, the slots not
+written yet masked), so every step has the same shapes and one compiled graph serves them
+all. On a CPU, inductor turns the step into generated C++ loops and prepacked matrix
+products (``freezing``: the weights are constants of the graph), which removes much of the
+per-operator cost that dominates a small model's step in eager mode.
 
-The eager path is the reference: the compiled step computes the same function (the tests
-compare their logits and their tokens). Compiling takes seconds (more the first time on a
-machine: inductor keeps what it built in its cache folder), so it pays for long or repeated
-generations, not for one short one; :func:`should_compile` says when ``compile="auto"`` does it.
+The eager path is the reference: the compiled step computes the same function, and the
+tests compare logits and tokens. Compiling takes seconds (inductor keeps what it built in
+its cache folder, so later processes start faster), so it pays for long or repeated
+searches, not for one short one: ``compile="auto"`` compiles a generation when rows x new
+tokens reach :data:`AUTO_MIN_WORK`; translation compiles when asked (``--compile on``).
+Measured in ``benchmarks/lm/README.md`` and ``benchmarks/decode/README.md``.
 """
 from __future__ import annotations
 
@@ -30,17 +32,19 @@ _compiled: "weakref.WeakKeyDictionary[nn.Module, object]" = weakref.WeakKeyDicti
 
 
 def compiled_step(model: nn.Module):
-    """``model.step_slots`` compiled by torch.compile at fixed shapes (one graph per batch
-    size and cache capacity, built on first use and kept with the model), with the weights
-    frozen into the graph as constants. If the weights change afterwards (in place, as an
-    optimizer does, or replaced), the next call compiles afresh."""
+    """``model.step_slots`` compiled by torch.compile (built on first use and kept with the
+    model), with the weights frozen into the graph as constants. If the weights change
+    afterwards (in place, as an optimizer does, or replaced), the next call compiles afresh."""
     version = _weights_version(model)
     entry = _compiled.get(model)
     if entry is not None and entry[0] == version:
         return entry[1]
     if entry is not None:  # the frozen graphs hold the old weights: drop every compiled graph
         torch._dynamo.reset()
-    compiled = torch.compile(model.step_slots, dynamic=False, fullgraph=True)
+    # dynamic=None: the first shapes are compiled as they are; a second set (another batch
+    # size, source length or capacity) compiles once more with those sizes symbolic, and
+    # that graph serves every later shape
+    compiled = torch.compile(model.step_slots, fullgraph=True)
 
     def step(*args):
         # inductor reads `freezing` when it compiles, which happens inside a call (the first

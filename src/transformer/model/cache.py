@@ -116,6 +116,10 @@ class StaticKVCache:
             padding slots; slots not written yet are False).
         next_position: (B,) the position of each row's next token.
         length: slots written so far (the same for every row).
+        cross_kv: an encoder-decoder's cross-attention (K, V) per layer, each (B, H, S, D),
+            and ``memory_mask`` (B, 1, 1, S) or None (no padding), as in :class:`KVCache`;
+            None for a decoder-only model. (Its target rows have no padding: ``key_mask``
+            and ``next_position`` follow ``length``.)
     """
 
     k: tuple[Tensor, ...]
@@ -123,6 +127,8 @@ class StaticKVCache:
     key_mask: Tensor
     next_position: Tensor
     length: int = 0
+    cross_kv: tuple[tuple[Tensor, Tensor], ...] | None = None
+    memory_mask: Tensor | None = None
 
     @classmethod
     def empty(cls, n_layers: int, batch_size: int, n_kv_heads: int, capacity: int, d_head: int,

@@ -3,6 +3,8 @@
     memory = model.encode(src)                       # (B, S) ids -> (B, S, C)
     cache = model.start_cache(memory, src)           # cross-attention K/V, computed once
     logits, cache = model.decode(tgt, cache)         # (B, T) ids -> (B, T, V); cache grows by T
+    static = model.start_static_cache(cache, 64)     # or a fixed-shape cache, written in place
+    logits = model.decode_static(tgt, static)        # (B, T) ids -> (B, V), the last position's
     logits = model(src, tgt_in)                      # both at once, for training
 """
 from __future__ import annotations
@@ -15,7 +17,7 @@ from torch import Tensor, nn
 from ..config import ModelConfig
 from . import masks
 from .attention import fused_projection
-from .cache import KVCache, Slots
+from .cache import KVCache, Slots, StaticKVCache
 from .dropout import Dropout
 from .embedding import PositionalEncoding, TokenEmbedding
 from .layers import DecoderLayer, EncoderLayer, make_norm
@@ -66,11 +68,14 @@ class Decoder(nn.Module):
             x = self.norm(x)
         return x, replace(cache, self_kv=tuple(new_self_kv)), weights
 
-    def forward_slots(self, x: Tensor, slots: list[Slots], mask: Tensor, rotary=None) -> Tensor:
+    def forward_slots(self, x: Tensor, slots: list[Slots], mask: Tensor, rotary=None, cross_kv=None,
+                      memory_mask: Tensor | None = None) -> Tensor:
         """x (B, T_new, C) -> (B, T_new, C) on a fixed-shape cache (one :class:`Slots` per
-        layer, written in place); ``mask`` (B, 1, T_new, L) True = may attend. Decoder-only."""
-        for layer, layer_slots in zip(self.layers, slots):
-            x, _, _ = layer(x, layer_slots, None, mask, None, False, 1, rotary)
+        layer, written in place); ``mask`` (B or 1, 1, T_new, L) True = may attend;
+        ``cross_kv`` per layer and ``memory_mask`` for an encoder-decoder."""
+        for i, (layer, layer_slots) in enumerate(zip(self.layers, slots)):
+            cross = None if cross_kv is None else cross_kv[i]
+            x, _, _ = layer(x, layer_slots, cross, mask, memory_mask, False, 1, rotary)
         return x if self.norm is None else self.norm(x)
 
 
@@ -145,6 +150,44 @@ class Transformer(nn.Module):
         h, cache, weights = self.decoder(x, cache, return_weights)
         logits = self.project(h)
         return (logits, cache, weights) if return_weights else (logits, cache)
+
+    # ---- the fixed-shape cache (compiled decoding, see decode/static.py) -------------------
+    def start_static_cache(self, cache: KVCache, capacity: int) -> StaticKVCache:
+        """A fixed-shape cache for ``capacity`` target positions, holding the cross-attention
+        K, V and source mask of ``cache`` (from :meth:`start_cache`, one row per sentence)."""
+        if not 1 <= capacity <= self.cfg.max_len:
+            raise ValueError(f"capacity must be 1 to max_len={self.cfg.max_len}, got {capacity}")
+        k0 = cache.cross_kv[0][0]
+        attn = self.decoder.layers[0].self_attn
+        static = StaticKVCache.empty(self.cfg.n_layers, k0.size(0), attn.n_kv_heads, capacity, attn.d_head,
+                                     k0.dtype, k0.device)
+        static.cross_kv, static.memory_mask = cache.cross_kv, cache.attend_mask
+        return static
+
+    def decode_static(self, tgt: Tensor, cache: StaticKVCache, step=None) -> Tensor:
+        """The next ``T`` target positions, written into ``cache`` in place: (B, V) logits
+        of the last one, the same numbers as :meth:`decode`'s. ``step``: :meth:`step_slots`
+        or a compiled version of it (default: the former)."""
+        t = tgt.size(1)
+        if cache.length + t > cache.capacity:
+            raise ValueError(f"the cache holds {cache.capacity} positions; {cache.length} are used and "
+                             f"{t} more do not fit")
+        index = cache.slots[cache.length: cache.length + t]
+        logits = (step or self.step_slots)(tgt, index, cache.k, cache.v, cache.cross_kv, cache.memory_mask)
+        cache.length += t
+        return logits
+
+    def step_slots(self, tgt: Tensor, index: Tensor, k: tuple[Tensor, ...], v: tuple[Tensor, ...],
+                   cross_kv, memory_mask: Tensor | None) -> Tensor:
+        """The tensor-only core of :meth:`decode_static`, what ``torch.compile`` compiles:
+        target tokens (B, T) at slots (= positions) ``index`` (T,), their self-attention K, V
+        written into ``k``, ``v`` in place; returns the last position's logits (B, V)."""
+        x = self.positions.at(self.tgt_embed(tgt), index[None, :].expand(tgt.size(0), -1))
+        slots = torch.arange(k[0].size(2), device=tgt.device)
+        mask = (slots[None, :] <= index[:, None])[None, None]  # (1, 1, T, L): causal, and unwritten slots hidden
+        h = self.decoder.forward_slots(self.dropout(x), [Slots(kb, vb, index) for kb, vb in zip(k, v)], mask,
+                                       cross_kv=cross_kv, memory_mask=memory_mask)
+        return self.project(h[:, -1])
 
     def project(self, h: Tensor) -> Tensor:
         """Final linear layer: (..., C) -> (..., V) logits."""

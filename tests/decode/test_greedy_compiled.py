@@ -1,0 +1,45 @@
+"""Greedy translation through the compiled step on a fixed-shape cache (decode/static.py):
+the fixed-shape cache gives the growing cache's logits in every model variant, and the
+compiled search gives the eager search's tokens, lengths and log-probabilities."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from transformer.decode import greedy_search
+
+
+@pytest.mark.parametrize("padded", [True, False])
+def test_the_fixed_shape_cache_gives_the_growing_caches_logits(variant_model, rand_tokens, padded):
+    model = variant_model
+    src = rand_tokens([7, 2, 5] if padded else [7, 7, 7], width=7)
+    tgt = torch.tensor([[model.cfg.bos_id, 5, 6, 7, 8, 9], [model.cfg.bos_id, 3, 4, 4, 3, 5],
+                        [model.cfg.bos_id, 9, 8, 7, 6, 5]])
+    with torch.inference_mode():
+        cache = model.start_cache(model.encode(src), src)
+        static = model.start_static_cache(cache, 8)
+        assert (static.memory_mask is not None) == padded
+        for t in range(tgt.size(1)):
+            want, cache = model.decode(tgt[:, t: t + 1], cache)
+            got = model.decode_static(tgt[:, t: t + 1], static)
+            torch.testing.assert_close(got, want[:, -1])
+        # several positions in one call: the last one's logits, as decode gives them
+        again = model.start_static_cache(model.start_cache(model.encode(src), src), 8)
+        torch.testing.assert_close(model.decode_static(tgt, again), got)
+
+
+def test_compiled_greedy_search_gives_the_eager_results(make_model, rand_tokens):
+    model = make_model(seed=2, output_bias=True)
+    with torch.no_grad():
+        for p in model.parameters():  # sharp logits: no near-ties for rounding to break
+            if p.dim() == 2:
+                p.mul_(4)
+        model.out_bias[model.cfg.eos_id] = 2.0  # sentences end at different steps
+    src = rand_tokens([7, 2, 5, 1, 4], width=9)
+    for kw in (dict(), dict(max_len_b=3), dict(min_length=4)):
+        eager = greedy_search(model, src, **kw)
+        compiled = greedy_search(model, src, compile=True, **kw)
+        assert [h[0].tokens for h in compiled] == [h[0].tokens for h in eager]
+        assert [h[0].score for h in compiled] == pytest.approx([h[0].score for h in eager], abs=1e-4)
+    lengths = {len(h[0].tokens) for h in eager}
+    assert len(lengths) > 1  # the rows ended at different steps
