@@ -128,10 +128,10 @@ class Translator:
 
     def _decode(self, src: torch.Tensor, n_best: int) -> list[list[Hypothesis]]:
         d = self.decoding
+        compile = d.compile == "on"  # compiled on request only: "auto" is for generation (decode/static.py)
         if d.beam == 1:
-            # compiled on request only: "auto" is for generation (see decode/static.py)
-            return greedy_search(self.model, src, d.max_len_a, d.max_len_b, compile=d.compile == "on")
-        return beam_search(self.model, src, d.beam, d.alpha, n_best, d.max_len_a, d.max_len_b)
+            return greedy_search(self.model, src, d.max_len_a, d.max_len_b, compile=compile)
+        return beam_search(self.model, src, d.beam, d.alpha, n_best, d.max_len_a, d.max_len_b, compile=compile)
 
     def _to_text(self, h: Hypothesis) -> Translation:
         ids = [t for t in h.tokens if t != self.model.cfg.eos_id]

@@ -100,9 +100,10 @@ def test_help_shows_every_decoding_default(command):
     assert "--beam" in text
 
 
-def test_translate_compile_on_gives_the_eager_greedy_translations(trained, cli, one_line_error):
+@pytest.mark.parametrize("beam", ["1", "4"])
+def test_translate_compile_on_gives_the_eager_translations(trained, cli, one_line_error, beam):
     stdin = "".join(line + "\n" for line in LINES)
-    eager = cli("translate", "--model", trained.run, "--beam", "1", "--compile", "off", stdin=stdin).out
-    assert cli("translate", "--model", trained.run, "--beam", "1", "--compile", "on", stdin=stdin).out == eager
+    eager = cli("translate", "--model", trained.run, "--beam", beam, "--compile", "off", stdin=stdin).out
+    assert cli("translate", "--model", trained.run, "--beam", beam, "--compile", "on", stdin=stdin).out == eager
     one_line_error(cli("translate", "--model", trained.run, "--compile", "always", stdin="red dog\n"),
                    "translate", "--compile")

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from .common import Hypothesis, force_eos, length_penalty, max_output_lengths, next_token_logprobs
+from .static import cache_capacity, compiled_step
 
 
 def _best_reachable(raw: Tensor, step: int, limit_lp: Tensor, alpha: float) -> Tensor:
@@ -36,6 +37,7 @@ def beam_search(
     max_len_a: float = 1.0,
     max_len_b: int = 50,
     min_length: int = 0,
+    compile: bool = False,
 ) -> list[list[Hypothesis]]:
     """Decode a batch with beam search.
 
@@ -48,6 +50,9 @@ def beam_search(
         max_len_a, max_len_b: at most a * src_len + b tokens per sentence (EOS included).
         min_length: EOS is blocked before this many tokens (EOS included); the length
             limit wins where the two disagree.
+        compile: every step through one compiled step on a fixed-shape cache
+            (:mod:`transformer.decode.static`): the rows of finished sentences stay in the
+            batch, unread, so that the shapes never change; the same hypotheses.
 
     Returns:
         For each sentence, its ``n_best`` hypotheses, best first.
@@ -60,6 +65,11 @@ def beam_search(
     limits = max_output_lengths(src, cfg, max_len_a, max_len_b)
     cache = model.start_cache(model.encode(src), src)
     cache = cache.expand(k)  # row = b*K + j; the K rows of a sentence share its cross-attention K/V
+    static = None
+    if compile and hasattr(model, "step_slots"):  # (an ensemble decodes eagerly)
+        static = model.start_static_cache(cache, cache_capacity(0, int(limits.max()), cfg.max_len))
+        step_fn = compiled_step(model)
+        every_last = torch.full((batch, k), cfg.eos_id, dtype=torch.long, device=device)  # finished rows: anything
 
     alive = torch.arange(batch, device=device)  # sentence index of each group of K rows
     seqs = torch.empty((batch * k, 0), dtype=torch.long, device=device)  # generated ids, no BOS, no EOS
@@ -75,8 +85,14 @@ def beam_search(
     while alive.numel() > 0:
         step += 1
         n_alive = alive.numel()
-        logits, cache = model.decode(last, cache)
-        lp = next_token_logprobs(logits[:, -1], cfg)  # (A*K, V)
+        if static is None:
+            logits, cache = model.decode(last, cache)
+            logits = logits[:, -1]
+        else:  # every row steps; the alive sentences' rows are read
+            every_last[alive] = last.view(n_alive, k)
+            logits = model.decode_static(every_last.view(-1, 1), static, step_fn)
+            logits = logits.view(batch, k, -1)[alive].view(n_alive * k, -1)
+        lp = next_token_logprobs(logits, cfg)  # (A*K, V)
         if step < min_length:
             lp[:, cfg.eos_id] = float("-inf")
         at_limit = limits[alive] <= step  # (A,)
@@ -120,10 +136,15 @@ def beam_search(
         keep_t = ~(at_limit | (torch.isfinite(nth) & (best_live <= nth)))
 
         rows = (torch.arange(n_alive, device=device)[:, None] * k + beam_of)  # (A, K) source rows
+        if static is not None:  # the same moves in the fixed rows: sentence b's K rows start at b * K
+            order = torch.arange(batch * k, device=device).view(batch, k)
+            order[alive[keep_t]] = (alive[:, None] * k + beam_of)[keep_t]
+            static.reorder(order.view(-1))
         rows, tok, scores = rows[keep_t].view(-1), tok[keep_t].view(-1, 1), scores[keep_t]
         alive = alive[keep_t]
         seqs = torch.cat([seqs.index_select(0, rows), tok], dim=1)
-        cache = cache.index_select(rows)
+        if static is None:
+            cache = cache.index_select(rows)
         last = tok
 
     return [sorted(f, key=lambda h: h.score, reverse=True)[:n_best] for f in finished]

@@ -120,6 +120,7 @@ class StaticKVCache:
             and ``memory_mask`` (B, 1, 1, S) or None (no padding), as in :class:`KVCache`;
             None for a decoder-only model. (Its target rows have no padding: ``key_mask``
             and ``next_position`` follow ``length``.)
+        group: decoder rows per source sentence (beam search), as in :class:`KVCache`.
     """
 
     k: tuple[Tensor, ...]
@@ -129,6 +130,7 @@ class StaticKVCache:
     length: int = 0
     cross_kv: tuple[tuple[Tensor, Tensor], ...] | None = None
     memory_mask: Tensor | None = None
+    group: int = 1
 
     @classmethod
     def empty(cls, n_layers: int, batch_size: int, n_kv_heads: int, capacity: int, d_head: int,
@@ -150,3 +152,9 @@ class StaticKVCache:
     @property
     def batch_size(self) -> int:
         return self.key_mask.size(0)
+
+    def reorder(self, order: Tensor) -> None:
+        """In place: row ``i`` takes the contents of row ``order[i]`` (beam search), every
+        buffer keeping its shape. Cross-attention K, V are per sentence and do not move."""
+        for buf in (*self.k, *self.v, self.key_mask, self.next_position):
+            buf.copy_(buf.index_select(0, order))

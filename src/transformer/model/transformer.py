@@ -69,13 +69,13 @@ class Decoder(nn.Module):
         return x, replace(cache, self_kv=tuple(new_self_kv)), weights
 
     def forward_slots(self, x: Tensor, slots: list[Slots], mask: Tensor, rotary=None, cross_kv=None,
-                      memory_mask: Tensor | None = None) -> Tensor:
+                      memory_mask: Tensor | None = None, group: int = 1) -> Tensor:
         """x (B, T_new, C) -> (B, T_new, C) on a fixed-shape cache (one :class:`Slots` per
         layer, written in place); ``mask`` (B or 1, 1, T_new, L) True = may attend;
-        ``cross_kv`` per layer and ``memory_mask`` for an encoder-decoder."""
+        ``cross_kv`` per layer, ``memory_mask`` and ``group`` for an encoder-decoder."""
         for i, (layer, layer_slots) in enumerate(zip(self.layers, slots)):
             cross = None if cross_kv is None else cross_kv[i]
-            x, _, _ = layer(x, layer_slots, cross, mask, memory_mask, False, 1, rotary)
+            x, _, _ = layer(x, layer_slots, cross, mask, memory_mask, False, group, rotary)
         return x if self.norm is None else self.norm(x)
 
 
@@ -154,14 +154,15 @@ class Transformer(nn.Module):
     # ---- the fixed-shape cache (compiled decoding, see decode/static.py) -------------------
     def start_static_cache(self, cache: KVCache, capacity: int) -> StaticKVCache:
         """A fixed-shape cache for ``capacity`` target positions, holding the cross-attention
-        K, V and source mask of ``cache`` (from :meth:`start_cache`, one row per sentence)."""
+        K, V and source mask of ``cache`` (from :meth:`start_cache`, and ``expand``-ed for
+        beams: ``cache.group`` decoder rows per sentence)."""
         if not 1 <= capacity <= self.cfg.max_len:
             raise ValueError(f"capacity must be 1 to max_len={self.cfg.max_len}, got {capacity}")
         k0 = cache.cross_kv[0][0]
         attn = self.decoder.layers[0].self_attn
-        static = StaticKVCache.empty(self.cfg.n_layers, k0.size(0), attn.n_kv_heads, capacity, attn.d_head,
-                                     k0.dtype, k0.device)
-        static.cross_kv, static.memory_mask = cache.cross_kv, cache.attend_mask
+        static = StaticKVCache.empty(self.cfg.n_layers, k0.size(0) * cache.group, attn.n_kv_heads, capacity,
+                                     attn.d_head, k0.dtype, k0.device)
+        static.cross_kv, static.memory_mask, static.group = cache.cross_kv, cache.attend_mask, cache.group
         return static
 
     def decode_static(self, tgt: Tensor, cache: StaticKVCache, step=None) -> Tensor:
@@ -173,12 +174,13 @@ class Transformer(nn.Module):
             raise ValueError(f"the cache holds {cache.capacity} positions; {cache.length} are used and "
                              f"{t} more do not fit")
         index = cache.slots[cache.length: cache.length + t]
-        logits = (step or self.step_slots)(tgt, index, cache.k, cache.v, cache.cross_kv, cache.memory_mask)
+        logits = (step or self.step_slots)(tgt, index, cache.k, cache.v, cache.cross_kv, cache.memory_mask,
+                                           cache.group)
         cache.length += t
         return logits
 
     def step_slots(self, tgt: Tensor, index: Tensor, k: tuple[Tensor, ...], v: tuple[Tensor, ...],
-                   cross_kv, memory_mask: Tensor | None) -> Tensor:
+                   cross_kv, memory_mask: Tensor | None, group: int = 1) -> Tensor:
         """The tensor-only core of :meth:`decode_static`, what ``torch.compile`` compiles:
         target tokens (B, T) at slots (= positions) ``index`` (T,), their self-attention K, V
         written into ``k``, ``v`` in place; returns the last position's logits (B, V)."""
@@ -186,7 +188,7 @@ class Transformer(nn.Module):
         slots = torch.arange(k[0].size(2), device=tgt.device)
         mask = (slots[None, :] <= index[:, None])[None, None]  # (1, 1, T, L): causal, and unwritten slots hidden
         h = self.decoder.forward_slots(self.dropout(x), [Slots(kb, vb, index) for kb, vb in zip(k, v)], mask,
-                                       cross_kv=cross_kv, memory_mask=memory_mask)
+                                       cross_kv=cross_kv, memory_mask=memory_mask, group=group)
         return self.project(h[:, -1])
 
     def project(self, h: Tensor) -> Tensor:

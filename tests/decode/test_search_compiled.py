@@ -1,6 +1,6 @@
-"""Greedy translation through the compiled step on a fixed-shape cache (decode/static.py):
+"""Translation through the compiled step on a fixed-shape cache (decode/static.py):
 the fixed-shape cache gives the growing cache's logits in every model variant, and the
-compiled search gives the eager search's tokens, lengths and log-probabilities."""
+compiled searches (greedy and beam) give the eager searches' tokens, lengths and scores."""
 from __future__ import annotations
 
 import pytest
@@ -43,3 +43,16 @@ def test_compiled_greedy_search_gives_the_eager_results(make_model, rand_tokens)
         assert [h[0].score for h in compiled] == pytest.approx([h[0].score for h in eager], abs=1e-4)
     lengths = {len(h[0].tokens) for h in eager}
     assert len(lengths) > 1  # the rows ended at different steps
+
+
+@pytest.mark.parametrize("alpha, n_best", [(0.6, 1), (1.0, 3)])
+def test_compiled_beam_search_gives_the_eager_hypotheses(decoder_model, ragged_src, alpha, n_best):
+    from transformer.decode import beam_search
+
+    # sentences finish at different steps; the compiled search keeps their rows, unread
+    eager = beam_search(decoder_model, ragged_src, beam_size=4, alpha=alpha, n_best=n_best, max_len_b=12)
+    compiled = beam_search(decoder_model, ragged_src, beam_size=4, alpha=alpha, n_best=n_best, max_len_b=12,
+                           compile=True)
+    assert [[h.tokens for h in hs] for hs in compiled] == [[h.tokens for h in hs] for hs in eager]
+    assert [h.score for hs in compiled for h in hs] == pytest.approx([h.score for hs in eager for h in hs], abs=1e-4)
+    assert len({len(hs[0].tokens) for hs in eager}) > 1
