@@ -24,9 +24,10 @@ _HELP = {
     "top_k": ("K", int, "sample only among the K most probable tokens (0 = all)"),
     "top_p": ("P", float, "sample only among the most probable tokens whose probability reaches P (1 = all)"),
     "seed": ("S", int, "random seed: the same seed gives the same text (default: a fresh one each run)"),
-    "compile": ("WHEN", str, "on, off or auto: generate through one decoding step compiled by torch.compile "
-                             "at fixed shapes (several times faster per token after a compilation of seconds; "
-                             "auto: when rows x new tokens reach 8192)"),
+    "compile": ("WHEN", str, "on, off or auto: decode through one step compiled by torch.compile on a "
+                             "fixed-size cache (the same output, faster per token after a compilation of "
+                             "seconds); auto compiles a generation of rows x new tokens >= 8192, and no "
+                             "translation"),
 }
 
 
