@@ -9,9 +9,9 @@ Systems (all from one model):
     ours-bf16   the same on bfloat16 weights (transformer.decode.precision, --precision bf16)
     ours-int8   the same after int8 dynamic quantisation of every linear layer and the output
                 projection (transformer.decode.precision, --precision int8)
-    ours-fp32-compiled  greedy through one compiled step on a fixed-shape cache
-                (greedy_search(compile=True), --compile on); beam search is not compiled, so
-                its beam rows are ours-fp32's search again (not in the default --systems)
+    ours-fp32-compiled  the same searches through one compiled step on a fixed-shape cache
+                (greedy_search / beam_search with compile=True, --compile on); not in the
+                default --systems. Its first round includes the compilations.
     hf-fp32     transformers MarianMTModel.generate() on to_marian(model)
     ct2-fp32    CTranslate2 on our exporter's output (transformer.interop.ctranslate2)
     ct2-int8    the same, compute_type="int8" (weights quantised when loading)
@@ -81,7 +81,7 @@ def ours(model: Transformer, precision: str = "fp32", compile: bool = False) -> 
         n = (forced or MAX_NEW) + 1  # + EOS
         kw = dict(max_len_a=0.0, max_len_b=n, min_length=n if forced else 0)
         hyps = (greedy_search(model, src, compile=compile, **kw) if beam == 1
-                else beam_search(model, src, beam_size=beam, alpha=0.0, **kw))
+                else beam_search(model, src, beam_size=beam, alpha=0.0, compile=compile, **kw))
         return [_strip(h[0].tokens, cfg.eos_id) for h in hyps]
 
     return run
