@@ -1,13 +1,15 @@
 """Compiled decoding on a fixed-shape cache: one decoding step, compiled by ``torch.compile``
 and reused for every step of a search (language-model generation, greedy translation).
 
-The cache of ``model.decode`` grows by one position a step, so its shapes change every step
-and a compiled step would be rebuilt each time. A :class:`~transformer.model.cache.StaticKVCache`
-has its final size from the start (``capacity`` positions, written in place, the slots not
-written yet masked), so every step has the same shapes and one compiled graph serves them
-all. On a CPU, inductor turns the step into generated C++ loops and prepacked matrix
-products (``freezing``: the weights are constants of the graph), which removes much of the
-per-operator cost that dominates a small model's step in eager mode.
+The cache of ``model.decode`` is rebuilt every step (one position longer, concatenated),
+and finished rows leave it. A :class:`~transformer.model.cache.StaticKVCache` has its final
+size from the start (``capacity`` positions, written in place; finished rows stay, unread),
+so the only size that changes from step to step is the number of slots written so far, which
+the compiled graph takes as a symbolic size: one graph serves every step of every search
+(``dynamic=True``: batch, source length and capacity are symbolic too). On a CPU, inductor
+turns the step into generated C++ loops and prepacked matrix products (``freezing``: the
+weights are constants of the graph), which removes much of the per-operator cost that
+dominates a small model's step in eager mode.
 
 The eager path is the reference: the compiled step computes the same function, and the
 tests compare logits and tokens. Compiling takes seconds (inductor keeps what it built in
@@ -41,10 +43,9 @@ def compiled_step(model: nn.Module):
         return entry[1]
     if entry is not None:  # the frozen graphs hold the old weights: drop every compiled graph
         torch._dynamo.reset()
-    # dynamic=None: the first shapes are compiled as they are; a second set (another batch
-    # size, source length or capacity) compiles once more with those sizes symbolic, and
-    # that graph serves every later shape
-    compiled = torch.compile(model.step_slots, fullgraph=True)
+    # dynamic: the sizes that change (the slots written so far, step after step; the batch,
+    # source length and capacity, search after search) are symbolic in the one graph
+    compiled = torch.compile(model.step_slots, fullgraph=True, dynamic=True)
 
     def step(*args):
         # inductor reads `freezing` when it compiles, which happens inside a call (the first
@@ -72,9 +73,8 @@ def should_compile(compile: str | bool, rows: int, new_tokens: int) -> bool:
 
 
 def cache_capacity(longest_prompt: int, new_tokens: int, max_len: int) -> int:
-    """The positions a generation's fixed-shape cache holds: enough for the longest prompt
-    and every new token, rounded up to a multiple of 64 so that generations of similar
-    lengths share one compiled step (each step attends over the whole cache, so it is kept
-    no larger than that), and never more than ``max_len``."""
+    """The positions a search's fixed-shape cache holds: enough for the longest prompt and
+    every new token, rounded up to a multiple of 64 (fewer distinct buffer sizes), and never
+    more than ``max_len``."""
     need = longest_prompt + new_tokens
     return min(max_len, -(-need // 64) * 64)

@@ -91,19 +91,25 @@ class KVCache:
 class Slots:
     """One layer's self-attention K, V at a fixed shape: buffers (B, H_kv, L, D) preallocated
     for L positions, into which a decoding step writes its new keys and values in place, at
-    the slots ``index`` (T_new,). Attention then reads the whole buffers, and the mask hides
-    the slots not written yet. (The growing cache of :class:`KVCache` changes shape every
-    step; this one does not, so one compiled step serves a whole search.)"""
+    the slots ``index`` (T_new,). Attention then reads the first ``upto`` slots (those
+    written so far: a view, no copy), or with ``upto`` None the whole buffers, the mask
+    hiding the slots not written yet. (The growing cache of :class:`KVCache` is a new tensor
+    every step, made by concatenation; these buffers stay, so one compiled step, with the
+    number of slots read as a symbolic size, serves a whole search.)"""
 
     k: Tensor
     v: Tensor
     index: Tensor
+    upto: int | None = None
 
     def write(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store the new K, V (B, H_kv, T_new, D) at ``index``; return the whole buffers."""
+        """Store the new K, V (B, H_kv, T_new, D) at ``index``; return the buffers' first
+        ``upto`` slots (default: all of them)."""
         self.k.index_copy_(2, self.index, k)
         self.v.index_copy_(2, self.index, v)
-        return self.k, self.v
+        if self.upto is None:
+            return self.k, self.v
+        return self.k[:, :, : self.upto], self.v[:, :, : self.upto]
 
 
 @dataclass

@@ -146,12 +146,12 @@ class LanguageModel(nn.Module):
         real = tokens != self.cfg.pad_id if real is None else real
         index = cache.slots[cache.length: cache.length + t]
         logits = (step or self.step_slots)(tokens, real, index, cache.k, cache.v, cache.key_mask,
-                                           cache.next_position)
+                                           cache.next_position, cache.length + t)
         cache.length += t
         return logits
 
     def step_slots(self, tokens: Tensor, real: Tensor, index: Tensor, k: tuple[Tensor, ...],
-                   v: tuple[Tensor, ...], key_mask: Tensor, next_position: Tensor) -> Tensor:
+                   v: tuple[Tensor, ...], key_mask: Tensor, next_position: Tensor, upto: int | None = None) -> Tensor:
         """The tensor-only core of :meth:`decode_static`, the function ``torch.compile``
         compiles (its shapes stay the same from one step to the next): the new tokens (B, T)
         at slots ``index`` (T,), written into ``k``, ``v``, ``key_mask`` and
@@ -159,10 +159,11 @@ class LanguageModel(nn.Module):
         key_mask.index_copy_(1, index, real)
         positions = (next_position[:, None] + real.long().cumsum(1) - 1).clamp(min=0)  # padding: 0, unused
         next_position.add_(real.sum(1))
-        slots = torch.arange(key_mask.size(1), device=tokens.device)
-        mask = key_mask[:, None, None, :] & (slots[None, :] <= index[:, None])[None, None]  # (B, 1, T, L)
+        upto = key_mask.size(1) if upto is None else upto
+        slots = torch.arange(upto, device=tokens.device)
+        mask = key_mask[:, None, None, :upto] & (slots[None, :] <= index[:, None])[None, None]  # (B, 1, T, upto)
         x, rotary = self._embed(tokens, positions)
-        h = self.decoder.forward_slots(x, [Slots(kb, vb, index) for kb, vb in zip(k, v)], mask, rotary)
+        h = self.decoder.forward_slots(x, [Slots(kb, vb, index, upto) for kb, vb in zip(k, v)], mask, rotary)
         return self.project(h[:, -1])
 
     # ---- the output -------------------------------------------------------------------
