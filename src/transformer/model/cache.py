@@ -161,6 +161,10 @@ class StaticKVCache:
 
     def reorder(self, order: Tensor) -> None:
         """In place: row ``i`` takes the contents of row ``order[i]`` (beam search), every
-        buffer keeping its shape. Cross-attention K, V are per sentence and do not move."""
-        for buf in (*self.k, *self.v, self.key_mask, self.next_position):
+        buffer keeping its shape; only the slots written so far move. Cross-attention K, V
+        are per sentence and do not move."""
+        for buf in (*self.k, *self.v):
+            written = buf[:, :, : self.length]
+            written.copy_(written.index_select(0, order))
+        for buf in (self.key_mask, self.next_position):
             buf.copy_(buf.index_select(0, order))
