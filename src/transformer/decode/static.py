@@ -45,13 +45,14 @@ def compiled_step(model: nn.Module):
         torch._dynamo.reset()
     # dynamic: the sizes that change (the slots written so far, step after step; the batch,
     # source length and capacity, search after search) are symbolic in the one graph
-    compiled = torch.compile(model.step_slots, fullgraph=True, dynamic=True)
+    compiled = torch.compile(type(model).step_slots, fullgraph=True, dynamic=True)
+    owner = weakref.ref(model)  # the entry must not keep its own key (the model) alive
 
     def step(*args):
         # inductor reads `freezing` when it compiles, which happens inside a call (the first
         # one at a new shape); frozen, a linear layer becomes one prepacked matrix product
         with torch._inductor.config.patch(freezing=True):
-            return compiled(*args)
+            return compiled(owner(), *args)
 
     _compiled[model] = (version, step)
     return step
