@@ -42,11 +42,7 @@ def greedy_search(model, src: Tensor, max_len_a: float = 1.0, max_len_b: int = 5
     while alive.numel() > 0:
         step += 1
         logits, cache = model.decode(last, cache)
-        lp = next_token_logprobs(logits[:, -1], cfg)
-        if step < min_length:
-            lp[:, cfg.eos_id] = float("-inf")
-        force_eos(lp, limits[alive] <= step, cfg.eos_id)
-        best_lp, best = lp.max(dim=-1)  # (A,)
+        best_lp, best = _choose(logits[:, -1], cfg, step, limits[alive], min_length)  # (A,)
         tokens[alive, step - 1] = best
         logprob[alive] += best_lp.double()
         lengths[alive] = step
@@ -55,10 +51,22 @@ def greedy_search(model, src: Tensor, max_len_a: float = 1.0, max_len_b: int = 5
             rows = keep.nonzero().squeeze(1)
             alive, best, cache = alive[rows], best[rows], cache.index_select(rows)
         last = best[:, None]
-    return [
-        [Hypothesis(tokens[i, : lengths[i]].tolist(), float(logprob[i]), float(logprob[i]))]
-        for i in range(batch)
-    ]
+    return _hypotheses(tokens, lengths, logprob)
+
+
+def _choose(logits: Tensor, cfg, step: int, limits: Tensor, min_length: int) -> tuple[Tensor, Tensor]:
+    """(N, V) logits of step ``step`` -> each row's best token and its log-probability,
+    with EOS blocked before ``min_length`` and forced at the row's limit."""
+    lp = next_token_logprobs(logits, cfg)
+    if step < min_length:
+        lp[:, cfg.eos_id] = float("-inf")
+    force_eos(lp, limits <= step, cfg.eos_id)
+    return lp.max(dim=-1)
+
+
+def _hypotheses(tokens: Tensor, lengths: Tensor, logprob: Tensor) -> list[list[Hypothesis]]:
+    return [[Hypothesis(tokens[i, : lengths[i]].tolist(), float(logprob[i]), float(logprob[i]))]
+            for i in range(tokens.size(0))]
 
 
 def _greedy_static(model, cache, limits: Tensor, min_length: int) -> list[list[Hypothesis]]:
@@ -75,11 +83,7 @@ def _greedy_static(model, cache, limits: Tensor, min_length: int) -> list[list[H
     alive = torch.ones(batch, dtype=torch.bool, device=device)
     last = torch.full((batch, 1), cfg.bos_id, dtype=torch.long, device=device)
     for step in range(1, longest + 1):
-        lp = next_token_logprobs(model.decode_static(last, static, step_fn), cfg)
-        if step < min_length:
-            lp[:, cfg.eos_id] = float("-inf")
-        force_eos(lp, limits <= step, cfg.eos_id)
-        best_lp, best = lp.max(dim=-1)  # (B,)
+        best_lp, best = _choose(model.decode_static(last, static, step_fn), cfg, step, limits, min_length)  # (B,)
         tokens[:, step - 1] = torch.where(alive, best, cfg.pad_id)
         logprob += torch.where(alive, best_lp.double(), 0.0)
         lengths += alive.long()
@@ -87,7 +91,4 @@ def _greedy_static(model, cache, limits: Tensor, min_length: int) -> list[list[H
         if not bool(alive.any()):
             break
         last = best[:, None]
-    return [
-        [Hypothesis(tokens[i, : lengths[i]].tolist(), float(logprob[i]), float(logprob[i]))]
-        for i in range(batch)
-    ]
+    return _hypotheses(tokens, lengths, logprob)

@@ -89,10 +89,7 @@ def generate_stream(model, prompts: list[list[int]], max_new_tokens: int, temper
     every = torch.ones(len(prompts), 1, dtype=torch.bool, device=device)  # a generated token is real, whatever its id
     done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
     for step in range(max_new_tokens):
-        token = next_tokens(logits[:, -1], temperature, top_k, top_p, generators)
-        if stop_id is not None:
-            token = token.masked_fill(done, stop_id)
-            done |= token == stop_id
+        token = _choose(logits[:, -1], temperature, top_k, top_p, generators, stop_id, done)
         yield token
         if bool(done.all()) or step == max_new_tokens - 1:
             return
@@ -100,14 +97,30 @@ def generate_stream(model, prompts: list[list[int]], max_new_tokens: int, temper
             row.append(t)
         if int(cache.next_position.max()) >= cfg.max_len:  # a row's positions are full: slide its window
             # next_position counts the tokens of a row's window in the cache; the new token is not in it yet
-            windows = cache.next_position.tolist()
-            keep = [row[-(cfg.max_len // 2):] if n >= cfg.max_len else row[-(n + 1):]
-                    for row, n in zip(history, windows)]
+            keep = _windows(history, cache.next_position.tolist(), cfg.max_len)
             cache = model.start_cache(len(prompts), device)
             ids, real = left_pad(keep, cfg.pad_id, device)
             logits, cache = model.decode(ids, cache, real=real)
         else:
             logits, cache = model.decode(token[:, None], cache, real=every)
+
+
+def _choose(logits: Tensor, temperature: float, top_k: int, top_p: float, generators,
+            stop_id: int | None, done: Tensor) -> Tensor:
+    """The next token of every row (:func:`next_tokens`); a row that has produced
+    ``stop_id`` repeats it, and ``done`` (B,) is updated in place."""
+    token = next_tokens(logits, temperature, top_k, top_p, generators)
+    if stop_id is not None:
+        token = token.masked_fill(done, stop_id)
+        done |= token == stop_id
+    return token
+
+
+def _windows(history: list[list[int]], in_cache: list[int], max_len: int) -> list[list[int]]:
+    """What each row keeps when the cache is rebuilt: a row with ``in_cache`` tokens (its
+    window, without the newest token) whose positions are full slides to its last
+    ``max_len // 2`` tokens; any other row keeps its whole window and the newest token."""
+    return [row[-(max_len // 2):] if n >= max_len else row[-(n + 1):] for row, n in zip(history, in_cache)]
 
 
 def _generate_static(model, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_k: int,
@@ -131,10 +144,7 @@ def _generate_static(model, prompts: list[list[int]], max_new_tokens: int, tempe
     done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
     new: list[Tensor] = []  # the tokens since `history` was last brought up to date
     for i in range(max_new_tokens):
-        token = next_tokens(logits, temperature, top_k, top_p, generators)
-        if stop_id is not None:
-            token = token.masked_fill(done, stop_id)
-            done |= token == stop_id
+        token = _choose(logits, temperature, top_k, top_p, generators, stop_id, done)
         yield token
         if i == max_new_tokens - 1 or (stop_id is not None and bool(done.all())):
             return
@@ -143,9 +153,7 @@ def _generate_static(model, prompts: list[list[int]], max_new_tokens: int, tempe
             for row, ts in zip(history, torch.stack(new, 1).tolist()):
                 row.extend(ts)
             new.clear()
-            windows = cache.next_position.tolist()
-            cache, logits = prefill([row[-(cfg.max_len // 2):] if n >= cfg.max_len else row[-(n + 1):]
-                                     for row, n in zip(history, windows)])
+            cache, logits = prefill(_windows(history, cache.next_position.tolist(), cfg.max_len))
         else:
             logits = model.decode_static(token[:, None], cache, every, step)
 

@@ -91,30 +91,28 @@ class KVCache:
 class Slots:
     """One layer's self-attention K, V at a fixed shape: buffers (B, H_kv, L, D) preallocated
     for L positions, into which a decoding step writes its new keys and values in place, at
-    the slots ``index`` (T_new,). Attention then reads the first ``upto`` slots (those
-    written so far: a view, no copy), or with ``upto`` None the whole buffers, the mask
-    hiding the slots not written yet. (The growing cache of :class:`KVCache` is a new tensor
+    the slots ``index`` (T_new,). Attention then reads the first ``upto`` slots, those
+    written so far (a view, no copy). (The growing cache of :class:`KVCache` is a new tensor
     every step, made by concatenation; these buffers stay, so one compiled step, with the
     number of slots read as a symbolic size, serves a whole search.)"""
 
     k: Tensor
     v: Tensor
     index: Tensor
-    upto: int | None = None
+    upto: int
 
     def write(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store the new K, V (B, H_kv, T_new, D) at ``index``; return the buffers' first
-        ``upto`` slots (default: all of them)."""
+        ``upto`` slots."""
         self.k.index_copy_(2, self.index, k)
         self.v.index_copy_(2, self.index, v)
-        if self.upto is None:
-            return self.k, self.v
         return self.k[:, :, : self.upto], self.v[:, :, : self.upto]
 
 
 @dataclass
 class StaticKVCache:
-    """A decoder-only model's cache at a fixed shape, written in place (see :class:`Slots`).
+    """A decoder's cache at a fixed shape, written in place (see :class:`Slots`): a
+    decoder-only model's, or an encoder-decoder's with its cross-attention K, V.
 
     Attributes:
         k, v: per layer, (B, H_kv, L, D) buffers for L = ``capacity`` positions.
@@ -154,10 +152,6 @@ class StaticKVCache:
     @property
     def capacity(self) -> int:
         return self.key_mask.size(1)
-
-    @property
-    def batch_size(self) -> int:
-        return self.key_mask.size(0)
 
     def reorder(self, order: Tensor) -> None:
         """In place: row ``i`` takes the contents of row ``order[i]`` (beam search), every

@@ -151,15 +151,15 @@ class LanguageModel(nn.Module):
         return logits
 
     def step_slots(self, tokens: Tensor, real: Tensor, index: Tensor, k: tuple[Tensor, ...],
-                   v: tuple[Tensor, ...], key_mask: Tensor, next_position: Tensor, upto: int | None = None) -> Tensor:
+                   v: tuple[Tensor, ...], key_mask: Tensor, next_position: Tensor, upto: int) -> Tensor:
         """The tensor-only core of :meth:`decode_static`, the function ``torch.compile``
-        compiles (its shapes stay the same from one step to the next): the new tokens (B, T)
-        at slots ``index`` (T,), written into ``k``, ``v``, ``key_mask`` and
-        ``next_position`` in place; returns the last position's logits (B, V)."""
+        compiles (its buffers keep their shapes from one step to the next): the new tokens
+        (B, T) at slots ``index`` (T,), written into ``k``, ``v``, ``key_mask`` and
+        ``next_position`` in place; attention reads the first ``upto`` slots (those written,
+        the new ones included). Returns the last position's logits (B, V)."""
         key_mask.index_copy_(1, index, real)
         positions = (next_position[:, None] + real.long().cumsum(1) - 1).clamp(min=0)  # padding: 0, unused
         next_position.add_(real.sum(1))
-        upto = key_mask.size(1) if upto is None else upto
         slots = torch.arange(upto, device=tokens.device)
         mask = key_mask[:, None, None, :upto] & (slots[None, :] <= index[:, None])[None, None]  # (B, 1, T, upto)
         x, rotary = self._embed(tokens, positions)

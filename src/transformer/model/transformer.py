@@ -175,17 +175,18 @@ class Transformer(nn.Module):
                              f"{t} more do not fit")
         index = cache.slots[cache.length: cache.length + t]
         logits = (step or self.step_slots)(tgt, index, cache.k, cache.v, cache.cross_kv, cache.memory_mask,
-                                           cache.group, cache.length + t)
+                                           cache.length + t, cache.group)
         cache.length += t
         return logits
 
     def step_slots(self, tgt: Tensor, index: Tensor, k: tuple[Tensor, ...], v: tuple[Tensor, ...],
-                   cross_kv, memory_mask: Tensor | None, group: int = 1, upto: int | None = None) -> Tensor:
+                   cross_kv, memory_mask: Tensor | None, upto: int, group: int = 1) -> Tensor:
         """The tensor-only core of :meth:`decode_static`, what ``torch.compile`` compiles:
         target tokens (B, T) at slots (= positions) ``index`` (T,), their self-attention K, V
-        written into ``k``, ``v`` in place; returns the last position's logits (B, V)."""
+        written into ``k``, ``v`` in place; attention reads the first ``upto`` slots (those
+        written, the new ones included). Returns the last position's logits (B, V)."""
         x = self.positions.at(self.tgt_embed(tgt), index[None, :].expand(tgt.size(0), -1))
-        slots = torch.arange(k[0].size(2) if upto is None else upto, device=tgt.device)
+        slots = torch.arange(upto, device=tgt.device)
         mask = (slots[None, :] <= index[:, None])[None, None]  # (1, 1, T, upto): causal, unwritten slots hidden
         h = self.decoder.forward_slots(self.dropout(x), [Slots(kb, vb, index, upto) for kb, vb in zip(k, v)], mask,
                                        cross_kv=cross_kv, memory_mask=memory_mask, group=group)
