@@ -38,6 +38,7 @@ from transformer.train.loss import compile_loss
 from transformer.train.step import paper_adam, train_step
 
 COMPILED = "ours, compiled loss"
+WHOLE = "ours, whole graph compiled"
 MAX_LEN = 256  # the position table of every model built here
 CONFIGS = {  # name: (layers, d_model, d_ff, heads)
     "tiny": (4, 128, 256, 4),  # the published Multi30k setting; our de-en and en-fr recipes
@@ -78,9 +79,11 @@ class TorchNN(nn.Module):
         return h @ self.embed.weight.T
 
 
-def make_peers(layers, d, d_ff, heads, vocab, compiled_loss: bool = False):
+def make_peers(layers, d, d_ff, heads, vocab, compiled_loss: bool = False, whole_graph: bool = False):
     """The implementations to race, by name. With ``compiled_loss``, a second copy of ours (the
-    same initial weights) trains with the compiled loss kernels (``compile_loss: true``)."""
+    same initial weights) trains with the compiled loss kernels (``compile_loss: true``); with
+    ``whole_graph``, a copy whose forward (and so its backward) is one ``torch.compile`` graph
+    at the batch's fixed shape, with the compiled loss kernels too."""
 
     def ours() -> Transformer:
         torch.manual_seed(0)
@@ -90,6 +93,8 @@ def make_peers(layers, d, d_ff, heads, vocab, compiled_loss: bool = False):
     peers = {"ours": ours()}
     if compiled_loss:
         peers[COMPILED] = ours()
+    if whole_graph:
+        peers[WHOLE] = ours()
     peers["torch.nn.Transformer"] = TorchNN(layers, d, d_ff, heads, vocab)
     try:
         from transformers import MarianConfig, MarianMTModel
@@ -132,10 +137,10 @@ def make_optimizer(name: str, model: nn.Module):
     return torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
 
 
-def one_step(name: str, model: nn.Module, batch: Batch, opt, amp: bool, loss_kernels=None) -> None:
+def one_step(name: str, model: nn.Module, batch: Batch, opt, amp: bool, loss_kernels=None, forward=None) -> None:
     if name.startswith("ours"):
         train_step(model, [batch], opt, 1e-4, epsilon=0.1, amp_dtype=torch.bfloat16 if amp else None,
-                   loss_kernels=loss_kernels)
+                   forward=forward, loss_kernels=loss_kernels)
     else:
         peer_step(model, batch, opt, amp)
 
@@ -145,17 +150,19 @@ def race(peers: dict, batch: Batch, amp: bool, rounds: int, steps: int) -> dict[
     round (round 0 warms up and is not counted)."""
     opts = {k: make_optimizer(k, m) for k, m in peers.items()}
     kernels = {}  # implementation name -> its loss kernels
-    if COMPILED in peers:
-        kernels[COMPILED] = compile_loss(torch.bfloat16 if amp else torch.float32)
-        if kernels[COMPILED] is None:
-            sys.exit("--compile-loss: the compiled loss kernels are not usable here (see the warning above)")
+    for name in (COMPILED, WHOLE):
+        if name in peers:
+            kernels[name] = compile_loss(torch.bfloat16 if amp else torch.float32)
+            if kernels[name] is None:
+                sys.exit(f"{name}: the compiled loss kernels are not usable here (see the warning above)")
+    forwards = {WHOLE: torch.compile(peers[WHOLE], dynamic=False)} if WHOLE in peers else {}
     times: dict[str, list[float]] = {k: [] for k in peers}
     for r in range(rounds + 1):
         for name, model in peers.items():
             model.train()
             for _ in range(steps):
                 t = time.perf_counter()
-                one_step(name, model, batch, opts[name], amp, kernels.get(name))
+                one_step(name, model, batch, opts[name], amp, kernels.get(name), forwards.get(name))
                 if r:
                     times[name].append(time.perf_counter() - t)
     return times
@@ -175,7 +182,8 @@ def throughput(args, layers, d, d_ff, heads) -> None:
     for dt in args.dtypes.split(","):
         amp = dt == "bf16"
         peak = matmul_rate(torch.bfloat16 if amp else torch.float32)
-        peers = make_peers(layers, d, d_ff, heads, args.vocab, compiled_loss=args.compile_loss)
+        peers = make_peers(layers, d, d_ff, heads, args.vocab, compiled_loss=args.compile_loss,
+                           whole_graph=args.compile)
         times = race(peers, batch, amp, args.rounds, args.steps)
         ref = statistics.median(times["torch.nn.Transformer"])
         print(f"\n{dt}: matmul peak {peak / 1e9:.0f} GFLOP/s (best of 2048^3, 3072^3, 4096^3; same run)")
@@ -276,6 +284,9 @@ def main() -> None:
     ap.add_argument("--json", help="append results as JSON lines to this file")
     ap.add_argument("--compile-loss", action="store_true",
                     help="main table: also race ours with the compiled loss kernels (compile_loss: true)")
+    ap.add_argument("--compile", action="store_true",
+                    help="main table: also race ours with the whole forward and backward compiled at the "
+                         "batch's fixed shape (torch.compile, dynamic=False), with the compiled loss")
     args = ap.parse_args()
     if args.lengths and not all(1 <= n <= MAX_LEN for n in args.lengths):
         ap.error(f"--lengths: every length must be between 1 and {MAX_LEN} (the models' position table)")

@@ -12,6 +12,7 @@ Systems (all from one model):
     ours-fp32-compiled  the same searches through one compiled step on a fixed-shape cache
                 (greedy_search / beam_search with compile=True, --compile on); not in the
                 default --systems. Its first round includes the compilations.
+    ours-bf16-compiled, ours-int8-compiled  the same on bfloat16 / int8 weights
     hf-fp32     transformers MarianMTModel.generate() on to_marian(model)
     ct2-fp32    CTranslate2 on our exporter's output (transformer.interop.ctranslate2)
     ct2-int8    the same, compute_type="int8" (weights quantised when loading)
@@ -144,6 +145,8 @@ def build(model: Transformer, vocab: list[str], workdir: Path, threads: int, nam
             "ours-bf16": lambda: ours(model, "bf16"),
             "ours-int8": lambda: ours(model, "int8"),
             "ours-fp32-compiled": lambda: ours(model, compile=True),
+            "ours-bf16-compiled": lambda: ours(model, "bf16", compile=True),
+            "ours-int8-compiled": lambda: ours(model, "int8", compile=True),
             "hf-fp32": lambda: hf(model),
             "ct2-fp32": lambda: ct2(ct2_dir, vocab, "float32", threads),
             "ct2-int8": lambda: ct2(ct2_dir, vocab, "int8", threads),

@@ -7,6 +7,20 @@ import pytest
 import torch
 
 from transformer.decode import greedy_search
+from transformer.model.cache import StaticKVCache
+
+
+@pytest.fixture
+def shrinks(monkeypatch) -> list[tuple[int, int]]:
+    """Every time a compiled search shrinks its batch: (rows before, rows after)."""
+    seen, select = [], StaticKVCache.select
+
+    def spy(self, rows):
+        seen.append((self.key_mask.size(0), rows.numel()))
+        return select(self, rows)
+
+    monkeypatch.setattr(StaticKVCache, "select", spy)
+    return seen
 
 
 @pytest.mark.parametrize("padded", [True, False])
@@ -28,14 +42,14 @@ def test_the_fixed_shape_cache_gives_the_growing_caches_logits(variant_model, ra
         torch.testing.assert_close(model.decode_static(tgt, again), got)
 
 
-def test_compiled_greedy_search_gives_the_eager_results(make_model, rand_tokens):
+def test_compiled_greedy_search_gives_the_eager_results(make_model, rand_tokens, shrinks):
     model = make_model(seed=2, output_bias=True)
     with torch.no_grad():
         for p in model.parameters():  # sharp logits: no near-ties for rounding to break
             if p.dim() == 2:
                 p.mul_(4)
         model.out_bias[model.cfg.eos_id] = 2.0  # sentences end at different steps
-    src = rand_tokens([7, 2, 5, 1, 4], width=9)
+    src = rand_tokens([7, 2, 5, 1, 4, 9, 3, 6, 8, 2], width=9)
     for kw in (dict(), dict(max_len_b=3), dict(min_length=4)):
         eager = greedy_search(model, src, **kw)
         compiled = greedy_search(model, src, compile=True, **kw)
@@ -43,16 +57,21 @@ def test_compiled_greedy_search_gives_the_eager_results(make_model, rand_tokens)
         assert [h[0].score for h in compiled] == pytest.approx([h[0].score for h in eager], abs=1e-4)
     lengths = {len(h[0].tokens) for h in eager}
     assert len(lengths) > 1  # the rows ended at different steps
+    # finished rows left the batch at bucket boundaries: half or fewer still decoding, never 1
+    assert shrinks and all(2 <= after <= before // 2 for before, after in shrinks)
 
 
 @pytest.mark.parametrize("alpha, n_best", [(0.6, 1), (1.0, 3)])
-def test_compiled_beam_search_gives_the_eager_hypotheses(decoder_model, ragged_src, alpha, n_best):
+def test_compiled_beam_search_gives_the_eager_hypotheses(decoder_model, rand_tokens, alpha, n_best, shrinks):
     from transformer.decode import beam_search
 
-    # sentences finish at different steps; the compiled search keeps their rows, unread
-    eager = beam_search(decoder_model, ragged_src, beam_size=4, alpha=alpha, n_best=n_best, max_len_b=12)
-    compiled = beam_search(decoder_model, ragged_src, beam_size=4, alpha=alpha, n_best=n_best, max_len_b=12,
+    # sentences finish at different steps; the compiled search keeps their rows, unread,
+    # until half of them are done, and then drops them
+    src = rand_tokens([7, 2, 5, 1, 4, 9, 3, 6], width=9)
+    eager = beam_search(decoder_model, src, beam_size=4, alpha=alpha, n_best=n_best, max_len_b=12)
+    compiled = beam_search(decoder_model, src, beam_size=4, alpha=alpha, n_best=n_best, max_len_b=12,
                            compile=True)
     assert [[h.tokens for h in hs] for hs in compiled] == [[h.tokens for h in hs] for hs in eager]
     assert [h.score for hs in compiled for h in hs] == pytest.approx([h.score for hs in eager for h in hs], abs=1e-4)
     assert len({len(hs[0].tokens) for hs in eager}) > 1
+    assert shrinks and all(8 <= after <= before // 2 and after % 4 == 0 for before, after in shrinks)

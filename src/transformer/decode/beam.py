@@ -52,7 +52,8 @@ def beam_search(
             limit wins where the two disagree.
         compile: every step through one compiled step on a fixed-shape cache
             (:mod:`transformer.decode.static`): the rows of finished sentences stay in the
-            batch, unread, so that the shapes never change; the same hypotheses.
+            batch, unread, until half the sentences are done, then the batch shrinks to
+            those still decoding (a few shapes per search); the same hypotheses.
 
     Returns:
         For each sentence, its ``n_best`` hypotheses, best first.
@@ -69,6 +70,7 @@ def beam_search(
     if compile and hasattr(model, "step_slots"):  # (an ensemble decodes eagerly)
         static = model.start_static_cache(cache, cache_capacity(0, int(limits.max()), cfg.max_len))
         step_fn = compiled_step(model)
+        placed = torch.arange(batch, device=device)  # the sentence of each group of K rows in `static`
         every_last = torch.full((batch, k), cfg.eos_id, dtype=torch.long, device=device)  # finished rows: anything
 
     alive = torch.arange(batch, device=device)  # sentence index of each group of K rows
@@ -89,9 +91,10 @@ def beam_search(
             logits, cache = model.decode(last, cache)
             logits = logits[:, -1]
         else:  # every row steps; the alive sentences' rows are read
-            every_last[alive] = last.view(n_alive, k)
+            at = torch.searchsorted(placed, alive)  # their groups in `static` (both sorted)
+            every_last[at] = last.view(n_alive, k)
             logits = model.decode_static(every_last.view(-1, 1), static, step_fn)
-            logits = logits.view(batch, k, -1)[alive].view(n_alive * k, -1)
+            logits = logits.view(placed.numel(), k, -1)[at].view(n_alive * k, -1)
         lp = next_token_logprobs(logits, cfg)  # (A*K, V)
         if step < min_length:
             lp[:, cfg.eos_id] = float("-inf")
@@ -136,10 +139,16 @@ def beam_search(
         keep_t = ~(at_limit | (torch.isfinite(nth) & (best_live <= nth)))
 
         rows = (torch.arange(n_alive, device=device)[:, None] * k + beam_of)  # (A, K) source rows
-        if static is not None:  # the same moves in the fixed rows: sentence b's K rows start at b * K
-            order = torch.arange(batch * k, device=device).view(batch, k)
-            order[alive[keep_t]] = (alive[:, None] * k + beam_of)[keep_t]
+        if static is not None:  # the same moves in the fixed rows: `at` says where each sentence's K rows are
+            order = torch.arange(placed.numel() * k, device=device).view(-1, k)
+            order[at[keep_t]] = (at[:, None] * k + beam_of)[keep_t]
             static.reorder(order.view(-1))
+            n_keep = int(keep_t.sum())
+            # shrink the batch to the sentences still decoding (never to 1: a new compilation)
+            if 2 <= n_keep <= placed.numel() // 2:
+                groups = at[keep_t]
+                static = static.select((groups[:, None] * k + torch.arange(k, device=device)).view(-1))
+                placed, every_last = alive[keep_t], every_last[groups]
         rows, tok, scores = rows[keep_t].view(-1), tok[keep_t].view(-1, 1), scores[keep_t]
         alive = alive[keep_t]
         seqs = torch.cat([seqs.index_select(0, rows), tok], dim=1)

@@ -21,7 +21,7 @@ def greedy_search(model, src: Tensor, max_len_a: float = 1.0, max_len_b: int = 5
         min_length: EOS is blocked until this many tokens (EOS included) could be reached.
         compile: every step through one compiled step on a fixed-shape cache
             (:mod:`transformer.decode.static`; finished sentences stay in the batch, their
-            tokens no longer recorded, so that the shapes stay fixed).
+            tokens no longer recorded, until half the rows are done: a few shapes per search).
 
     Returns:
         For each sentence, a list holding one :class:`Hypothesis`.
@@ -71,8 +71,10 @@ def _hypotheses(tokens: Tensor, lengths: Tensor, logprob: Tensor) -> list[list[H
 
 def _greedy_static(model, cache, limits: Tensor, min_length: int) -> list[list[Hypothesis]]:
     """Greedy search through the compiled step on a fixed-shape cache: the same tokens as the
-    eager loop above. Every row decodes until the last sentence ends (a finished row's
-    tokens are not recorded), so the step's shapes never change."""
+    eager loop above. A finished sentence's row keeps decoding, unrecorded, until half the
+    rows are finished; then the batch shrinks to the rows still decoding (a few batch sizes
+    per search instead of a new one at every step; the graph's batch size is symbolic, so
+    none compiles again). Never below 2 rows: torch.compile would compile batch 1 anew."""
     cfg, batch, device = model.cfg, limits.size(0), limits.device
     longest = int(limits.max())
     static = model.start_static_cache(cache, cache_capacity(0, longest, cfg.max_len))
@@ -80,15 +82,20 @@ def _greedy_static(model, cache, limits: Tensor, min_length: int) -> list[list[H
     tokens = torch.full((batch, longest), cfg.pad_id, dtype=torch.long, device=device)
     logprob = torch.zeros(batch, dtype=torch.float64, device=device)
     lengths = torch.zeros(batch, dtype=torch.long, device=device)
-    alive = torch.ones(batch, dtype=torch.bool, device=device)
+    rows = torch.arange(batch, device=device)  # the sentence of each row
+    live = torch.ones(batch, dtype=torch.bool, device=device)  # rows still decoding
     last = torch.full((batch, 1), cfg.bos_id, dtype=torch.long, device=device)
     for step in range(1, longest + 1):
-        best_lp, best = _choose(model.decode_static(last, static, step_fn), cfg, step, limits, min_length)  # (B,)
-        tokens[:, step - 1] = torch.where(alive, best, cfg.pad_id)
-        logprob += torch.where(alive, best_lp.double(), 0.0)
-        lengths += alive.long()
-        alive &= best != cfg.eos_id
-        if not bool(alive.any()):
+        best_lp, best = _choose(model.decode_static(last, static, step_fn), cfg, step, limits[rows], min_length)
+        tokens[rows, step - 1] = torch.where(live, best, cfg.pad_id)
+        logprob[rows] += torch.where(live, best_lp.double(), 0.0)
+        lengths[rows] += live.long()
+        live &= best != cfg.eos_id
+        n_live = int(live.sum())
+        if n_live == 0:
             break
+        if 2 <= n_live <= live.numel() // 2:  # shrink the batch to the rows still decoding
+            keep = live.nonzero().squeeze(1)
+            static, rows, live, best = static.select(keep), rows[keep], live[keep], best[keep]
         last = best[:, None]
     return _hypotheses(tokens, lengths, logprob)

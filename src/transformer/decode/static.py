@@ -23,12 +23,16 @@ from __future__ import annotations
 import weakref
 
 import torch
+import torch.fx.experimental._config  # noqa: F401 (use_duck_shape, patched below)
 from torch import nn
 
 COMPILE_CHOICES = ("auto", "on", "off")
 # compile="auto" compiles when a generation runs at least this many decoding steps
 # (rows x new tokens): below it, the compilation would cost more than it saves
 AUTO_MIN_WORK = 8192
+# graphs of the step kept at once, over every model of a process (torch's default is 8: a
+# model needs 2 to 4, for the first step and for searches with and without source padding)
+RECOMPILE_LIMIT = 64
 
 _compiled: "weakref.WeakKeyDictionary[nn.Module, object]" = weakref.WeakKeyDictionary()
 
@@ -49,9 +53,13 @@ def compiled_step(model: nn.Module):
     owner = weakref.ref(model)  # the entry must not keep its own key (the model) alive
 
     def step(*args):
-        # inductor reads `freezing` when it compiles, which happens inside a call (the first
-        # one at a new shape); frozen, a linear layer becomes one prepacked matrix product
-        with torch._inductor.config.patch(freezing=True):
+        # Read when a call compiles (the first one at a new shape). `freezing`: a linear layer
+        # becomes one prepacked matrix product. No duck shapes: two sizes that happen to be
+        # equal (a source length and a step number) are not assumed equal, which would compile
+        # again when they differ. The limit counts graphs of every model in the process.
+        with torch._inductor.config.patch(freezing=True), \
+                torch.fx.experimental._config.patch(use_duck_shape=False), \
+                torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
             return compiled(owner(), *args)
 
     _compiled[model] = (version, step)

@@ -153,6 +153,19 @@ class StaticKVCache:
     def capacity(self) -> int:
         return self.key_mask.size(1)
 
+    def select(self, rows: Tensor) -> "StaticKVCache":
+        """A smaller cache holding ``rows`` of this one, in that order (a search dropping the
+        rows of finished sentences, at a few batch sizes only). With ``group`` > 1, ``rows``
+        keeps whole groups, as :meth:`KVCache.index_select` does."""
+        sources = rows.view(-1, self.group)[:, 0] // self.group if self.group > 1 else rows
+        return StaticKVCache(
+            k=tuple(b.index_select(0, rows) for b in self.k), v=tuple(b.index_select(0, rows) for b in self.v),
+            key_mask=self.key_mask.index_select(0, rows), next_position=self.next_position.index_select(0, rows),
+            length=self.length, group=self.group,
+            cross_kv=None if self.cross_kv is None else tuple((k.index_select(0, sources), v.index_select(0, sources))
+                                                             for k, v in self.cross_kv),
+            memory_mask=None if self.memory_mask is None else self.memory_mask.index_select(0, sources))
+
     def reorder(self, order: Tensor) -> None:
         """In place: row ``i`` takes the contents of row ``order[i]`` (beam search), every
         buffer keeping its shape; only the slots written so far move. Cross-attention K, V

@@ -162,7 +162,10 @@ class Transformer(nn.Module):
         attn = self.decoder.layers[0].self_attn
         static = StaticKVCache.empty(self.cfg.n_layers, k0.size(0) * cache.group, attn.n_kv_heads, capacity,
                                      attn.d_head, k0.dtype, k0.device)
-        static.cross_kv, static.memory_mask, static.group = cache.cross_kv, cache.attend_mask, cache.group
+        # contiguous: the compiled step is specialised to its inputs' layout, and a search that
+        # drops rows (StaticKVCache.select) hands it contiguous copies
+        static.cross_kv = tuple((k.contiguous(), v.contiguous()) for k, v in cache.cross_kv)
+        static.memory_mask, static.group = cache.attend_mask, cache.group
         return static
 
     def decode_static(self, tgt: Tensor, cache: StaticKVCache, step=None) -> Tensor:
@@ -225,7 +228,7 @@ def _has_padding(mask: Tensor) -> bool:
     """Whether a padding mask masks anything. Without padding, attention runs without a mask:
     the same numbers, fewer operations (sorted or bucketed batches are often unpadded).
     Under ``torch.export`` (the ONNX exporter) the answer would depend on the data, so
-    exported graphs always apply the mask."""
-    if torch.compiler.is_exporting():
+    exported graphs always apply the mask, and compiled ones too (no branch on data)."""
+    if torch.compiler.is_exporting() or torch.compiler.is_compiling():
         return True
     return not bool(mask.all())
