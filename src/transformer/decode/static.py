@@ -23,7 +23,6 @@ from __future__ import annotations
 import weakref
 
 import torch
-import torch.fx.experimental._config  # noqa: F401 (use_duck_shape, patched below)
 from torch import nn
 
 COMPILE_CHOICES = ("auto", "on", "off")
@@ -54,12 +53,9 @@ def compiled_step(model: nn.Module):
 
     def step(*args):
         # Read when a call compiles (the first one at a new shape). `freezing`: a linear layer
-        # becomes one prepacked matrix product. No duck shapes: two sizes that happen to be
-        # equal (a source length and a step number) are not assumed equal, which would compile
-        # again when they differ. The limit counts graphs of every model in the process.
-        with torch._inductor.config.patch(freezing=True), \
-                torch.fx.experimental._config.patch(use_duck_shape=False), \
-                torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+        # becomes one prepacked matrix product. The limit counts the graphs of every model in
+        # the process.
+        with torch._inductor.config.patch(freezing=True), torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
             return compiled(owner(), *args)
 
     _compiled[model] = (version, step)

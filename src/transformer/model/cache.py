@@ -146,12 +146,15 @@ class StaticKVCache:
                    key_mask=torch.zeros(batch_size, capacity, dtype=torch.bool, device=device),
                    next_position=torch.zeros(batch_size, dtype=torch.long, device=device))
 
-    def __post_init__(self) -> None:
-        self.slots = torch.arange(self.capacity, device=self.key_mask.device)  # each step's index is a view of it
-
     @property
     def capacity(self) -> int:
         return self.key_mask.size(1)
+
+    def next_slots(self, t: int) -> Tensor:
+        """The slots of the next ``t`` positions, (t,). A tensor of its own, not a view of a
+        longer one: a view's offset would be one more size for the compiled step to guard on
+        (and, equal by chance to another size, a reason to compile again)."""
+        return torch.arange(self.length, self.length + t, device=self.key_mask.device)
 
     def select(self, rows: Tensor) -> "StaticKVCache":
         """A smaller cache holding ``rows`` of this one, in that order (a search dropping the

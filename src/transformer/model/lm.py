@@ -144,7 +144,7 @@ class LanguageModel(nn.Module):
             raise ValueError(f"the cache holds {cache.capacity} positions; {cache.length} are used and "
                              f"{t} more do not fit")
         real = tokens != self.cfg.pad_id if real is None else real
-        index = cache.slots[cache.length: cache.length + t]
+        index = cache.next_slots(t)
         logits = (step or self.step_slots)(tokens, real, index, cache.k, cache.v, cache.key_mask,
                                            cache.next_position, cache.length + t)
         cache.length += t

@@ -176,7 +176,7 @@ class Transformer(nn.Module):
         if cache.length + t > cache.capacity:
             raise ValueError(f"the cache holds {cache.capacity} positions; {cache.length} are used and "
                              f"{t} more do not fit")
-        index = cache.slots[cache.length: cache.length + t]
+        index = cache.next_slots(t)
         logits = (step or self.step_slots)(tgt, index, cache.k, cache.v, cache.cross_kv, cache.memory_mask,
                                            cache.length + t, cache.group)
         cache.length += t
