@@ -89,6 +89,28 @@ def test_a_model_whose_weights_change_is_compiled_afresh():
     assert generate(model, [[5, 6]], 12, temperature=0, compile="on") == eager
 
 
+def test_each_model_has_its_own_compiled_step_and_a_mode_switch_compiles_afresh():
+    # the compiled step does not guard on the model's modules (decode/static.py): what they
+    # guarded is the model's identity, its weights and its mode, checked here instead
+    first, second = make_model("gpt"), make_model("gpt")
+    with torch.no_grad():
+        for p in second.parameters():
+            p.add_(torch.randn_like(p))
+    for model in (first, second, first):
+        assert generate(model, [[5, 6]], 12, temperature=0, compile="on") == \
+            generate(model, [[5, 6]], 12, temperature=0, compile="off")
+    dropout = make_model("gpt")
+    for block in dropout.modules():  # dropout that only training mode applies
+        if hasattr(block, "p") and isinstance(block.p, float):
+            block.p = 0.5
+    want = generate(dropout, [[5, 6]], 12, temperature=0, compile="on")
+    assert want == generate(dropout, [[5, 6]], 12, temperature=0, compile="off")
+    dropout.train()  # (compiled, the dropout masks come from another random stream than eager's)
+    assert generate(dropout, [[5, 6]], 12, temperature=0, compile="on") != want
+    dropout.eval()
+    assert generate(dropout, [[5, 6]], 12, temperature=0, compile="on") == want
+
+
 def test_when_auto_compiles_and_how_large_the_cache_is():
     assert should_compile("auto", 32, 256) and not should_compile("auto", 1, 256)
     assert should_compile("on", 1, 1) and not should_compile("off", 64, 4096)

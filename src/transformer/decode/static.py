@@ -20,6 +20,7 @@ Measured in ``benchmarks/lm/README.md`` and ``benchmarks/decode/README.md``.
 """
 from __future__ import annotations
 
+import types
 import weakref
 
 import torch
@@ -29,8 +30,8 @@ COMPILE_CHOICES = ("auto", "on", "off")
 # compile="auto" compiles when a generation runs at least this many decoding steps
 # (rows x new tokens): below it, the compilation would cost more than it saves
 AUTO_MIN_WORK = 8192
-# graphs of the step kept at once, over every model of a process (torch's default is 8: a
-# model needs 2 to 4, for the first step and for searches with and without source padding)
+# graphs of a model's step kept at once (torch's default is 8; a translation model can need
+# that many: the first step or a later one, sources with or without padding, greedy or beam)
 RECOMPILE_LIMIT = 64
 
 _compiled: "weakref.WeakKeyDictionary[nn.Module, object]" = weakref.WeakKeyDictionary()
@@ -44,17 +45,17 @@ def compiled_step(model: nn.Module):
     entry = _compiled.get(model)
     if entry is not None and entry[0] == version:
         return entry[1]
-    if entry is not None:  # the frozen graphs hold the old weights: drop every compiled graph
-        torch._dynamo.reset()
+    # (a changed model gets a new copy of the code, so its old graphs, which hold the old
+    # weights, are never matched again, and leave with their code)
     # dynamic: the sizes that change (the slots written so far, step after step; the batch,
     # source length and capacity, search after search) are symbolic in the one graph
-    compiled = torch.compile(type(model).step_slots, fullgraph=True, dynamic=True)
+    compiled = torch.compile(_own_copy(type(model).step_slots), fullgraph=True, dynamic=True,
+                             options={"guard_filter_fn": _guards_on_inputs})
     owner = weakref.ref(model)  # the entry must not keep its own key (the model) alive
 
     def step(*args):
         # Read when a call compiles (the first one at a new shape). `freezing`: a linear layer
-        # becomes one prepacked matrix product. The limit counts the graphs of every model in
-        # the process.
+        # becomes one prepacked matrix product. The limit counts the model's graphs.
         with torch._inductor.config.patch(freezing=True), torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
             return compiled(owner(), *args)
 
@@ -63,8 +64,26 @@ def compiled_step(model: nn.Module):
 
 
 def _weights_version(model: nn.Module) -> tuple[int, ...]:
-    """Changes when a parameter or buffer is modified in place or replaced."""
-    return tuple(x for t in (*model.parameters(), *model.buffers()) for x in (id(t), t._version))
+    """Changes when a parameter or buffer is modified in place or replaced, or the model
+    switches between training and eval mode."""
+    return (int(model.training), *(x for t in (*model.parameters(), *model.buffers()) for x in (id(t), t._version)))
+
+
+def _own_copy(fn):
+    """``fn`` with a code object of its own. Dynamo keeps its compiled graphs on the code
+    object, so a copy per model keeps each model's graphs (which hold its frozen weights, and
+    do not guard on the model: see below) from ever being matched by another model's calls."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
+def _guards_on_inputs(entries) -> list[bool]:
+    """Which of dynamo's guards the compiled step keeps: those on its inputs (the tokens and
+    the cache's tensors: their shapes, dtypes and layout), not the hundreds on the model's
+    modules and weights (types, ids, attribute values), whose checks took a third of a
+    batch-1 step. What those guarded is checked once per search instead: each model has its
+    own compiled step (:func:`_own_copy`), and :func:`_weights_version` compiles afresh when
+    a weight or the training mode changes."""
+    return [not entry.name.startswith("self") for entry in entries]
 
 
 def should_compile(compile: str | bool, rows: int, new_tokens: int) -> bool:
