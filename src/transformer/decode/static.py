@@ -1,11 +1,12 @@
 """Compiled decoding on a fixed-shape cache: one decoding step, compiled by ``torch.compile``
-and reused for every step of a search (language-model generation, greedy translation).
+and reused for every step of a search (language-model generation, greedy and beam search).
 
 The cache of ``model.decode`` is rebuilt every step (one position longer, concatenated),
 and finished rows leave it. A :class:`~transformer.model.cache.StaticKVCache` has its final
-size from the start (``capacity`` positions, written in place; finished rows stay, unread),
-so the only size that changes from step to step is the number of slots written so far, which
-the compiled graph takes as a symbolic size: one graph serves every step of every search
+size from the start (``capacity`` positions, written in place; finished rows stay, unread,
+until a search drops them at a bucket boundary, when half its rows are done), so the only
+size that changes from step to step is the number of slots written so far, which the
+compiled graph takes as a symbolic size: one graph serves every step of every search
 (``dynamic=True``: batch, source length and capacity are symbolic too). On a CPU, inductor
 turns the step into generated C++ loops and prepacked matrix products (``freezing``: the
 weights are constants of the graph), which removes much of the per-operator cost that
@@ -82,7 +83,8 @@ def _guards_on_inputs(entries) -> list[bool]:
     modules and weights (types, ids, attribute values), whose checks took a third of a
     batch-1 step. What those guarded is checked once per search instead: each model has its
     own compiled step (:func:`_own_copy`), and :func:`_weights_version` compiles afresh when
-    a weight or the training mode changes."""
+    a weight or the training mode changes. (The config is frozen; a module's other
+    attributes, changed by hand after a compilation, are not seen.)"""
     return [not entry.name.startswith("self") for entry in entries]
 
 
