@@ -79,12 +79,18 @@ class KVCache:
         if self.memory_mask is None:  # decoder-only: every row is its own
             return replace(self, self_kv=self_kv, next_position=self.next_position.index_select(0, index),
                            key_mask=None if self.key_mask is None else self.key_mask.index_select(0, index))
-        sources = index.view(-1, self.group)[:, 0] // self.group if self.group > 1 else index
+        sources = _sentences(index, self.group)
         n_src = self.memory_mask.size(0)
         if sources.numel() == n_src and bool((sources == torch.arange(n_src, device=index.device)).all()):
             return replace(self, self_kv=self_kv)  # same sentences, same order: nothing to copy
         return replace(self, cross_kv=tuple(pick(kv, sources) for kv in self.cross_kv), self_kv=self_kv,
                        memory_mask=self.memory_mask.index_select(0, sources))
+
+
+def _sentences(rows: Tensor, group: int) -> Tensor:
+    """The source sentence of each group of ``group`` decoder rows in ``rows`` (whole groups,
+    each taken from one sentence: row = sentence * group + j)."""
+    return rows.view(-1, group)[:, 0] // group if group > 1 else rows
 
 
 @dataclass(frozen=True)
@@ -160,7 +166,7 @@ class StaticKVCache:
         """A smaller cache holding ``rows`` of this one, in that order (a search dropping the
         rows of finished sentences, at a few batch sizes only). With ``group`` > 1, ``rows``
         keeps whole groups, as :meth:`KVCache.index_select` does."""
-        sources = rows.view(-1, self.group)[:, 0] // self.group if self.group > 1 else rows
+        sources = _sentences(rows, self.group)
         return StaticKVCache(
             k=tuple(b.index_select(0, rows) for b in self.k), v=tuple(b.index_select(0, rows) for b in self.v),
             key_mask=self.key_mask.index_select(0, rows), next_position=self.next_position.index_select(0, rows),
