@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from .common import Hypothesis, force_eos, length_penalty, max_output_lengths, next_token_logprobs
-from .static import cache_capacity, compiled_step
+from .static import cache_capacity, compiled_step, shrinks
 
 
 def _best_reachable(raw: Tensor, step: int, limit_lp: Tensor, alpha: float) -> Tensor:
@@ -144,8 +144,7 @@ def beam_search(
             order[at[keep_t]] = (at[:, None] * k + beam_of)[keep_t]
             static.reorder(order.view(-1))
             n_keep = int(keep_t.sum())
-            # shrink the batch to the sentences still decoding (never to 1: a new compilation)
-            if 2 <= n_keep <= placed.numel() // 2:
+            if shrinks(n_keep, placed.numel()):  # shrink the batch to the sentences still decoding
                 groups = at[keep_t]
                 static = static.select((groups[:, None] * k + torch.arange(k, device=device)).view(-1))
                 placed, every_last = alive[keep_t], every_last[groups]

@@ -5,7 +5,7 @@ import torch
 from torch import Tensor
 
 from .common import Hypothesis, force_eos, max_output_lengths, next_token_logprobs
-from .static import cache_capacity, compiled_step
+from .static import cache_capacity, compiled_step, shrinks
 
 
 @torch.inference_mode()
@@ -94,7 +94,7 @@ def _greedy_static(model, cache, limits: Tensor, min_length: int) -> list[list[H
         n_live = int(live.sum())
         if n_live == 0:
             break
-        if 2 <= n_live <= live.numel() // 2:  # shrink the batch to the rows still decoding
+        if shrinks(n_live, live.numel()):  # shrink the batch to the rows still decoding
             keep = live.nonzero().squeeze(1)
             static, rows, live, best = static.select(keep), rows[keep], live[keep], best[keep]
         last = best[:, None]

@@ -98,6 +98,14 @@ def should_compile(compile: str | bool, rows: int, new_tokens: int) -> bool:
     return compile == "on" or (compile == "auto" and rows * new_tokens >= AUTO_MIN_WORK)
 
 
+def shrinks(live: int, rows: int) -> bool:
+    """Whether a compiled search drops its finished rows now (or, with beams, its finished
+    sentences' groups): when half or fewer of its ``rows`` are still decoding, so that a
+    search runs at a few batch sizes only; never down to one, which torch.compile would
+    compile as a graph of its own."""
+    return 2 <= live <= rows // 2
+
+
 def cache_capacity(longest_prompt: int, new_tokens: int, max_len: int) -> int:
     """The positions a search's fixed-shape cache holds: enough for the longest prompt and
     every new token, rounded up to a multiple of 64 (fewer distinct buffer sizes), and never
