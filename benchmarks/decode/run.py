@@ -42,6 +42,7 @@ count). Threads: every system gets --threads intra-op threads.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import shutil
@@ -107,22 +108,34 @@ def hf(model: Transformer, hf_model=None) -> Decode:
     return run
 
 
-def ct2(path: Path, vocab: list[str], compute_type: str, threads: int) -> Decode:
-    import ctranslate2
+class ct2:
+    """CTranslate2's Translator, loaded only for its own turn (:func:`job` opens and closes
+    it around the timed decoding, the loading untimed): while a Translator is alive in the
+    process, its thread pool slows every torch system there (ours 1.6-2.3x, HF 1.5x, measured
+    in ``README.md``), which would flatter CTranslate2 in a side-by-side race."""
 
-    translator = ctranslate2.Translator(str(path), device="cpu", compute_type=compute_type,
-                                       intra_threads=threads, inter_threads=1)
-    piece_id = {p: i for i, p in enumerate(vocab)}
+    def __init__(self, path: Path, vocab: list[str], compute_type: str, threads: int):
+        self.path, self.vocab, self.compute_type, self.threads = path, vocab, compute_type, threads
+        self.piece_id = {p: i for i, p in enumerate(vocab)}
+        self.translator = None
 
-    def run(srcs, beam, forced):
+    def open(self) -> None:
+        import ctranslate2
+
+        self.translator = ctranslate2.Translator(str(self.path), device="cpu", compute_type=self.compute_type,
+                                                 intra_threads=self.threads, inter_threads=1)
+
+    def close(self) -> None:
+        self.translator = None  # its threads end with it
+        gc.collect()
+
+    def __call__(self, srcs, beam, forced):
         kw = dict(min_decoding_length=forced, max_decoding_length=forced + 1) if forced else \
             dict(max_decoding_length=MAX_NEW + 1)
-        res = translator.translate_batch([[vocab[i] for i in s] for s in srcs], beam_size=beam,
-                                         length_penalty=0.0, max_batch_size=0, **kw)
+        res = self.translator.translate_batch([[self.vocab[i] for i in s] for s in srcs], beam_size=beam,
+                                              length_penalty=0.0, max_batch_size=0, **kw)
         # At the length limit ours and HF force EOS; CTranslate2 keeps one more token instead.
-        return [[piece_id[t] for t in r.hypotheses[0]][: forced or MAX_NEW] for r in res]
-
-    return run
+        return [[self.piece_id[t] for t in r.hypotheses[0]][: forced or MAX_NEW] for r in res]
 
 
 def _strip(ids: list[int], eos: int, pad: int | None = None) -> list[int]:
@@ -162,12 +175,20 @@ def batches(srcs: list[list[int]], size: int) -> list[list[int]]:
 
 
 def job(decode: Decode, srcs, bsz: int, beam: int, forced: int | None):
-    outs: list[list[int] | None] = [None] * len(srcs)
-    t = time.perf_counter()
-    for idx in batches(srcs, bsz):
-        for i, o in zip(idx, decode([srcs[i] for i in idx], beam, forced)):
-            outs[i] = o
-    return time.perf_counter() - t, outs
+    """Time ``decode`` on ``srcs`` in batches of ``bsz``: (seconds, outputs). A system with
+    ``open`` / ``close`` (CTranslate2) is opened before and closed after, untimed."""
+    if hasattr(decode, "open"):
+        decode.open()
+    try:
+        outs: list[list[int] | None] = [None] * len(srcs)
+        t = time.perf_counter()
+        for idx in batches(srcs, bsz):
+            for i, o in zip(idx, decode([srcs[i] for i in idx], beam, forced)):
+                outs[i] = o
+        return time.perf_counter() - t, outs
+    finally:
+        if hasattr(decode, "close"):
+            decode.close()
 
 
 def race(systems: dict[str, Decode], cases: list[tuple], rounds: int, log) -> dict:

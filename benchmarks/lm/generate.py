@@ -13,6 +13,7 @@ on what it learned); ``--max-len`` gives it room for prompt and continuation.
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import tempfile
@@ -56,8 +57,6 @@ def main() -> None:
     vocab = [f"t{i}" for i in range(cfg.vocab_size)]
     ct2_dir = tempfile.mkdtemp(prefix="ct2-lm.")
     save_ctranslate2_lm(model, ct2_dir, vocab)
-    ct2 = {q: ctranslate2.Generator(ct2_dir, device="cpu", compute_type=q, intra_threads=args.threads)
-           for q in ("float32", "int8")}
     bf16 = for_inference(model, "bf16")
     gen = torch.Generator().manual_seed(1)
 
@@ -74,12 +73,39 @@ def main() -> None:
                           do_sample=False, pad_token_id=cfg.pad_id)
         return out[:, ids.size(1):].tolist()
 
-    def ct2_generate(q):
-        def run(p):
-            res = ct2[q].generate_batch([[vocab[i] for i in row] for row in p], max_length=args.new,
-                                        min_length=args.new, sampling_topk=1, include_prompt_in_result=False)
+    class ct2_generate:
+        """CTranslate2's Generator, loaded only for its own turn (:func:`timed` opens and
+        closes it, untimed): while one is alive in the process, its thread pool slows the
+        torch systems there (ours 1.6-2.3x, HF 1.5x; ``README.md``)."""
+
+        def __init__(self, q: str):
+            self.q, self.generator = q, None
+
+        def open(self):
+            self.generator = ctranslate2.Generator(ct2_dir, device="cpu", compute_type=self.q,
+                                                   intra_threads=args.threads)
+
+        def close(self):
+            self.generator = None
+            gc.collect()
+
+        def __call__(self, p):
+            res = self.generator.generate_batch([[vocab[i] for i in row] for row in p], max_length=args.new,
+                                                min_length=args.new, sampling_topk=1, include_prompt_in_result=False)
             return [r.sequences_ids[0] for r in res]
-        return run
+
+    def timed(f, p):
+        """(seconds, outputs) of ``f(p)``; a system with ``open`` / ``close`` is opened
+        before and closed after, untimed."""
+        if hasattr(f, "open"):
+            f.open()
+        try:
+            t = time.perf_counter()
+            out = f(p)
+            return time.perf_counter() - t, out
+        finally:
+            if hasattr(f, "close"):
+                f.close()
 
     systems = {"ours-fp32": ours(model), "ours-bf16": ours(bf16), "ours-fp32-compiled": ours(model, "on"),
                "ours-bf16-compiled": ours(bf16, "on"), "hf-fp32": hf_generate,
@@ -95,15 +121,11 @@ def main() -> None:
         outs = {}
         warmup = {}
         for n, f in systems.items():  # warm-up (for the compiled step: its compilation), and the outputs
-            t = time.perf_counter()
-            outs[n] = f(p)
-            warmup[n] = time.perf_counter() - t
+            warmup[n], outs[n] = timed(f, p)
         for r in range(args.rounds):
             names = list(systems)
             for n in names[r % len(names):] + names[: r % len(names)]:
-                t = time.perf_counter()
-                systems[n](p)
-                times[n].append(time.perf_counter() - t)
+                times[n].append(timed(systems[n], p)[0])
         tps = {n: b * args.new / statistics.median(v) for n, v in times.items()}
         ref = outs["ours-fp32"]
         for n in systems:

@@ -56,8 +56,11 @@ def compiled_step(model: nn.Module):
 
     def step(*args):
         # Read when a call compiles (the first one at a new shape). `freezing`: a linear layer
-        # becomes one prepacked matrix product. The limit counts the model's graphs.
-        with torch._inductor.config.patch(freezing=True), torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+        # becomes one prepacked matrix product. `cpp_wrapper`: the graph's kernels are called
+        # from generated C++, not from a Python function (1.1-1.2x a whole generation, measured
+        # in benchmarks/lm/README.md). The limit counts the model's graphs.
+        with torch._inductor.config.patch(freezing=True, cpp_wrapper=True), \
+                torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
             return compiled(owner(), *args)
 
     _compiled[model] = (version, step)
