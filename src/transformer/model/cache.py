@@ -157,9 +157,13 @@ class StaticKVCache:
         return self.key_mask.size(1)
 
     def next_slots(self, t: int) -> Tensor:
-        """The slots of the next ``t`` positions, (t,). A tensor of its own, not a view of a
-        longer one: a view's offset would be one more size for the compiled step to guard on
-        (and, equal by chance to another size, a reason to compile again)."""
+        """The slots of the next ``t`` positions, (t,); ValueError when they do not fit. A
+        tensor of its own, not a view of a longer one: a view's offset would be one more size
+        for the compiled step to guard on (and, equal by chance to another size, a reason to
+        compile again)."""
+        if self.length + t > self.capacity:
+            raise ValueError(f"the cache holds {self.capacity} positions; {self.length} are used and "
+                             f"{t} more do not fit")
         return torch.arange(self.length, self.length + t, device=self.key_mask.device)
 
     def select(self, rows: Tensor) -> "StaticKVCache":

@@ -140,9 +140,6 @@ class LanguageModel(nn.Module):
             step: :meth:`step_slots` or a compiled version of it (default: the former).
         """
         t = tokens.size(1)
-        if cache.length + t > cache.capacity:
-            raise ValueError(f"the cache holds {cache.capacity} positions; {cache.length} are used and "
-                             f"{t} more do not fit")
         real = tokens != self.cfg.pad_id if real is None else real
         index = cache.next_slots(t)
         logits = (step or self.step_slots)(tokens, real, index, cache.k, cache.v, cache.key_mask,

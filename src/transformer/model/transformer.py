@@ -173,9 +173,6 @@ class Transformer(nn.Module):
         of the last one, the same numbers as :meth:`decode`'s. ``step``: :meth:`step_slots`
         or a compiled version of it (default: the former)."""
         t = tgt.size(1)
-        if cache.length + t > cache.capacity:
-            raise ValueError(f"the cache holds {cache.capacity} positions; {cache.length} are used and "
-                             f"{t} more do not fit")
         index = cache.next_slots(t)
         logits = (step or self.step_slots)(tgt, index, cache.k, cache.v, cache.cross_kv, cache.memory_mask,
                                            cache.length + t, cache.group)
