@@ -149,12 +149,13 @@ def race(peers: dict, batch: Batch, amp: bool, rounds: int, steps: int) -> dict[
     """Seconds per step of each implementation, the implementations taking turns round by
     round (round 0 warms up and is not counted)."""
     opts = {k: make_optimizer(k, m) for k, m in peers.items()}
-    kernels = {}  # implementation name -> its loss kernels
-    for name in (COMPILED, WHOLE):
-        if name in peers:
-            kernels[name] = compile_loss(torch.bfloat16 if amp else torch.float32)
-            if kernels[name] is None:
-                sys.exit(f"{name}: the compiled loss kernels are not usable here (see the warning above)")
+    kernels = {}  # implementation name -> its loss kernels (built once, shared)
+    users = [name for name in (COMPILED, WHOLE) if name in peers]
+    if users:
+        shared = compile_loss(torch.bfloat16 if amp else torch.float32)
+        if shared is None:
+            sys.exit(f"{users[0]}: the compiled loss kernels are not usable here (see the warning above)")
+        kernels = dict.fromkeys(users, shared)
     forwards = {WHOLE: torch.compile(peers[WHOLE], dynamic=False)} if WHOLE in peers else {}
     times: dict[str, list[float]] = {k: [] for k in peers}
     for r in range(rounds + 1):
