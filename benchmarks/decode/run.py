@@ -59,6 +59,7 @@ import torch
 BENCHMARKS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(BENCHMARKS))
 from peak_memory import peak_rss_mib  # noqa: E402
+from turns import its_turn  # noqa: E402
 
 from transformer import ModelConfig, Transformer  # noqa: E402
 from transformer.data import Subwords, load_multi30k
@@ -109,10 +110,8 @@ def hf(model: Transformer, hf_model=None) -> Decode:
 
 
 class ct2:
-    """CTranslate2's Translator, loaded only for its own turn (:func:`job` opens and closes
-    it around the timed decoding, the loading untimed): while a Translator is alive in the
-    process, its thread pool slows every torch system there (ours 1.6-2.3x, HF 1.5x, measured
-    in ``README.md``), which would flatter CTranslate2 in a side-by-side race."""
+    """CTranslate2's Translator, loaded only for its own turn (``turns.py``: alive, it slows
+    the torch systems in the process, which would flatter CTranslate2 in the race)."""
 
     def __init__(self, path: Path, vocab: list[str], compute_type: str, threads: int):
         self.path, self.vocab, self.compute_type, self.threads = path, vocab, compute_type, threads
@@ -175,20 +174,15 @@ def batches(srcs: list[list[int]], size: int) -> list[list[int]]:
 
 
 def job(decode: Decode, srcs, bsz: int, beam: int, forced: int | None):
-    """Time ``decode`` on ``srcs`` in batches of ``bsz``: (seconds, outputs). A system with
-    ``open`` / ``close`` (CTranslate2) is opened before and closed after, untimed."""
-    if hasattr(decode, "open"):
-        decode.open()
-    try:
+    """Time ``decode`` on ``srcs`` in batches of ``bsz``: (seconds, outputs), in the system's
+    turn (:func:`its_turn`: a CTranslate2 model is loaded before and deleted after, untimed)."""
+    with its_turn(decode):
         outs: list[list[int] | None] = [None] * len(srcs)
         t = time.perf_counter()
         for idx in batches(srcs, bsz):
             for i, o in zip(idx, decode([srcs[i] for i in idx], beam, forced)):
                 outs[i] = o
         return time.perf_counter() - t, outs
-    finally:
-        if hasattr(decode, "close"):
-            decode.close()
 
 
 def race(systems: dict[str, Decode], cases: list[tuple], rounds: int, log) -> dict:

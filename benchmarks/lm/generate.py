@@ -18,10 +18,14 @@ import statistics
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
-from transformer import ModelConfig
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from turns import its_turn  # noqa: E402
+
+from transformer import ModelConfig  # noqa: E402
 from transformer.decode import generate
 from transformer.decode.precision import for_inference
 from transformer.model import LanguageModel
@@ -74,9 +78,8 @@ def main() -> None:
         return out[:, ids.size(1):].tolist()
 
     class ct2_generate:
-        """CTranslate2's Generator, loaded only for its own turn (:func:`timed` opens and
-        closes it, untimed): while one is alive in the process, its thread pool slows the
-        torch systems there (ours 1.6-2.3x, HF 1.5x; ``README.md``)."""
+        """CTranslate2's Generator, loaded only for its own turn (``turns.py``: alive, it
+        slows the torch systems in the process)."""
 
         def __init__(self, q: str):
             self.q, self.generator = q, None
@@ -95,17 +98,11 @@ def main() -> None:
             return [r.sequences_ids[0] for r in res]
 
     def timed(f, p):
-        """(seconds, outputs) of ``f(p)``; a system with ``open`` / ``close`` is opened
-        before and closed after, untimed."""
-        if hasattr(f, "open"):
-            f.open()
-        try:
+        """(seconds, outputs) of ``f(p)``, in the system's turn (:func:`its_turn`)."""
+        with its_turn(f):
             t = time.perf_counter()
             out = f(p)
             return time.perf_counter() - t, out
-        finally:
-            if hasattr(f, "close"):
-                f.close()
 
     systems = {"ours-fp32": ours(model), "ours-bf16": ours(bf16), "ours-fp32-compiled": ours(model, "on"),
                "ours-bf16-compiled": ours(bf16, "on"), "hf-fp32": hf_generate,
