@@ -35,6 +35,22 @@ AUTO_MIN_WORK = 8192
 # that many: the first step or a later one, sources with or without padding, greedy or beam)
 RECOMPILE_LIMIT = 64
 
+# How inductor builds the step (measured in benchmarks/lm/README.md):
+INDUCTOR_OPTIONS = dict(
+    # the weights are constants of the graph, so each linear layer is one prepacked product
+    freezing=True,
+    # the graph's kernels are called from generated C++, not from a Python function
+    cpp_wrapper=True,
+    # each matrix product may be inductor's own C++ template (AMX tiles for bf16 weights)
+    # instead of a oneDNN or aten call, whose fixed cost is most of a product of a few rows:
+    # both are timed once, at compile time, and the faster is kept (with the graph, in
+    # inductor's cache folder); aten stays a candidate, for the products the template
+    # does not take
+    max_autotune_gemm=True,
+    max_autotune_gemm_backends="CPP,ATEN",
+    autotune_num_choices_displayed=0,  # no timing table on stderr
+)
+
 _compiled: "weakref.WeakKeyDictionary[nn.Module, object]" = weakref.WeakKeyDictionary()
 
 
@@ -55,11 +71,9 @@ def compiled_step(model: nn.Module):
     owner = weakref.ref(model)  # the entry must not keep its own key (the model) alive
 
     def step(*args):
-        # Read when a call compiles (the first one at a new shape). `freezing`: a linear layer
-        # becomes one prepacked matrix product. `cpp_wrapper`: the graph's kernels are called
-        # from generated C++, not from a Python function (1.1-1.2x a whole generation, measured
-        # in benchmarks/lm/README.md). The limit counts the model's graphs.
-        with torch._inductor.config.patch(freezing=True, cpp_wrapper=True), \
+        # Read when a call compiles (the first one at a new shape). The limit counts the
+        # model's graphs.
+        with torch._inductor.config.patch(INDUCTOR_OPTIONS), \
                 torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
             return compiled(owner(), *args)
 
