@@ -8,9 +8,11 @@ until a search drops them at a bucket boundary, when half its rows are done), so
 size that changes from step to step is the number of slots written so far, which the
 compiled graph takes as a symbolic size: one graph serves every step of every search
 (``dynamic=True``: batch, source length and capacity are symbolic too). On a CPU, inductor
-turns the step into generated C++ loops and prepacked matrix products (``freezing``: the
-weights are constants of the graph), which removes much of the per-operator cost that
-dominates a small model's step in eager mode.
+turns the step into generated C++ loops and matrix products on prepacked weights
+(``freezing``: the weights are constants of the graph), called from generated C++, which
+removes much of the per-operator cost that dominates a small model's step in eager mode;
+each product is inductor's own C++ GEMM template or aten's, whichever was faster when timed
+at compile time (:data:`INDUCTOR_OPTIONS`).
 
 The eager path is the reference: the compiled step computes the same function, and the
 tests compare logits and tokens. Compiling takes seconds (inductor keeps what it built in
@@ -22,6 +24,7 @@ Measured in ``benchmarks/lm/README.md`` and ``benchmarks/decode/README.md``.
 from __future__ import annotations
 
 import types
+import warnings
 import weakref
 
 import torch
@@ -48,7 +51,9 @@ INDUCTOR_OPTIONS = dict(
     # does not take
     max_autotune_gemm=True,
     max_autotune_gemm_backends="CPP,ATEN",
-    autotune_num_choices_displayed=0,  # no timing table on stderr
+    # nothing of that timing on stderr (a generation's text may be read from the terminal)
+    autotune_num_choices_displayed=0,
+    max_autotune_report_choices_stats=False,
 )
 
 _compiled: "weakref.WeakKeyDictionary[nn.Module, object]" = weakref.WeakKeyDictionary()
@@ -74,7 +79,10 @@ def compiled_step(model: nn.Module):
         # Read when a call compiles (the first one at a new shape). The limit counts the
         # model's graphs.
         with torch._inductor.config.patch(INDUCTOR_OPTIONS), \
-                torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+                torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT), \
+                warnings.catch_warnings():
+            # inductor's GEMM timing calls a deprecated storage method of torch's own
+            warnings.filterwarnings("ignore", "TypedStorage is deprecated", UserWarning)
             return compiled(owner(), *args)
 
     _compiled[model] = (version, step)
