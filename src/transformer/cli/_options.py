@@ -26,7 +26,7 @@ _HELP = {
     "seed": ("S", int, "random seed: the same seed gives the same text (default: a fresh one each run)"),
     "compile": ("WHEN", str, "on, off or auto: decode through one step compiled by torch.compile on a "
                              "fixed-size cache (the same output, faster per token after a compilation of "
-                             "seconds); auto compiles a generation of rows x new tokens >= 8192, and no "
+                             "tens of seconds); auto compiles a generation of >= 32768 new tokens, and no "
                              "translation"),
 }
 

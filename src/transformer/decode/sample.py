@@ -79,7 +79,7 @@ def generate_stream(model, prompts: list[list[int]], max_new_tokens: int, temper
     generators = None
     if temperature > 0:
         generators = [torch.Generator(device=device).manual_seed(s) for s in row_seeds(seed, len(prompts))]
-    if should_compile(compile, len(prompts), max_new_tokens):
+    if should_compile(compile, max_new_tokens):
         yield from _generate_static(model, prompts, max_new_tokens, temperature, top_k, top_p, generators, stop_id)
         return
     history = [list(p) for p in prompts]

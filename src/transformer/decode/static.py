@@ -15,10 +15,12 @@ each product is inductor's own C++ GEMM template or aten's, whichever was faster
 at compile time (:data:`INDUCTOR_OPTIONS`).
 
 The eager path is the reference: the compiled step computes the same function, and the
-tests compare logits and tokens. Compiling takes seconds (inductor keeps what it built in
-its cache folder, so later processes start faster), so it pays for long or repeated
-searches, not for one short one: ``compile="auto"`` compiles a generation when rows x new
-tokens reach :data:`AUTO_MIN_WORK`; translation compiles when asked (``--compile on``).
+tests compare logits and tokens. Compiling takes tens of seconds, in every new process (the
+prepacked weights keep the graph out of inductor's on-disk cache; only its C++ kernels are
+reused), and it saves a few milliseconds a step whatever the batch, so it pays for very long
+generations and for a process that decodes again and again (a server, a loop in Python),
+not for one ordinary command: ``compile="auto"`` compiles a generation of at least
+:data:`AUTO_MIN_STEPS` new tokens; translation compiles when asked (``--compile on``).
 Measured in ``benchmarks/lm/README.md`` and ``benchmarks/decode/README.md``.
 """
 from __future__ import annotations
@@ -31,9 +33,10 @@ import torch
 from torch import nn
 
 COMPILE_CHOICES = ("auto", "on", "off")
-# compile="auto" compiles when a generation runs at least this many decoding steps
-# (rows x new tokens): below it, the compilation would cost more than it saves
-AUTO_MIN_WORK = 8192
+# compile="auto" compiles a generation of at least this many new tokens (steps: a step's
+# saving hardly depends on the batch). Measured on 2 cores (benchmarks/lm/README.md): the
+# compilation cost 47-95 s and saved 1.9-4.3 ms a step, so it paid after 17,000-30,000 steps.
+AUTO_MIN_STEPS = 32768
 # graphs of a model's step kept at once (torch's default is 8; a translation model can need
 # that many: the first step or a later one, sources with or without padding, greedy or beam)
 RECOMPILE_LIMIT = 64
@@ -113,14 +116,14 @@ def _guards_on_inputs(entries) -> list[bool]:
     return [not entry.name.startswith("self") for entry in entries]
 
 
-def should_compile(compile: str | bool, rows: int, new_tokens: int) -> bool:
-    """Whether a generation of ``rows`` x ``new_tokens`` runs the compiled step: ``on`` /
-    True always, ``off`` / False never, ``auto`` when the work pays for the compilation."""
+def should_compile(compile: str | bool, new_tokens: int) -> bool:
+    """Whether a generation of ``new_tokens`` steps runs the compiled step: ``on`` / True
+    always, ``off`` / False never, ``auto`` when it is long enough to pay for the compilation."""
     if isinstance(compile, bool):
         return compile
     if compile not in COMPILE_CHOICES:
         raise ValueError(f"compile must be one of {', '.join(COMPILE_CHOICES)}, got {compile!r}")
-    return compile == "on" or (compile == "auto" and rows * new_tokens >= AUTO_MIN_WORK)
+    return compile == "on" or (compile == "auto" and new_tokens >= AUTO_MIN_STEPS)
 
 
 def shrinks(live: int, rows: int) -> bool:
