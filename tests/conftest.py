@@ -49,6 +49,17 @@ def build_model(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: 
 
 
 @pytest.fixture
+def without_gemm_timing(monkeypatch) -> None:
+    """The compiled decoding step built without inductor's GEMM timing (``max_autotune_gemm``,
+    whose candidate kernels cost C++ builds at every compilation): for the tests of what the
+    search does around the step (caching, recompiling, bucketing, options). The tests that
+    compare the compiled step's tokens with eager's keep the options users get."""
+    from transformer.decode import static
+
+    monkeypatch.setattr(static, "INDUCTOR_OPTIONS", {**static.INDUCTOR_OPTIONS, "max_autotune_gemm": False})
+
+
+@pytest.fixture
 def tiny_cfg() -> ModelConfig:
     return tiny_config()
 

@@ -42,7 +42,8 @@ def test_the_fixed_shape_cache_gives_the_growing_caches_logits(variant_model, ra
         torch.testing.assert_close(model.decode_static(tgt, again), got)
 
 
-def test_compiled_greedy_search_gives_the_eager_results(make_model, rand_tokens, shrinks):
+def test_compiled_greedy_search_gives_the_eager_results(make_model, rand_tokens, shrinks, without_gemm_timing):
+    # (the greedy step with the GEMM timing: tests/cli/test_cli_decoding.py)
     model = make_model(seed=2, output_bias=True)
     with torch.no_grad():
         for p in model.parameters():  # sharp logits: no near-ties for rounding to break
@@ -61,9 +62,13 @@ def test_compiled_greedy_search_gives_the_eager_results(make_model, rand_tokens,
     assert shrinks and all(2 <= after <= before // 2 for before, after in shrinks)
 
 
-@pytest.mark.parametrize("alpha, n_best", [(0.6, 1), (1.0, 3)])
-def test_compiled_beam_search_gives_the_eager_hypotheses(decoder_model, rand_tokens, alpha, n_best, shrinks):
+@pytest.mark.parametrize("alpha, n_best, gemm_timing", [(0.6, 1, True), (1.0, 3, False)])
+def test_compiled_beam_search_gives_the_eager_hypotheses(decoder_model, rand_tokens, alpha, n_best, gemm_timing,
+                                                          shrinks, request):
     from transformer.decode import beam_search
+
+    if not gemm_timing:
+        request.getfixturevalue("without_gemm_timing")
 
     # sentences finish at different steps; the compiled search keeps their rows, unread,
     # until half of them are done, and then drops them

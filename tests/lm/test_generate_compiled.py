@@ -78,7 +78,7 @@ def test_compiled_generation_gives_the_eager_tokens(shape):
     assert eager[0][-1] == stop and len(eager[0]) <= 11
 
 
-def test_a_model_whose_weights_change_is_compiled_afresh():
+def test_a_model_whose_weights_change_is_compiled_afresh(without_gemm_timing):
     model = make_model("gpt")
     first = generate(model, [[5, 6]], 12, temperature=0, compile="on")
     with torch.no_grad():
@@ -89,7 +89,7 @@ def test_a_model_whose_weights_change_is_compiled_afresh():
     assert generate(model, [[5, 6]], 12, temperature=0, compile="on") == eager
 
 
-def test_each_model_has_its_own_compiled_step_and_a_mode_switch_compiles_afresh():
+def test_each_model_has_its_own_compiled_step_and_a_mode_switch_compiles_afresh(without_gemm_timing):
     # the compiled step does not guard on the model's modules (decode/static.py): what they
     # guarded is the model's identity, its weights and its mode, checked here instead
     first, second = make_model("gpt"), make_model("gpt")
