@@ -67,7 +67,7 @@ def main() -> None:
     models = {name: copy.deepcopy(base) for name in systems}
 
     def run(name: str) -> list[list[int]]:
-        static.INDUCTOR_OPTIONS = systems[name][0]  # read by the compiled step at each call
+        static.INDUCTOR_OPTIONS = systems[name][0]  # read when the model's step compiles
         try:
             return generate(models[name], prompts, args.new, temperature=0, compile=systems[name][1])
         finally:

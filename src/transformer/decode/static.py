@@ -74,22 +74,31 @@ def compiled_step(model: nn.Module):
     # weights, are never matched again, and leave with their code)
     # dynamic: the sizes that change (the slots written so far, step after step; the batch,
     # source length and capacity, search after search) are symbolic in the one graph
-    compiled = torch.compile(_own_copy(type(model).step_slots), fullgraph=True, dynamic=True,
-                             options={"guard_filter_fn": _guards_on_inputs})
+    # (the limit counts the model's graphs)
+    compiled = torch.compile(_own_copy(type(model).step_slots), fullgraph=True, dynamic=True, backend=_inductor,
+                             recompile_limit=RECOMPILE_LIMIT, options={"guard_filter_fn": _guards_on_inputs})
     owner = weakref.ref(model)  # the entry must not keep its own key (the model) alive
 
     def step(*args):
-        # Read when a call compiles (the first one at a new shape). The limit counts the
-        # model's graphs.
-        with torch._inductor.config.patch(INDUCTOR_OPTIONS), \
-                torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT), \
-                warnings.catch_warnings():
-            # inductor's GEMM timing calls a deprecated storage method of torch's own
-            warnings.filterwarnings("ignore", "TypedStorage is deprecated", UserWarning)
+        # dynamo reads `freezing` while it traces (weights as constants); the rest of the
+        # options apply in the backend
+        with torch._inductor.config.patch(freezing=INDUCTOR_OPTIONS["freezing"]):
             return compiled(owner(), *args)
 
     _compiled[model] = (version, step)
     return step
+
+
+def _inductor(graph, example_inputs):
+    """torch.compile's backend: inductor with :data:`INDUCTOR_OPTIONS`, applied while it
+    compiles a graph (the first call at a new shape), not around every call of the step
+    (a patch of inductor's config costs 0.2-0.5 ms)."""
+    from torch._inductor.compile_fx import compile_fx
+
+    with torch._inductor.config.patch(INDUCTOR_OPTIONS), warnings.catch_warnings():
+        # inductor's GEMM timing calls a deprecated storage method of torch's own
+        warnings.filterwarnings("ignore", "TypedStorage is deprecated", UserWarning)
+        return compile_fx(graph, example_inputs)
 
 
 def _weights_version(model: nn.Module) -> tuple[int, ...]:
