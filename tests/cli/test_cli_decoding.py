@@ -100,9 +100,10 @@ def test_help_shows_every_decoding_default(command):
     assert "--beam" in text
 
 
-@pytest.mark.parametrize("beam", ["1", "4"])
-def test_translate_compile_on_gives_the_eager_translations(trained, cli, one_line_error, beam, request):
-    if beam == "4":  # (beam search's step with the GEMM timing: tests/decode/test_search_compiled.py)
+# (beam search's step with the GEMM timing: tests/decode/test_search_compiled.py)
+@pytest.mark.parametrize("beam, gemm_timing", [("1", True), ("4", False)])
+def test_translate_compile_on_gives_the_eager_translations(trained, cli, one_line_error, beam, gemm_timing, request):
+    if not gemm_timing:
         request.getfixturevalue("without_gemm_timing")
     stdin = "".join(line + "\n" for line in LINES)
     eager = cli("translate", "--model", trained.run, "--beam", beam, "--compile", "off", stdin=stdin).out

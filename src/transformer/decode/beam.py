@@ -69,7 +69,7 @@ def beam_search(
     static = None
     if compile and hasattr(model, "step_slots"):  # (an ensemble decodes eagerly)
         static = model.start_static_cache(cache, cache_capacity(0, int(limits.max()), cfg.max_len))
-        step_fn = compiled_step(model)
+        step_fn = compiled_step(model, logprobs=True)  # the step returns next_token_logprobs
         placed = torch.arange(batch, device=device)  # the sentence of each group of K rows in `static`
         every_last = torch.full((batch, k), cfg.eos_id, dtype=torch.long, device=device)  # finished rows: anything
 
@@ -89,13 +89,12 @@ def beam_search(
         n_alive = alive.numel()
         if static is None:
             logits, cache = model.decode(last, cache)
-            logits = logits[:, -1]
+            lp = next_token_logprobs(logits[:, -1], cfg)  # (A*K, V)
         else:  # every row steps; the alive sentences' rows are read
             at = torch.searchsorted(placed, alive)  # their groups in `static` (both sorted)
             every_last[at] = last.view(n_alive, k)
-            logits = model.decode_static(every_last.view(-1, 1), static, step_fn)
-            logits = logits.view(placed.numel(), k, -1)[at].view(n_alive * k, -1)
-        lp = next_token_logprobs(logits, cfg)  # (A*K, V)
+            lp = model.decode_static(every_last.view(-1, 1), static, step_fn)  # log-probabilities
+            lp = lp.view(placed.numel(), k, -1)[at].view(n_alive * k, -1)
         if step < min_length:
             lp[:, cfg.eos_id] = float("-inf")
         at_limit = limits[alive] <= step  # (A,)

@@ -42,7 +42,8 @@ def greedy_search(model, src: Tensor, max_len_a: float = 1.0, max_len_b: int = 5
     while alive.numel() > 0:
         step += 1
         logits, cache = model.decode(last, cache)
-        best_lp, best = _choose(logits[:, -1], cfg, step, limits[alive], min_length)  # (A,)
+        lp = next_token_logprobs(logits[:, -1], cfg)
+        best_lp, best = _choose(lp, cfg, step, limits[alive], min_length)  # (A,)
         tokens[alive, step - 1] = best
         logprob[alive] += best_lp.double()
         lengths[alive] = step
@@ -54,10 +55,10 @@ def greedy_search(model, src: Tensor, max_len_a: float = 1.0, max_len_b: int = 5
     return _hypotheses(tokens, lengths, logprob)
 
 
-def _choose(logits: Tensor, cfg, step: int, limits: Tensor, min_length: int) -> tuple[Tensor, Tensor]:
-    """(N, V) logits of step ``step`` -> each row's best token and its log-probability,
-    with EOS blocked before ``min_length`` and forced at the row's limit."""
-    lp = next_token_logprobs(logits, cfg)
+def _choose(lp: Tensor, cfg, step: int, limits: Tensor, min_length: int) -> tuple[Tensor, Tensor]:
+    """(N, V) log-probabilities of step ``step`` (:func:`next_token_logprobs`; changed in
+    place) -> each row's best token and its log-probability, with EOS blocked before
+    ``min_length`` and forced at the row's limit."""
     if step < min_length:
         lp[:, cfg.eos_id] = float("-inf")
     force_eos(lp, limits <= step, cfg.eos_id)
@@ -78,7 +79,7 @@ def _greedy_static(model, cache, limits: Tensor, min_length: int) -> list[list[H
     cfg, batch, device = model.cfg, limits.size(0), limits.device
     longest = int(limits.max())
     static = model.start_static_cache(cache, cache_capacity(0, longest, cfg.max_len))
-    step_fn = compiled_step(model)
+    step_fn = compiled_step(model, logprobs=True)  # the step returns next_token_logprobs
     tokens = torch.full((batch, longest), cfg.pad_id, dtype=torch.long, device=device)
     logprob = torch.zeros(batch, dtype=torch.float64, device=device)
     lengths = torch.zeros(batch, dtype=torch.long, device=device)

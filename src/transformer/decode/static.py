@@ -32,6 +32,8 @@ import weakref
 import torch
 from torch import nn
 
+from .common import next_token_logprobs
+
 COMPILE_CHOICES = ("auto", "on", "off")
 # compile="auto" compiles a generation of at least this many new tokens (steps: a step's
 # saving hardly depends on the batch). Measured on 2 cores (benchmarks/lm/README.md): the
@@ -59,15 +61,21 @@ INDUCTOR_OPTIONS = dict(
     max_autotune_report_choices_stats=False,
 )
 
-_compiled: "weakref.WeakKeyDictionary[nn.Module, object]" = weakref.WeakKeyDictionary()
+_compiled: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionary()
 
 
-def compiled_step(model: nn.Module):
+def compiled_step(model: nn.Module, logprobs: bool = False):
     """``model.step_slots`` compiled by torch.compile (built on first use and kept with the
     model), with the weights frozen into the graph as constants. If the weights change
-    afterwards (in place, as an optimizer does, or replaced), the next call compiles afresh."""
+    afterwards (in place, as an optimizer does, or replaced), the next call compiles afresh.
+
+    ``logprobs``: the step returns :func:`~transformer.decode.common.next_token_logprobs`
+    of its logits (float32, PAD and BOS impossible), computed in the same graph: one fused
+    pass where eager search casts, normalises and masks the (B, V) logits in three (what
+    greedy and beam search read; sampling reads the logits)."""
     version = _weights_version(model)
-    entry = _compiled.get(model)
+    entries = _compiled.setdefault(model, {})
+    entry = entries.get(logprobs)
     if entry is not None and entry[0] == version:
         return entry[1]
     # (a changed model gets a new copy of the code, so its old graphs, which hold the old
@@ -75,18 +83,25 @@ def compiled_step(model: nn.Module):
     # dynamic: the sizes that change (the slots written so far, step after step; the batch,
     # source length and capacity, search after search) are symbolic in the one graph
     # (the limit counts the model's graphs)
-    compiled = torch.compile(_own_copy(type(model).step_slots), fullgraph=True, dynamic=True, backend=_inductor,
+    fn = _logprob_step if logprobs else type(model).step_slots
+    compiled = torch.compile(_own_copy(fn), fullgraph=True, dynamic=True, backend=_inductor,
                              recompile_limit=RECOMPILE_LIMIT, options={"guard_filter_fn": _guards_on_inputs})
     owner = weakref.ref(model)  # the entry must not keep its own key (the model) alive
+    # dynamo reads `freezing` while it traces (weights as constants); the rest of the options
+    # apply in the backend. One patch object for every call (building one costs a class).
+    freezing = torch._inductor.config.patch(freezing=INDUCTOR_OPTIONS["freezing"])
 
     def step(*args):
-        # dynamo reads `freezing` while it traces (weights as constants); the rest of the
-        # options apply in the backend
-        with torch._inductor.config.patch(freezing=INDUCTOR_OPTIONS["freezing"]):
+        with freezing:
             return compiled(owner(), *args)
 
-    _compiled[model] = (version, step)
+    entries[logprobs] = (version, step)
     return step
+
+
+def _logprob_step(self, *args):
+    """The step's next-token log-probabilities: ``next_token_logprobs(step_slots(...))``."""
+    return next_token_logprobs(self.step_slots(*args), self.cfg)
 
 
 def _inductor(graph, example_inputs):

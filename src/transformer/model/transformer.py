@@ -171,7 +171,8 @@ class Transformer(nn.Module):
     def decode_static(self, tgt: Tensor, cache: StaticKVCache, step=None) -> Tensor:
         """The next ``T`` target positions, written into ``cache`` in place: (B, V) logits
         of the last one, the same numbers as :meth:`decode`'s. ``step``: :meth:`step_slots`
-        or a compiled version of it (default: the former)."""
+        or a compiled version of it (default: the former), whose output this returns (the
+        searches' compiled step returns log-probabilities: ``decode/static.py``)."""
         t = tgt.size(1)
         index = cache.next_slots(t)
         logits = (step or self.step_slots)(tgt, index, cache.k, cache.v, cache.cross_kv, cache.memory_mask,

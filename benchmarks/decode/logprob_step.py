@@ -1,0 +1,95 @@
+"""In-process A/B of the searches' compiled step: log-probabilities computed inside the
+compiled graph (``compiled_step(model, logprobs=True)``, what greedy and beam search use)
+against the logits step followed by an eager ``next_token_logprobs`` (the earlier code).
+Two copies of one trained model take turns, round after round, on the first 64 sentences
+of Multi30k's test_2016_flickr (English), one thread.
+
+    TRANSFORMER_DATA=DATA_DIR .venv/bin/python benchmarks/decode/logprob_step.py --run RUN_DIR \\
+        [--precision bf16] [--beam 1] [--batch 32] [--rounds 9]
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+
+import torch
+
+from transformer.data import Subwords, load_multi30k
+from transformer.decode import beam as beam_module
+from transformer.decode import beam_search, greedy_search, pad_batch, static
+from transformer.decode import greedy as greedy_module
+from transformer.decode.common import next_token_logprobs
+from transformer.decode.precision import for_inference
+from transformer.run.weights import load_model
+
+
+def logits_then_eager_logprobs(model, logprobs: bool = False):
+    """The earlier searches' step: compiled logits, log-probabilities computed eagerly."""
+    step = static.compiled_step(model)
+    return (lambda *args: next_token_logprobs(step(*args), model.cfg)) if logprobs else step
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--run", required=True)
+    ap.add_argument("--precision", default="bf16", choices=["fp32", "bf16"])
+    ap.add_argument("--beam", type=int, default=1)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=9)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    base, _ = load_model(args.run)
+    base = for_inference(base.eval(), args.precision)
+    cfg = base.cfg
+    sw = Subwords.load(f"{args.run}/subwords.model")
+    sources = [src for src, _ in load_multi30k("test_2016_flickr", "en", "de")][:64]
+    ids = [sw.encode(s) + [cfg.eos_id] for s in sources]
+    batches = [pad_batch(ids[i:i + args.batch], cfg.pad_id) for i in range(0, len(ids), args.batch)]
+
+    def search(model, compile: bool):
+        out = []
+        with torch.inference_mode():
+            for src in batches:
+                kw = dict(max_len_a=0.0, max_len_b=101, compile=compile)
+                hyps = (greedy_search(model, src, **kw) if args.beam == 1
+                        else beam_search(model, src, beam_size=args.beam, alpha=0.0, **kw))
+                out += [h[0].tokens for h in hyps]
+        return out
+
+    steps = {"logits, eager log-probs": logits_then_eager_logprobs, "log-probs in the graph": static.compiled_step}
+    models = {name: copy.deepcopy(base) for name in steps}
+
+    def run(name):
+        greedy_module.compiled_step = beam_module.compiled_step = steps[name]
+        try:
+            return search(models[name], True)
+        finally:
+            greedy_module.compiled_step = beam_module.compiled_step = static.compiled_step
+
+    eager = search(base, False)
+    outputs, first = {}, {}
+    for name in steps:
+        t = time.perf_counter()
+        outputs[name] = run(name)
+        first[name] = time.perf_counter() - t
+    times = {name: [] for name in steps}
+    for r in range(args.rounds):
+        for name in (list(steps) if r % 2 == 0 else list(steps)[::-1]):
+            t = time.perf_counter()
+            run(name)
+            times[name].append(time.perf_counter() - t)
+    tokens = sum(len(t) - 1 for t in eager)  # without EOS
+    old = statistics.median(times["logits, eager log-probs"])
+    print(f"{args.precision}, beam {args.beam}, batch {args.batch}, {args.rounds} rounds")
+    print("| step | s (median) | tokens/s | x logits step | outputs differing from eager | first call, s |")
+    print("|---|---|---|---|---|---|")
+    for name, v in times.items():
+        s = statistics.median(v)
+        differ = sum(a != b for a, b in zip(outputs[name], eager))
+        print(f"| {name} | {s:.4f} | {tokens / s:,.0f} | {old / s:.3f} | {differ}/{len(eager)} | {first[name]:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
