@@ -12,16 +12,20 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from run import ours  # noqa: E402  (part A's searches: the same settings)
+
 from transformer.data import Subwords, load_multi30k
 from transformer.decode import beam as beam_module
-from transformer.decode import beam_search, greedy_search, pad_batch, static
 from transformer.decode import greedy as greedy_module
+from transformer.decode import static
 from transformer.decode.common import next_token_logprobs
-from transformer.decode.precision import for_inference
 from transformer.run.weights import load_model
 
 
@@ -41,34 +45,25 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     base, _ = load_model(args.run)
-    base = for_inference(base.eval(), args.precision)
-    cfg = base.cfg
     sw = Subwords.load(f"{args.run}/subwords.model")
     sources = [src for src, _ in load_multi30k("test_2016_flickr", "en", "de")][:64]
-    ids = [sw.encode(s) + [cfg.eos_id] for s in sources]
-    batches = [pad_batch(ids[i:i + args.batch], cfg.pad_id) for i in range(0, len(ids), args.batch)]
+    ids = [sw.encode(s) for s in sources]
+    batches = [ids[i:i + args.batch] for i in range(0, len(ids), args.batch)]
 
-    def search(model, compile: bool):
-        out = []
-        with torch.inference_mode():
-            for src in batches:
-                kw = dict(max_len_a=0.0, max_len_b=101, compile=compile)
-                hyps = (greedy_search(model, src, **kw) if args.beam == 1
-                        else beam_search(model, src, beam_size=args.beam, alpha=0.0, **kw))
-                out += [h[0].tokens for h in hyps]
-        return out
+    def search(decode):
+        return [out for srcs in batches for out in decode(srcs, args.beam, None)]
 
     steps = {"logits, eager log-probs": logits_then_eager_logprobs, "log-probs in the graph": static.compiled_step}
-    models = {name: copy.deepcopy(base) for name in steps}
+    systems = {name: ours(copy.deepcopy(base), args.precision, compile=True) for name in steps}
 
     def run(name):
         greedy_module.compiled_step = beam_module.compiled_step = steps[name]
         try:
-            return search(models[name], True)
+            return search(systems[name])
         finally:
             greedy_module.compiled_step = beam_module.compiled_step = static.compiled_step
 
-    eager = search(base, False)
+    eager = search(ours(base, args.precision))
     outputs, first = {}, {}
     for name in steps:
         t = time.perf_counter()
@@ -80,7 +75,7 @@ def main() -> None:
             t = time.perf_counter()
             run(name)
             times[name].append(time.perf_counter() - t)
-    tokens = sum(len(t) - 1 for t in eager)  # without EOS
+    tokens = sum(len(t) for t in eager)  # without EOS
     old = statistics.median(times["logits, eager log-probs"])
     print(f"{args.precision}, beam {args.beam}, batch {args.batch}, {args.rounds} rounds")
     print("| step | s (median) | tokens/s | x logits step | outputs differing from eager | first call, s |")

@@ -61,7 +61,7 @@ INDUCTOR_OPTIONS = dict(
     max_autotune_report_choices_stats=False,
 )
 
-_compiled: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionary()
+_compiled: "weakref.WeakKeyDictionary[nn.Module, tuple[tuple, dict]]" = weakref.WeakKeyDictionary()
 
 
 def compiled_step(model: nn.Module, logprobs: bool = False):
@@ -74,12 +74,13 @@ def compiled_step(model: nn.Module, logprobs: bool = False):
     pass where eager search casts, normalises and masks the (B, V) logits in three (what
     greedy and beam search read; sampling reads the logits)."""
     version = _weights_version(model)
-    entries = _compiled.setdefault(model, {})
-    entry = entries.get(logprobs)
-    if entry is not None and entry[0] == version:
-        return entry[1]
-    # (a changed model gets a new copy of the code, so its old graphs, which hold the old
-    # weights, are never matched again, and leave with their code)
+    held = _compiled.get(model)
+    if held is None or held[0] != version:
+        # (a changed model gets new copies of the code, so its old graphs, which hold the old
+        # weights, are never matched again, and leave with their code)
+        held = _compiled[model] = (version, {})
+    if logprobs in held[1]:
+        return held[1][logprobs]
     # dynamic: the sizes that change (the slots written so far, step after step; the batch,
     # source length and capacity, search after search) are symbolic in the one graph
     # (the limit counts the model's graphs)
@@ -95,7 +96,7 @@ def compiled_step(model: nn.Module, logprobs: bool = False):
         with freezing:
             return compiled(owner(), *args)
 
-    entries[logprobs] = (version, step)
+    held[1][logprobs] = step
     return step
 
 
