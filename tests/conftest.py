@@ -54,9 +54,9 @@ def without_gemm_timing(monkeypatch) -> None:
     whose candidate kernels cost C++ builds at every compilation): for the tests of what the
     search does around the step (caching, recompiling, bucketing, options). The tests that
     compare the compiled step's tokens with eager's keep the options users get."""
-    from transformer.decode import static
+    from transformer.decode import aot
 
-    monkeypatch.setattr(static, "INDUCTOR_OPTIONS", {**static.INDUCTOR_OPTIONS, "max_autotune_gemm": False})
+    monkeypatch.setattr(aot, "INDUCTOR_OPTIONS", {**aot.INDUCTOR_OPTIONS, "max_autotune_gemm": False})
 
 
 @pytest.fixture

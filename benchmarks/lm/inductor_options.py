@@ -1,7 +1,8 @@
 """How inductor's options change the compiled decoding step: greedy generation through
-``decode/static.py`` with its ``INDUCTOR_OPTIONS`` (``current``) against variants of them, and
-eager, in one process. Each system is a copy of the same model, compiled with its own options
-on its first call (timed apart); then the systems take turns, round after round.
+``decode/static.py`` with the ``INDUCTOR_OPTIONS`` of ``decode/aot.py`` (``current``) against
+variants of them, and eager, in one process. Each system is a copy of the same model,
+compiled with its own options on its first call (timed apart); then the systems take turns,
+round after round.
 
     .venv/bin/python benchmarks/lm/inductor_options.py [--precision bf16] [--batch 16] \\
         [--variant NAME:OPTION=VALUE[,OPTION=VALUE...]] ... [--rounds 5]
@@ -21,7 +22,7 @@ import time
 
 import torch
 
-import transformer.decode.static as static
+import transformer.decode.aot as aot
 from transformer import ModelConfig
 from transformer.decode import generate
 from transformer.model import LanguageModel
@@ -33,7 +34,7 @@ def parse_variant(text: str) -> tuple[str, dict]:
     items = [item for item in rest.split(",") if item]
     if not name or not items or not all("=" in item for item in items):
         raise SystemExit(f"inductor_options.py: error: --variant {text!r}: expected NAME:OPTION=VALUE[,...]")
-    options = dict(static.INDUCTOR_OPTIONS)
+    options = dict(aot.INDUCTOR_OPTIONS)
     for item in items:
         key, _, value = item.partition("=")
         try:
@@ -59,7 +60,7 @@ def main() -> None:
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
     base = LanguageModel(ModelConfig.preset(args.preset, vocab_size=68, max_len=512)).eval().to(dtype)
     prompts = torch.randint(1, 68, (args.batch, args.prompt)).tolist()
-    current = dict(static.INDUCTOR_OPTIONS)
+    current = dict(aot.INDUCTOR_OPTIONS)
     systems = {"eager": (current, "off"), "current": (current, "on")}
     for text in args.variant:
         name, options = parse_variant(text)
@@ -67,11 +68,11 @@ def main() -> None:
     models = {name: copy.deepcopy(base) for name in systems}
 
     def run(name: str) -> list[list[int]]:
-        static.INDUCTOR_OPTIONS = systems[name][0]  # read when the model's step compiles
+        aot.INDUCTOR_OPTIONS = systems[name][0]  # read when the model's step is named and built
         try:
             return generate(models[name], prompts, args.new, temperature=0, compile=systems[name][1])
         finally:
-            static.INDUCTOR_OPTIONS = current
+            aot.INDUCTOR_OPTIONS = current
 
     print(f"{args.preset}, {args.precision}, batch {args.batch}, prompt {args.prompt}, {args.new} new tokens, "
           f"greedy; torch {torch.__version__}, {args.threads} threads, {args.rounds} rounds (medians)\n")

@@ -29,8 +29,15 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--no-gemm-timing", action="store_true",
+                    help="build the compiled step without inductor's GEMM timing (a quicker build; for smoke tests)")
     args = ap.parse_args()
     import ctranslate2
+
+    if args.no_gemm_timing:
+        from transformer.decode import aot
+
+        aot.INDUCTOR_OPTIONS["max_autotune_gemm"] = False
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

@@ -13,12 +13,13 @@ from pathlib import Path
 
 import torch
 
+from .decode import static
 from .decode.config import DecodingConfig
 from .decode.precision import for_inference
 from .decode.sample import generate_stream
 from .errors import UserError
 from .model import LanguageModel
-from .run import load_model, run_file
+from .run import COMPILED, load_model, run_file, run_root
 from .translator import run_decoding
 
 
@@ -84,7 +85,20 @@ class Generator:
         if tokenizer.vocab_size != model.cfg.vocab_size:
             raise UserError(f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model was built for "
                             f"{model.cfg.vocab_size}; these files belong to different runs")
-        return cls(model, tokenizer, decoding, warn=warn)
+        generator = cls(model, tokenizer, decoding, warn=warn)
+        static.keep_packages_in(generator.model, run_root(path) / COMPILED)
+        return generator
+
+    def compiles(self) -> tuple[bool, bool]:
+        """Whether generation runs through the compiled step (``decoding.compile``: ``on``;
+        ``auto`` with the step built already, or for a long generation), and whether that step
+        has to be built first (tens of seconds to minutes; kept in the run's compiled/ folder)."""
+        ready = static.has_package(self.model, logprobs=False)
+        return static.should_compile(self.decoding.compile, self.decoding.max_new_tokens, ready), not ready
+
+    def prepare(self) -> None:
+        """Load, or build, the compiled step now (see :meth:`compiles`), not at the first token."""
+        static.prepare(self.model, logprobs=False)
 
     def encode(self, prompt: str) -> list[int]:
         ids = self.tokenizer.encode(prompt) if prompt else (self.tokenizer.encode("\n") or [self.model.cfg.bos_id])
@@ -105,7 +119,7 @@ class Generator:
         seed = None if d.seed is None else d.seed + seed_offset
         rows = [TextPieces(self.tokenizer) for _ in prompts]
         for token in generate_stream(self.model, encoded, d.max_new_tokens, d.temperature, d.top_k, d.top_p, seed,
-                                     compile=d.compile):
+                                     compile=self.compiles()[0]):
             yield [row.add(t) for row, t in zip(rows, token.tolist())]
         rest = [row.finish() for row in rows]
         if any(rest):

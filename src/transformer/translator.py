@@ -12,12 +12,12 @@ from pathlib import Path
 import torch
 
 from .data import Subwords
-from .decode import Ensemble, Hypothesis, beam_search, greedy_search, pad_batch
+from .decode import Ensemble, Hypothesis, beam_search, greedy_search, pad_batch, static
 from .decode.config import DecodingConfig
 from .decode.precision import for_inference
 from .errors import UserError
 from .model import Transformer
-from .run import CONFIG, find_subwords, load_model, read_run_config, run_file
+from .run import COMPILED, CONFIG, find_subwords, load_model, read_run_config, run_file, run_root
 
 
 @dataclass(frozen=True)
@@ -126,9 +126,22 @@ class Translator:
         while chunk := list(itertools.islice(it, chunk_lines)):
             yield self.translate_nbest(chunk, n_best, progress)
 
+    def compiles(self) -> tuple[bool, bool]:
+        """Whether the search runs through the compiled step (``decoding.compile``: ``on``,
+        or ``auto`` with the step built already), and whether that step has to be built
+        first (tens of seconds to minutes; kept in the run's compiled/ folder)."""
+        if isinstance(self.model, Ensemble):  # an ensemble decodes eagerly
+            return False, False
+        ready = static.has_package(self.model, self.decoding.beam, logprobs=True)
+        return static.should_compile(self.decoding.compile, ready=ready), not ready
+
+    def prepare(self) -> None:
+        """Load, or build, the compiled step now (see :meth:`compiles`), not in the first batch."""
+        static.prepare(self.model, self.decoding.beam, logprobs=True)
+
     def _decode(self, src: torch.Tensor, n_best: int) -> list[list[Hypothesis]]:
         d = self.decoding
-        compile = d.compile == "on"  # compiled on request only: "auto" is for generation (decode/static.py)
+        compile = self.compiles()[0]
         if d.beam == 1:
             return greedy_search(self.model, src, d.max_len_a, d.max_len_b, compile=compile)
         return beam_search(self.model, src, d.beam, d.alpha, n_best, d.max_len_a, d.max_len_b, compile=compile)
@@ -164,7 +177,10 @@ def load_translator(models: str | Path | list[str | Path], *, warn: bool = True,
         if subwords.vocab_size != model.cfg.target_vocab_size:
             raise UserError(f"{subwords_file}: {subwords.vocab_size} subwords, but the model in {path} was built for "
                             f"{model.cfg.target_vocab_size}; these files belong to different runs")
-    return Translator(loaded[0] if len(loaded) == 1 else Ensemble(loaded), subwords, decoding, warn=warn)
+    translator = Translator(loaded[0] if len(loaded) == 1 else Ensemble(loaded), subwords, decoding, warn=warn)
+    if len(loaded) == 1 and (root := run_root(paths[0])) is not None:
+        static.keep_packages_in(translator.model, root / COMPILED)
+    return translator
 
 
 def run_decoding(path: str | Path, options: dict | None = None) -> DecodingConfig:

@@ -100,13 +100,34 @@ def test_help_shows_every_decoding_default(command):
     assert "--beam" in text
 
 
-# (beam search's step with the GEMM timing: tests/decode/test_search_compiled.py)
-@pytest.mark.parametrize("beam, gemm_timing", [("1", True), ("4", False)])
-def test_translate_compile_on_gives_the_eager_translations(trained, cli, one_line_error, beam, gemm_timing, request):
-    if not gemm_timing:
-        request.getfixturevalue("without_gemm_timing")
+# (a step built with the GEMM timing: tests/decode/test_search_compiled.py)
+@pytest.mark.parametrize("beam", ["1", "4"])
+def test_translate_compile_on_builds_the_step_once_and_later_commands_use_it(trained, tmp_path, cli, one_line_error,
+                                                                             beam, without_gemm_timing, monkeypatch):
+    from transformer.decode import aot
+    run = tmp_path / "run"
+    shutil.copytree(trained.run, run)
     stdin = "".join(line + "\n" for line in LINES)
-    eager = cli("translate", "--model", trained.run, "--beam", beam, "--compile", "off", stdin=stdin).out
-    assert cli("translate", "--model", trained.run, "--beam", beam, "--compile", "on", stdin=stdin).out == eager
-    one_line_error(cli("translate", "--model", trained.run, "--compile", "always", stdin="red dog\n"),
-                   "translate", "--compile")
+    eager = cli("translate", "--model", run, "--beam", beam, "--compile", "off", stdin=stdin)
+    built = cli("translate", "--model", run, "--beam", beam, "--compile", "on", stdin=stdin)
+    assert built.out == eager.out
+    # one line says why this command takes longer; no compiler chatter
+    assert built.err.splitlines() == ["compiling the decoding step (a minute or a few, once: the run keeps it in its "
+                                      "compiled/ folder)"] + eager.err.splitlines()
+    kind = "search-greedy" if beam == "1" else f"search-beam{beam}"
+    assert [p.name.rsplit("-", 1)[0] for p in (run / "compiled").iterdir()] == [f"{kind}-float32"]
+
+    # later commands load it, by default too (auto), and build nothing
+    loads = []
+    monkeypatch.setattr(aot, "build", lambda *a: pytest.fail("built again"))
+    monkeypatch.setattr(aot, "load", lambda path, load=aot.load: loads.append(path) or load(path))
+    for compile in ("on", None):
+        again = cli("translate", "--model", run, "--beam", beam, *(["--compile", compile] if compile else []),
+                    stdin=stdin)
+        assert (again.out, again.err) == (eager.out, eager.err)
+    assert len(loads) == 2
+    # another search kind has no step yet: auto decodes eagerly, without building one
+    other = "4" if beam == "1" else "1"
+    cli("translate", "--model", run, "--beam", other, stdin=stdin)
+    assert len(loads) == 2 and len(list((run / "compiled").iterdir())) == 1
+    one_line_error(cli("translate", "--model", run, "--compile", "always", stdin="red dog\n"), "translate", "--compile")

@@ -58,8 +58,8 @@ def test_compiled_greedy_search_gives_the_eager_results(make_model, rand_tokens,
         assert [h[0].score for h in compiled] == pytest.approx([h[0].score for h in eager], abs=1e-4)
     lengths = {len(h[0].tokens) for h in eager}
     assert len(lengths) > 1  # the rows ended at different steps
-    # finished rows left the batch at bucket boundaries: half or fewer still decoding, never 1
-    assert shrinks and all(2 <= after <= before // 2 for before, after in shrinks)
+    # finished rows left the batch at bucket boundaries: half or fewer still decoding
+    assert shrinks and all(1 <= after <= before // 2 for before, after in shrinks)
 
 
 @pytest.mark.parametrize("alpha, n_best, gemm_timing", [(0.6, 1, True), (1.0, 3, False)])
@@ -79,4 +79,4 @@ def test_compiled_beam_search_gives_the_eager_hypotheses(decoder_model, rand_tok
     assert [[h.tokens for h in hs] for hs in compiled] == [[h.tokens for h in hs] for hs in eager]
     assert [h.score for hs in compiled for h in hs] == pytest.approx([h.score for hs in eager for h in hs], abs=1e-4)
     assert len({len(hs[0].tokens) for hs in eager}) > 1
-    assert shrinks and all(8 <= after <= before // 2 and after % 4 == 0 for before, after in shrinks)
+    assert shrinks and all(4 <= after <= before // 2 and after % 4 == 0 for before, after in shrinks)

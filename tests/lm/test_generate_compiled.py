@@ -64,7 +64,8 @@ def test_the_fixed_shape_cache_gives_the_growing_caches_logits(shape):
 
 
 @pytest.mark.parametrize("shape", ["llama", "gpt"])
-def test_compiled_generation_gives_the_eager_tokens(shape):
+def test_compiled_generation_gives_the_eager_tokens(shape, without_gemm_timing):
+    # (a step built with the GEMM timing: tests/decode/test_search_compiled.py)
     model = make_model(shape)
     # 60 new tokens with a context of 32: the windows slide (each row on its own)
     for temperature in (0.0, 1.0):
@@ -89,31 +90,10 @@ def test_a_model_whose_weights_change_is_compiled_afresh(without_gemm_timing):
     assert generate(model, [[5, 6]], 12, temperature=0, compile="on") == eager
 
 
-def test_each_model_has_its_own_compiled_step_and_a_mode_switch_compiles_afresh(without_gemm_timing):
-    # the compiled step does not guard on the model's modules (decode/static.py): what they
-    # guarded is the model's identity, its weights and its mode, checked here instead
-    first, second = make_model("gpt"), make_model("gpt")
-    with torch.no_grad():
-        for p in second.parameters():
-            p.add_(torch.randn_like(p))
-    for model in (first, second, first):
-        assert generate(model, [[5, 6]], 12, temperature=0, compile="on") == \
-            generate(model, [[5, 6]], 12, temperature=0, compile="off")
-    dropout = make_model("gpt")
-    for block in dropout.modules():  # dropout that only training mode applies
-        if hasattr(block, "p") and isinstance(block.p, float):
-            block.p = 0.5
-    want = generate(dropout, [[5, 6]], 12, temperature=0, compile="on")
-    assert want == generate(dropout, [[5, 6]], 12, temperature=0, compile="off")
-    dropout.train()  # (compiled, the dropout masks come from another random stream than eager's)
-    assert generate(dropout, [[5, 6]], 12, temperature=0, compile="on") != want
-    dropout.eval()
-    assert generate(dropout, [[5, 6]], 12, temperature=0, compile="on") == want
-
-
 def test_when_auto_compiles_and_how_large_the_cache_is():
-    # auto: only a generation long enough to pay for the compilation in its own process
+    # auto: a step that is built already, or a generation long enough to pay for building one
     assert should_compile("auto", 40_000) and not should_compile("auto", 4096)
+    assert should_compile("auto", 1, ready=True) and not should_compile("off", 1, ready=True)
     assert should_compile("on", 1) and not should_compile("off", 40_000)
     assert should_compile(True, 1) and not should_compile(False, 40_000)
     with pytest.raises(ValueError, match="compile must be one of auto, on, off"):
@@ -133,16 +113,30 @@ def test_a_bad_compile_value_is_a_one_line_error(trained_lm, capsys):
     assert code == 2 and "compile must be one of auto, on, off" in err and len(err.strip().splitlines()) == 1
 
 
-def test_the_generate_command_compiles_on_request_and_says_no_more(trained_lm, capsys):
-    argv = ["generate", "--model", str(trained_lm), "--prompt", "the cat", "--temperature", "0",
-            "--max-new-tokens", "40"]
+def test_the_generate_command_builds_the_step_once_says_so_and_nothing_more(trained_lm, tmp_path, capsys,
+                                                                            without_gemm_timing, monkeypatch):
+    import shutil
+
+    from transformer.decode import aot
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_lm, run)
+    argv = ["generate", "--model", str(run), "--prompt", "the cat", "--temperature", "0", "--max-new-tokens", "40"]
     assert main(argv + ["--compile", "off"]) == 0
     eager = capsys.readouterr()
     assert main(argv + ["--compile", "on"]) == 0
     compiled = capsys.readouterr()
     assert compiled.out == eager.out
-    # no compiler chatter (inductor's GEMM timing tables, its warnings) beside the text
-    assert compiled.err == eager.err
+    # one line on why it takes longer, no compiler chatter (inductor's GEMM timing tables, its warnings)
+    assert compiled.err.splitlines() == ["compiling the decoding step (a minute or a few, once: the run keeps it "
+                                         "in its compiled/ folder)"] + eager.err.splitlines()
+    assert [p.name.split("-")[0] for p in (run / "compiled").iterdir()] == ["generate"]
+    # the default (auto) loads it, and builds nothing
+    monkeypatch.setattr(aot, "build", lambda *a: pytest.fail("built again"))
+    loads = []
+    monkeypatch.setattr(aot, "load", lambda path, load=aot.load: loads.append(path) or load(path))
+    assert main(argv) == 0
+    assert capsys.readouterr() == eager and len(loads) == 1
 
 
 def test_compile_true_trains_a_language_model_as_the_eager_step_does(lm_cfg, tmp_path):

@@ -6,6 +6,7 @@ to the config's default, and is checked once, when the config is built."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 from ..decode.config import FIELDS
 from ..decode.precision import PRECISIONS
@@ -24,10 +25,11 @@ _HELP = {
     "top_k": ("K", int, "sample only among the K most probable tokens (0 = all)"),
     "top_p": ("P", float, "sample only among the most probable tokens whose probability reaches P (1 = all)"),
     "seed": ("S", int, "random seed: the same seed gives the same text (default: a fresh one each run)"),
-    "compile": ("WHEN", str, "on, off or auto: decode through one step compiled by torch.compile on a "
-                             "fixed-size cache (the same output, faster per token after a compilation of "
-                             "tens of seconds); auto compiles a generation of >= 32768 new tokens, and no "
-                             "translation"),
+    "compile": ("WHEN", str, "on, off or auto: decode through one step compiled ahead of time on a "
+                             "fixed-size cache (the same output, faster per token); on builds it if it is "
+                             "missing (a minute or a few, once: it is kept in the run's compiled/ folder), "
+                             "auto uses it when it is there (and builds one for a generation of >= 32768 "
+                             "new tokens), off decodes eagerly"),
 }
 
 
@@ -43,3 +45,14 @@ def add_decoding_options(p: argparse.ArgumentParser, *names: str) -> None:
 def decoding_options(args: argparse.Namespace) -> dict:
     """The decoding options given on the command line (the rest come from the run)."""
     return {name: getattr(args, name) for name in FIELDS if getattr(args, name, None) is not None}
+
+
+def prepare_compiled(decoder) -> None:
+    """A Translator's or Generator's compiled step loaded, or built (with one line on stderr
+    first: it takes a while), when its decoding settings use one."""
+    compiles, build = decoder.compiles()
+    if compiles and build:
+        print("compiling the decoding step (a minute or a few, once: the run keeps it in its compiled/ folder)",
+              file=sys.stderr, flush=True)
+    if compiles:
+        decoder.prepare()

@@ -5,7 +5,7 @@ import argparse
 import json
 import time
 
-from ._options import add_decoding_options, decoding_options
+from ._options import add_decoding_options, decoding_options, prepare_compiled
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -22,7 +22,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--limit", type=int, default=0, help="score only the first N sentences (0 = all)")
     p.add_argument("--output", help="also write the translations here")
     p.add_argument("--json", action="store_true", help="print the scores as JSON")
-    add_decoding_options(p, "beam", "alpha", "max_tokens", "precision", "device")
+    add_decoding_options(p, "beam", "alpha", "max_tokens", "precision", "device", "compile")
     p.set_defaults(func=run)
 
 
@@ -58,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
         run_config = _run_config(args.model[0])  # before the slow part: fail fast
     lang = args.tgt_lang or run_config.get("tgt_lang")
     translator = load_translator(args.model, warn=False, **decoding.to_dict())
+    prepare_compiled(translator)
     t0 = time.perf_counter()
     with line_progress(len(src)) as done:  # drawn only when stderr is a terminal
         hyps = translator.translate(src, progress=done)

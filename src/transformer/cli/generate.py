@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ._options import add_decoding_options, decoding_options
+from ._options import add_decoding_options, decoding_options, prepare_compiled
 
 SEPARATOR = "-" * 15  # between samples, as nanoGPT's sample.py prints them
 
@@ -31,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
     if prompt is None:
         prompt = "" if sys.stdin.isatty() else _read_stdin()
     generator = Generator.from_pretrained(args.model, warn=False, **decoding_options(args))
+    prepare_compiled(generator)
     generator.encode(prompt)
     if generator.truncated:
         print(f"warning: the prompt is longer than the model's context ({generator.model.cfg.max_len} tokens); "

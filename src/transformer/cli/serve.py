@@ -6,7 +6,7 @@ import argparse
 import socket
 import sys
 
-from ._options import add_decoding_options, decoding_options
+from ._options import add_decoding_options, decoding_options, prepare_compiled
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -134,6 +134,7 @@ def _load(model: str, decoding, lm: bool):
     from ..generator import Generator
     from ..translator import load_translator
 
-    if lm:
-        return Generator.from_pretrained(model, warn=False, **decoding.to_dict())
-    return load_translator(model, **decoding.to_dict())
+    loaded = (Generator.from_pretrained(model, warn=False, **decoding.to_dict()) if lm
+              else load_translator(model, **decoding.to_dict()))
+    prepare_compiled(loaded)  # before the first request
+    return loaded

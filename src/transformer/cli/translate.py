@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import TextIO
 
-from ._options import add_decoding_options, decoding_options
+from ._options import add_decoding_options, decoding_options, prepare_compiled
 
 CHUNK_LINES = 2000  # lines read and translated at a time: enough to fill batches of similar lengths
 
@@ -43,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--chunk-lines must be positive, got {args.chunk_lines}")
     with _input_lines(args.input) as lines:  # opened first: a missing file fails before the model loads
         translator = load_translator(args.model, warn=False, **decoding_options(args))
+        prepare_compiled(translator)
         if args.input is None and sys.stdin.isatty():
             return _interactive(translator)
         show = args.input is not None and stderr_is_terminal()

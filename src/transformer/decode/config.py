@@ -33,7 +33,7 @@ class DecodingConfig:
     max_tokens: int = 4000  # source tokens per batch (padded)
     precision: str = "fp32"  # fp32, bf16 or int8 (CPU); see decode/precision.py
     device: str = "cpu"  # cpu or cuda[:N]
-    compile: str = "auto"  # on, off, auto: one compiled decoding step (auto: long generations only); decode/static.py
+    compile: str = "auto"  # on, off, auto: a compiled decoding step (on: built if missing; auto: if built); decode/static.py
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):  # YAML and JSON give 1 for 1.0

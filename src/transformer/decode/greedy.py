@@ -75,7 +75,7 @@ def _greedy_static(model, cache, limits: Tensor, min_length: int) -> list[list[H
     eager loop above. A finished sentence's row keeps decoding, unrecorded, until half the
     rows are finished; then the batch shrinks to the rows still decoding (a few batch sizes
     per search instead of a new one at every step; the graph's batch size is symbolic, so
-    none compiles again). Never below 2 rows: torch.compile would compile batch 1 anew."""
+    none is built again)."""
     cfg, batch, device = model.cfg, limits.size(0), limits.device
     longest = int(limits.max())
     static = model.start_static_cache(cache, cache_capacity(0, longest, cfg.max_len))

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from ..model.cache import StaticKVCache
-from .static import cache_capacity, compiled_step, should_compile
+from .static import cache_capacity, compiled_step, has_package, should_compile
 
 
 def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
@@ -72,14 +72,15 @@ def generate_stream(model, prompts: list[list[int]], max_new_tokens: int, temper
     ``i`` draws with ``seed + i``), one per row (None: a fresh one), or None (fresh ones).
     ``compile``: ``"on"`` runs the steps after the prompt through one compiled step on a
     fixed-shape cache (:mod:`transformer.decode.static`), ``"off"`` eagerly on the growing
-    cache, ``"auto"`` compiles when the generation is long enough to pay for it."""
+    cache, ``"auto"`` compiles when the step is built already (:func:`~transformer.decode.static.has_package`)
+    or the generation is long enough to pay for building it."""
     cfg, device = model.cfg, model.output_layer()[0].device
     if any(not p or len(p) >= cfg.max_len for p in prompts):
         raise ValueError(f"every prompt needs 1 to {cfg.max_len - 1} tokens")
     generators = None
     if temperature > 0:
         generators = [torch.Generator(device=device).manual_seed(s) for s in row_seeds(seed, len(prompts))]
-    if should_compile(compile, max_new_tokens):
+    if should_compile(compile, max_new_tokens, ready=compile == "auto" and has_package(model, logprobs=False)):
         yield from _generate_static(model, prompts, max_new_tokens, temperature, top_k, top_p, generators, stop_id)
         return
     history = [list(p) for p in prompts]

@@ -1,120 +1,206 @@
-"""Compiled decoding on a fixed-shape cache: one decoding step, compiled by ``torch.compile``
-and reused for every step of a search (language-model generation, greedy and beam search).
+"""Compiled decoding on a fixed-shape cache: one decoding step, compiled ahead of time
+(:mod:`transformer.decode.aot`) and reused for every step of a search (language-model
+generation, greedy and beam search).
 
 The cache of ``model.decode`` is rebuilt every step (one position longer, concatenated),
 and finished rows leave it. A :class:`~transformer.model.cache.StaticKVCache` has its final
 size from the start (``capacity`` positions, written in place; finished rows stay, unread,
 until a search drops them at a bucket boundary, when half its rows are done), so the only
-size that changes from step to step is the number of slots written so far, which the
-compiled graph takes as a symbolic size: one graph serves every step of every search
-(``dynamic=True``: batch, source length and capacity are symbolic too). On a CPU, inductor
-turns the step into generated C++ loops and matrix products on prepacked weights
-(``freezing``: the weights are constants of the graph), called from generated C++, which
-removes much of the per-operator cost that dominates a small model's step in eager mode;
-each product is inductor's own C++ GEMM template or aten's, whichever was faster when timed
-at compile time (:data:`INDUCTOR_OPTIONS`).
+size that changes from step to step is the number of slots written so far, a symbolic size
+of the compiled graph, like the batch, the source length and the capacity: one graph serves
+every step of every search of a kind (greedy, or beam search of one beam size). On a CPU,
+inductor turns the step into generated C++ loops and matrix products on prepacked weights
+(``freezing``: the weights are constants of the graph), which removes most of the
+per-operator cost that dominates a small model's step in eager mode.
 
 The eager path is the reference: the compiled step computes the same function, and the
-tests compare logits and tokens. Compiling takes tens of seconds, in every new process (the
-prepacked weights keep the graph out of inductor's on-disk cache; only its C++ kernels are
-reused), and it saves a few milliseconds a step whatever the batch, so it pays for very long
-generations and for a process that decodes again and again (a server, a loop in Python),
-not for one ordinary command: ``compile="auto"`` compiles a generation of at least
-:data:`AUTO_MIN_STEPS` new tokens; translation compiles when asked (``--compile on``).
-Measured in ``benchmarks/lm/README.md`` and ``benchmarks/decode/README.md``.
+tests compare logits and tokens. Building a step takes tens of seconds to a few minutes;
+loading a built one takes a fraction of a second. A model loaded from a run directory keeps
+its steps in the run's ``compiled/`` folder (:func:`keep_packages_in`), so a step is built
+once and every later command finds it: ``compile="auto"`` (the commands' default) decodes
+through a step that is there already, and builds one only for a generation of at least
+:data:`AUTO_MIN_STEPS` new tokens; ``compile="on"`` builds what is missing. A model without a
+folder builds its steps into a temporary folder, for the process. Measured in
+``benchmarks/lm/README.md`` and ``benchmarks/decode/README.md``.
 """
 from __future__ import annotations
 
-import types
+import atexit
+import os
+import shutil
+import tempfile
 import warnings
 import weakref
+from pathlib import Path
 
 import torch
 from torch import nn
 
-from .common import next_token_logprobs
+from . import aot
 
 COMPILE_CHOICES = ("auto", "on", "off")
-# compile="auto" compiles a generation of at least this many new tokens (steps: a step's
-# saving hardly depends on the batch). Measured on 2 cores (benchmarks/lm/README.md): the
-# compilation cost 47-95 s and saved 1.9-4.3 ms a step, so it paid after 17,000-30,000 steps.
+# compile="auto" builds a step for a generation of at least this many new tokens (steps: a
+# step's saving hardly depends on the batch). Measured on 2 cores with the step that
+# torch.compile built in every process (benchmarks/lm/README.md): compiling cost 47-95 s and
+# saved 1.9-4.3 ms a step, so it paid after 17,000-30,000 steps.
 AUTO_MIN_STEPS = 32768
-# graphs of a model's step kept at once (torch's default is 8; a translation model can need
-# that many: the first step or a later one, sources with or without padding, greedy or beam)
-RECOMPILE_LIMIT = 64
 
-# How inductor builds the step (measured in benchmarks/lm/README.md):
-INDUCTOR_OPTIONS = dict(
-    # the weights are constants of the graph, so each linear layer is one prepacked product
-    freezing=True,
-    # the graph's kernels are called from generated C++, not from a Python function
-    cpp_wrapper=True,
-    # each matrix product may be inductor's own C++ template (AMX tiles for bf16 weights)
-    # instead of a oneDNN or aten call, whose fixed cost is most of a product of a few rows:
-    # both are timed once, at compile time, and the faster is kept (with the graph, in
-    # inductor's cache folder); aten stays a candidate, for the products the template
-    # does not take
-    max_autotune_gemm=True,
-    max_autotune_gemm_backends="CPP,ATEN",
-    # nothing of that timing on stderr (a generation's text may be read from the terminal)
-    autotune_num_choices_displayed=0,
-    max_autotune_report_choices_stats=False,
-)
+_folders: "weakref.WeakKeyDictionary[nn.Module, Path]" = weakref.WeakKeyDictionary()
+_steps: "weakref.WeakKeyDictionary[nn.Module, _Steps]" = weakref.WeakKeyDictionary()
 
-_compiled: "weakref.WeakKeyDictionary[nn.Module, tuple[tuple, dict]]" = weakref.WeakKeyDictionary()
+
+def keep_packages_in(model: nn.Module, folder: str | Path) -> None:
+    """Look for the compiled steps of ``model`` in ``folder``, and keep those built there."""
+    _folders[model] = Path(folder)
+
+
+def has_package(model: nn.Module, group: int = 1, logprobs: bool = True) -> bool:
+    """Whether the step that a search with ``group`` rows per sentence (1: greedy, else the
+    beam size; language models: 1) would use is built already, in memory or on disk."""
+    return hasattr(model, "step_slots") and _held(model).ready(group, logprobs)
 
 
 def compiled_step(model: nn.Module, logprobs: bool = False):
-    """``model.step_slots`` compiled by torch.compile (built on first use and kept with the
-    model), with the weights frozen into the graph as constants. If the weights change
-    afterwards (in place, as an optimizer does, or replaced), the next call compiles afresh.
+    """``model.step_slots``, compiled: the same arguments, the same result. The package for
+    each kind of search (the ``group`` it is called with) is loaded or built on first use and
+    kept with the model; if the weights change afterwards (in place, as an optimizer does, or
+    replaced), or the model switches between training and evaluation, the next call loads or
+    builds the package of the new weights.
 
     ``logprobs``: the step returns :func:`~transformer.decode.common.next_token_logprobs`
     of its logits (float32, PAD and BOS impossible), computed in the same graph: one fused
     pass where eager search casts, normalises and masks the (B, V) logits in three (what
     greedy and beam search read; sampling reads the logits)."""
+    return _held(model).step(logprobs)
+
+
+def prepare(model: nn.Module, group: int = 1, logprobs: bool = True) -> None:
+    """Load (or build, if it is missing) the step that :func:`compiled_step` will call with
+    ``group`` rows per sentence, now rather than at the first step of a search."""
+    _held(model).runner(group, logprobs)
+
+
+class _Steps:
+    """The compiled steps of one model at one weights version."""
+
+    def __init__(self, model: nn.Module, version: tuple) -> None:
+        self.owner = weakref.ref(model)  # an entry must not keep its own key (the model) alive
+        self.version = version
+        self.names: dict[tuple[int, bool], str] = {}
+        self.runners: dict[tuple[int, bool], object] = {}
+        self.steps: dict[bool, object] = {}
+
+    def name(self, group: int, logprobs: bool) -> str:
+        if (group, logprobs) not in self.names:
+            self.names[group, logprobs] = aot.package_name(self.owner(), group, logprobs)
+        return self.names[group, logprobs]
+
+    def ready(self, group: int, logprobs: bool) -> bool:
+        folder = _folders.get(self.owner())
+        return (group, logprobs) in self.runners or (
+            folder is not None and (folder / self.name(group, logprobs)).is_file())
+
+    def runner(self, group: int, logprobs: bool):
+        if (group, logprobs) not in self.runners:
+            model = self.owner()
+            self.runners[group, logprobs] = _load_or_build(model, _folders.get(model), self.name(group, logprobs),
+                                                           group, logprobs)
+        return self.runners[group, logprobs]
+
+    def step(self, logprobs: bool):
+        if logprobs not in self.steps:
+            make = _translation_step if aot.is_translation(self.owner()) else _language_model_step
+            self.steps[logprobs] = make(self, logprobs)
+        return self.steps[logprobs]
+
+
+def _held(model: nn.Module) -> _Steps:
     version = _weights_version(model)
-    held = _compiled.get(model)
-    if held is None or held[0] != version:
-        # (a changed model gets new copies of the code, so its old graphs, which hold the old
-        # weights, are never matched again, and leave with their code)
-        held = _compiled[model] = (version, {})
-    if logprobs in held[1]:
-        return held[1][logprobs]
-    # dynamic: the sizes that change (the slots written so far, step after step; the batch,
-    # source length and capacity, search after search) are symbolic in the one graph
-    # (the limit counts the model's graphs)
-    fn = _logprob_step if logprobs else type(model).step_slots
-    compiled = torch.compile(_own_copy(fn), fullgraph=True, dynamic=True, backend=_inductor,
-                             recompile_limit=RECOMPILE_LIMIT, options={"guard_filter_fn": _guards_on_inputs})
-    owner = weakref.ref(model)  # the entry must not keep its own key (the model) alive
-    # dynamo reads `freezing` while it traces (weights as constants); the rest of the options
-    # apply in the backend. One patch object for every call (building one costs a class).
-    freezing = torch._inductor.config.patch(freezing=INDUCTOR_OPTIONS["freezing"])
+    held = _steps.get(model)
+    if held is None or held.version != version:
+        held = _steps[model] = _Steps(model, version)
+    return held
 
-    def step(*args):
-        with freezing:
-            return compiled(owner(), *args)
 
-    held[1][logprobs] = step
+def _translation_step(steps: _Steps, logprobs: bool):
+    model = steps.owner()
+    slots = torch.arange(model.cfg.max_len, device=next(model.parameters()).device)
+
+    def step(tgt, index, k, v, cross_kv, memory_mask, upto, group=1):
+        _one_token(tgt)
+        if memory_mask is None:  # no padding in the sources: a mask that hides nothing
+            key = cross_kv[0][0]
+            memory_mask = torch.ones(key.size(0), 1, 1, key.size(2), dtype=torch.bool, device=key.device)
+        return steps.runner(group, logprobs)(tgt, index, slots[:upto], k, v, tuple(c[0] for c in cross_kv),
+                                             tuple(c[1] for c in cross_kv), memory_mask)
+
     return step
 
 
-def _logprob_step(self, *args):
-    """The step's next-token log-probabilities: ``next_token_logprobs(step_slots(...))``."""
-    return next_token_logprobs(self.step_slots(*args), self.cfg)
+def _language_model_step(steps: _Steps, logprobs: bool):
+    model = steps.owner()
+    slots = torch.arange(model.cfg.max_len, device=next(model.parameters()).device)
+
+    def step(tokens, real, index, k, v, key_mask, next_position, upto):
+        _one_token(tokens)
+        return steps.runner(1, logprobs)(tokens, real, index, slots[:upto], k, v, key_mask, next_position)
+
+    return step
 
 
-def _inductor(graph, example_inputs):
-    """torch.compile's backend: inductor with :data:`INDUCTOR_OPTIONS`, applied while it
-    compiles a graph (the first call at a new shape), not around every call of the step
-    (a patch of inductor's config costs 0.2-0.5 ms)."""
-    from torch._inductor.compile_fx import compile_fx
+def _one_token(tokens) -> None:
+    if tokens.size(1) != 1:
+        raise ValueError(f"the compiled step takes one new token a row, got {tokens.size(1)}; "
+                         "feed a prompt through the eager step")
 
-    with torch._inductor.config.patch(INDUCTOR_OPTIONS), warnings.catch_warnings():
-        # inductor's GEMM timing calls a deprecated storage method of torch's own
-        warnings.filterwarnings("ignore", "TypedStorage is deprecated", UserWarning)
-        return compile_fx(graph, example_inputs)
+
+def _load_or_build(model: nn.Module, folder: Path | None, name: str, group: int, logprobs: bool):
+    if folder is not None:
+        path = folder / name
+        if path.is_file():
+            try:
+                return aot.load(path)
+            except Exception as e:  # noqa: BLE001 (a damaged file: built again below)
+                warnings.warn(f"{path}: cannot be loaded ({e}); building it again", stacklevel=4)
+        if _writable(folder):
+            aot.build(model, group, logprobs, path)
+            _drop_older(folder, name)
+            return aot.load(path)
+        warnings.warn(f"{folder}: cannot keep a compiled step there (not writable); building it for this "
+                      "process only", stacklevel=4)
+    path = _scratch() / name
+    if not path.is_file():
+        aot.build(model, group, logprobs, path)
+    return aot.load(path)
+
+
+def _writable(folder: Path) -> bool:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(folder, os.W_OK)
+
+
+def _drop_older(folder: Path, name: str) -> None:
+    """Remove the packages of the same kind built for other weights (or code) than ``name``'s:
+    a run keeps one package per kind of step."""
+    kind = name.rsplit("-", 1)[0]
+    for old in folder.glob(f"{kind}-*.pt2"):
+        if old.name != name and old.name.rsplit("-", 1)[0] == kind:
+            old.unlink(missing_ok=True)
+
+
+_scratch_dir: list[Path] = []
+
+
+def _scratch() -> Path:
+    """A temporary folder for the packages of models without a folder of their own, removed
+    when the process ends."""
+    if not _scratch_dir:
+        _scratch_dir.append(Path(tempfile.mkdtemp(prefix="transformer-steps-")))
+        atexit.register(shutil.rmtree, _scratch_dir[0], True)
+    return _scratch_dir[0]
 
 
 def _weights_version(model: nn.Module) -> tuple[int, ...]:
@@ -123,40 +209,23 @@ def _weights_version(model: nn.Module) -> tuple[int, ...]:
     return (int(model.training), *(x for t in (*model.parameters(), *model.buffers()) for x in (id(t), t._version)))
 
 
-def _own_copy(fn):
-    """``fn`` with a code object of its own. Dynamo keeps its compiled graphs on the code
-    object, so a copy per model keeps each model's graphs (which hold its frozen weights, and
-    do not guard on the model: see below) from ever being matched by another model's calls."""
-    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-
-
-def _guards_on_inputs(entries) -> list[bool]:
-    """Which of dynamo's guards the compiled step keeps: those on its inputs (the tokens and
-    the cache's tensors: their shapes, dtypes and layout), not the hundreds on the model's
-    modules and weights (types, ids, attribute values), whose checks took a third of a
-    batch-1 step. What those guarded is checked once per search instead: each model has its
-    own compiled step (:func:`_own_copy`), and :func:`_weights_version` compiles afresh when
-    a weight or the training mode changes. (The config is frozen; a module's other
-    attributes, changed by hand after a compilation, are not seen.)"""
-    return [not entry.name.startswith("self") for entry in entries]
-
-
-def should_compile(compile: str | bool, new_tokens: int) -> bool:
-    """Whether a generation of ``new_tokens`` steps runs the compiled step: ``on`` / True
-    always, ``off`` / False never, ``auto`` when it is long enough to pay for the compilation."""
+def should_compile(compile: str | bool, new_tokens: int = 0, ready: bool = False) -> bool:
+    """Whether a search or generation of ``new_tokens`` steps runs the compiled step: ``on`` /
+    True always, ``off`` / False never, ``auto`` when its step is ``ready`` (built, see
+    :func:`has_package`) or the generation is long enough to pay for building it."""
     if isinstance(compile, bool):
         return compile
     if compile not in COMPILE_CHOICES:
         raise ValueError(f"compile must be one of {', '.join(COMPILE_CHOICES)}, got {compile!r}")
-    return compile == "on" or (compile == "auto" and new_tokens >= AUTO_MIN_STEPS)
+    return compile == "on" or (compile == "auto" and (ready or new_tokens >= AUTO_MIN_STEPS))
 
 
 def shrinks(live: int, rows: int) -> bool:
     """Whether a compiled search drops its finished rows now (or, with beams, its finished
     sentences' groups): when half or fewer of its ``rows`` are still decoding, so that a
-    search runs at a few batch sizes only; never down to one, which torch.compile would
-    compile as a graph of its own."""
-    return 2 <= live <= rows // 2
+    search runs at a few batch sizes only (the step's batch is a symbolic size: any will do,
+    but each new one costs a copy of the cache)."""
+    return 1 <= live <= rows // 2
 
 
 def cache_capacity(longest_prompt: int, new_tokens: int, max_len: int) -> int:

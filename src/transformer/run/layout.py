@@ -8,6 +8,8 @@
     RUN_DIR/best.safetensors          the weights with the best validation BLEU
     RUN_DIR/averaged.safetensors      the average of the last K checkpoints (``transformer average``)
     RUN_DIR/learning_curve.png        training and validation loss by update
+    RUN_DIR/compiled/                 decoding steps compiled ahead of time, one per kind of search
+                                      (``transformer.decode.aot``; rebuilt when the weights change)
 
 A model path given to any command may be the run directory, a weights file in it, or a
 checkpoint directory or its weights file (``checkpoints/step-N/model.safetensors``).
@@ -30,6 +32,7 @@ WEIGHTS = "model.safetensors"  # inside a checkpoint directory
 STATE = "state.pt"  # inside a checkpoint directory
 BEST = "best.safetensors"
 AVERAGED = "averaged.safetensors"
+COMPILED = "compiled"  # folder of compiled decoding steps
 PREFERRED = (AVERAGED, BEST)  # the weights a run directory is read from, in this order
 
 # Temporary names a crash can leave in a run directory (run.files writes them).
@@ -48,6 +51,13 @@ def run_file(path: str | Path, name: str) -> Path | None:
         if (folder / name).is_file():
             return folder / name
     return None
+
+
+def run_root(path: str | Path) -> Path | None:
+    """The run directory that ``path`` belongs to (the folder of its config.yaml); None when
+    there is none."""
+    found = run_file(path, CONFIG)
+    return None if found is None else found.parent
 
 
 def find_subwords(path: str | Path) -> Path:

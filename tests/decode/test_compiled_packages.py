@@ -1,0 +1,117 @@
+"""Where compiled decoding steps live (decode/static.py, decode/aot.py): a package is named
+by a digest of what it was built from, so a changed model never loads a stale one; a run
+keeps one package per kind of search in its compiled/ folder, found by later processes;
+a damaged package is built again, a folder that cannot be written is left alone, and an
+interrupted build leaves nothing behind. (The packages' tokens against eager decoding:
+test_search_compiled.py, tests/lm/test_generate_compiled.py, tests/cli/test_cli_decoding.py.)"""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformer.decode import aot, static
+from transformer.decode.precision import for_inference
+
+
+@pytest.fixture
+def fake_builds(monkeypatch) -> list[Path]:
+    """aot.build and aot.load without inductor: a package is a small file; every build is
+    recorded."""
+    built = []
+
+    def build(model, group, logprobs, path):
+        built.append(Path(path))
+        Path(path).write_bytes(b"package")
+
+    def load(path):
+        if Path(path).read_bytes() != b"package":
+            raise RuntimeError("not a package")
+        return object()
+
+    monkeypatch.setattr(aot, "build", build)
+    monkeypatch.setattr(aot, "load", load)
+    return built
+
+
+def test_a_package_name_follows_the_weights_the_search_and_the_precision(make_model):
+    model = make_model()
+    name = aot.package_name(model, 4, True)
+    assert name.startswith("search-beam4-float32-") and name.endswith(".pt2")
+    assert aot.package_name(copy.deepcopy(model), 4, True) == name  # the same weights, another object
+    assert aot.package_name(model, 1, True).startswith("search-greedy-float32-")
+    assert aot.package_name(for_inference(model, "bf16"), 4, True).startswith("search-beam4-bfloat16-")
+    assert aot.package_name(for_inference(model, "int8"), 4, True).startswith("search-beam4-int8-")
+    with torch.no_grad():
+        next(model.parameters())[0, 0] += 1e-3
+    assert aot.package_name(model, 4, True) != name
+    model.train()
+    assert aot.package_name(model.eval(), 4, True) != aot.package_name(model.train(), 4, True)
+
+
+def test_a_run_keeps_one_package_per_kind_and_later_models_load_it(make_model, tmp_path, fake_builds):
+    folder = tmp_path / "compiled"
+    model = make_model()
+    static.keep_packages_in(model, folder)
+    assert not static.has_package(model, 4)
+    static.prepare(model, 4)
+    static.prepare(model, 1)
+    assert [p.name.rsplit("-", 1)[0] for p in fake_builds] == ["search-beam4-float32", "search-greedy-float32"]
+    assert static.has_package(model, 4) and sorted(folder.iterdir()) == sorted(fake_builds)
+    # another process (another model object, the same weights) finds them
+    again = copy.deepcopy(model)
+    static.keep_packages_in(again, folder)
+    assert static.has_package(again, 4)
+    static.prepare(again, 4)
+    assert len(fake_builds) == 2
+    # new weights: a new beam package replaces the old one; the greedy one stays until it is needed
+    with torch.no_grad():
+        next(again.parameters())[0, 0] += 1e-3
+    assert not static.has_package(again, 4)
+    static.prepare(again, 4)
+    assert len(fake_builds) == 3
+    assert sorted(folder.iterdir()) == sorted([fake_builds[2], fake_builds[1]])
+
+
+def test_a_model_without_a_folder_builds_for_the_process(make_model, fake_builds):
+    model = make_model()
+    assert not static.has_package(model, 1)
+    static.prepare(model, 1)
+    assert static.has_package(model, 1)  # (in memory)
+    assert fake_builds[0].parent.name.startswith("transformer-steps-")
+
+
+def test_a_damaged_package_is_built_again(make_model, tmp_path, fake_builds):
+    folder = tmp_path / "compiled"
+    model = make_model()
+    static.keep_packages_in(model, folder)
+    path = folder / aot.package_name(model, 1, True)
+    folder.mkdir()
+    path.write_bytes(b"half a package")
+    with pytest.warns(UserWarning, match=r"cannot be loaded \(not a package\); building it again"):
+        static.prepare(model, 1)
+    assert fake_builds == [path] and path.read_bytes() == b"package"
+
+
+def test_a_folder_that_cannot_be_written_is_left_alone(make_model, tmp_path, fake_builds, monkeypatch):
+    folder = tmp_path / "compiled"
+    folder.mkdir()
+    monkeypatch.setattr(static, "_writable", lambda folder: False)
+    model = make_model(seed=7)  # (weights of its own: no package of this process's has them)
+    static.keep_packages_in(model, folder)
+    with pytest.warns(UserWarning, match="cannot keep a compiled step there"):
+        static.prepare(model, 1)
+    assert list(folder.iterdir()) == [] and fake_builds[0].parent != folder
+
+
+def test_an_interrupted_build_leaves_nothing_behind(make_model, tmp_path, monkeypatch):
+    def interrupted(program, package_path, inductor_configs):
+        Path(package_path).write_bytes(b"half a package")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        aot.build(make_model(), 1, True, tmp_path / "step.pt2")
+    assert list(tmp_path.iterdir()) == []
