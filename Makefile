@@ -17,12 +17,11 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 
 # The main job: train the quick Multi30k en->de model (resumes if runs/demo holds a run),
-# translate example sentences (building the run's compiled decoding step, which later
-# commands load), score the test set. Multi30k is read from $TRANSFORMER_DATA when set,
-# else downloaded once into ~/.cache/transformer/data.
+# translate example sentences, score the test set. Multi30k is read from $TRANSFORMER_DATA
+# when set, else downloaded once into ~/.cache/transformer/data.
 run: setup
 	$(BIN)/transformer train --config configs/demo.yaml --out runs/demo
-	$(BIN)/transformer translate --model runs/demo --input examples/en.txt --compile on
+	$(BIN)/transformer translate --model runs/demo --input examples/en.txt
 	$(BIN)/transformer evaluate --model runs/demo --split test_2016_flickr
 
 # The synthetic copy/reverse task: a tiny Transformer learns to reverse random sequences.

@@ -129,7 +129,9 @@ class Translator:
     def compiles(self) -> tuple[bool, bool]:
         """Whether the search runs through the compiled step (``decoding.compile``: ``on``,
         or ``auto`` with the step built already), and whether that step has to be built
-        first (tens of seconds to minutes; kept in the run's compiled/ folder)."""
+        first (tens of seconds to minutes; kept in the run's compiled/ folder). Batches of more
+        than :data:`~transformer.decode.static.MAX_COMPILED_ROWS` rows (sentences x beam)
+        decode eagerly all the same: there the compiled step is no faster."""
         if isinstance(self.model, Ensemble):  # an ensemble decodes eagerly
             return False, False
         ready = static.has_package(self.model, self.decoding.beam, logprobs=True)
@@ -141,7 +143,7 @@ class Translator:
 
     def _decode(self, src: torch.Tensor, n_best: int) -> list[list[Hypothesis]]:
         d = self.decoding
-        compile = self.compiles()[0]
+        compile = self.compiles()[0] and src.size(0) * d.beam <= static.MAX_COMPILED_ROWS
         if d.beam == 1:
             return greedy_search(self.model, src, d.max_len_a, d.max_len_b, compile=compile)
         return beam_search(self.model, src, d.beam, d.alpha, n_best, d.max_len_a, d.max_len_b, compile=compile)

@@ -115,3 +115,20 @@ def test_an_interrupted_build_leaves_nothing_behind(make_model, tmp_path, monkey
     with pytest.raises(KeyboardInterrupt):
         aot.build(make_model(), 1, True, tmp_path / "step.pt2")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_translator_decodes_large_batches_eagerly(make_model, monkeypatch):
+    # the compiled step saves a step's fixed costs; beyond MAX_COMPILED_ROWS rows eager was as fast
+    from transformer import translator as translator_module
+    from transformer.decode.config import DecodingConfig
+
+    seen = []
+    monkeypatch.setattr(translator_module, "beam_search", lambda *a, compile, **kw: seen.append(compile))
+    translator = translator_module.Translator(make_model(), None, DecodingConfig(beam=4, compile="on"))
+    rows = static.MAX_COMPILED_ROWS // 4
+    for sentences in (1, rows, rows + 1):
+        translator._decode(torch.full((sentences, 3), 5), 1)
+    assert seen == [True, True, False]
+    translator = translator.with_decoding(compile="off")
+    translator._decode(torch.full((1, 3), 5), 1)
+    assert seen[-1] is False

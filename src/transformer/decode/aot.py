@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import platform
 import tempfile
 import warnings
 from functools import cache
@@ -133,9 +134,21 @@ def build(model: nn.Module, group: int, logprobs: bool, path: str | Path) -> Non
 
 
 def load(path: str | Path):
-    """The step in the package at ``path``, called with the flat inputs of the module that
-    was exported (:class:`_TranslationStep` or :class:`_LanguageModelStep`)."""
-    return torch._inductor.aoti_load_package(str(path))
+    """The step in the package at ``path``: a callable taking the inputs of the module that
+    was exported (:class:`_TranslationStep` or :class:`_LanguageModelStep`: tensors, and
+    tuples of tensors), returning its one output tensor.
+
+    Loaded with torch's package loader itself, not ``torch._inductor.aoti_load_package``,
+    which spends seconds probing the CPU's vector instructions in subprocesses (to compare
+    them with the builder's: :func:`package_name` already holds them) and parses the call's
+    input spec again at every call."""
+    loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
+
+    def run(*args):
+        flat = [t for a in args for t in (a if isinstance(a, tuple) else (a,))]
+        return loader.boxed_run(flat)[0]
+
+    return run
 
 
 def package_name(model: nn.Module, group: int, logprobs: bool) -> str:
@@ -158,9 +171,14 @@ def package_name(model: nn.Module, group: int, logprobs: bool) -> str:
 
 @cache
 def _cpu() -> str:
-    from torch._inductor.cpu_vec_isa import pick_vec_isa
-
-    return f"{torch.backends.cpu.get_cpu_capability()} {pick_vec_isa()}"
+    """The machine and its vector instructions (the generated code uses them: AVX-512, AMX)."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        pass
+    return f"{platform.machine()} {torch.backends.cpu.get_cpu_capability()} {flags.strip()}"
 
 
 @cache

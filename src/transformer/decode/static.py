@@ -44,6 +44,10 @@ COMPILE_CHOICES = ("auto", "on", "off")
 # torch.compile built in every process (benchmarks/lm/README.md): compiling cost 47-95 s and
 # saved 1.9-4.3 ms a step, so it paid after 17,000-30,000 steps.
 AUTO_MIN_STEPS = 32768
+# A translator decodes a batch of more decoder rows (sentences x beam) than this eagerly: the
+# compiled step saves a step's fixed costs, which matter less the larger the batch, and beyond
+# about this many rows the eager step was as fast or faster (benchmarks/decode/README.md).
+MAX_COMPILED_ROWS = 64
 
 _folders: "weakref.WeakKeyDictionary[nn.Module, Path]" = weakref.WeakKeyDictionary()
 _steps: "weakref.WeakKeyDictionary[nn.Module, _Steps]" = weakref.WeakKeyDictionary()
