@@ -3,9 +3,12 @@ builds the run's compiled step (the first `--compile on`), when it loads the ste
 keeps (every later command, by default: `--compile auto`), and eagerly (`--compile off`). Each
 figure is the wall time of a fresh process of the real command (start-up, loading, translating
 the first N sentences of Multi30k's test_2016_flickr, writing the output), on a copy of the run.
+``--max-tokens 1`` makes every batch one sentence (as a server's or an interactive user's
+requests come): the compiled step serves batches of up to 64 decoder rows (sentences x beam),
+larger ones decode eagerly.
 
     TRANSFORMER_DATA=DATA_DIR .venv/bin/python benchmarks/decode/first_command.py --run RUN_DIR \\
-        [--n 1000] [--beam 4] [--precision fp32] [--rounds 3]
+        [--n 1000] [--beam 4] [--precision fp32] [--max-tokens 4000] [--rounds 3]
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=1000)
     ap.add_argument("--beam", type=int, default=4)
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "int8"])
+    ap.add_argument("--max-tokens", type=int, default=4000, help="source tokens per batch (translate's option)")
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     run = Path(args.run)
@@ -44,7 +48,8 @@ def main() -> None:
         def translate(compile: str) -> tuple[float, list[str]]:
             out = Path(tmp) / f"out-{compile}.de"
             cmd = [TRANSFORMER, "translate", "--model", str(copy), "--input", str(source), "--output", str(out),
-                   "--beam", str(args.beam), "--precision", args.precision, "--compile", compile]
+                   "--beam", str(args.beam), "--precision", args.precision, "--max-tokens", str(args.max_tokens),
+                   "--compile", compile]
             start = time.perf_counter()
             subprocess.run(cmd, check=True, capture_output=True)
             return time.perf_counter() - start, out.read_text(encoding="utf-8").splitlines()
@@ -60,7 +65,8 @@ def main() -> None:
         packages = sorted(p.name for p in (copy / COMPILED).iterdir())
 
     eager = statistics.median(times["off"])
-    print(f"{args.n} sentences, beam {args.beam}, {args.precision}; medians of {args.rounds} rounds; "
+    print(f"{args.n} sentences, beam {args.beam}, {args.precision}, --max-tokens {args.max_tokens}; "
+          f"medians of {args.rounds} rounds; "
           f"packages: {', '.join(packages)}\n")
     print("| command | seconds | x eager | lines differing from eager |")
     print("|---|---|---|---|")

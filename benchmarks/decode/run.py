@@ -87,6 +87,7 @@ def ours(model: Transformer, precision: str = "fp32", compile: bool = False) -> 
                 else beam_search(model, src, beam_size=beam, alpha=0.0, compile=compile, **kw))
         return [_strip(h[0].tokens, cfg.eos_id) for h in hyps]
 
+    run.model = model  # the model it decodes with (converted to the precision)
     return run
 
 
