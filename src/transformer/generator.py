@@ -93,6 +93,8 @@ class Generator:
         """Whether generation runs through the compiled step (``decoding.compile``: ``on``;
         ``auto`` with the step built already, or for a long generation), and whether that step
         has to be built first (tens of seconds to minutes; kept in the run's compiled/ folder)."""
+        if self.decoding.compile == "off":
+            return False, False
         ready = static.has_package(self.model, logprobs=False)
         return static.should_compile(self.decoding.compile, self.decoding.max_new_tokens, ready), not ready
 

@@ -132,7 +132,7 @@ class Translator:
         first (tens of seconds to minutes; kept in the run's compiled/ folder). Batches of more
         than :data:`~transformer.decode.static.MAX_COMPILED_ROWS` rows (sentences x beam)
         decode eagerly all the same: there the compiled step is no faster."""
-        if isinstance(self.model, Ensemble):  # an ensemble decodes eagerly
+        if isinstance(self.model, Ensemble) or self.decoding.compile == "off":  # (an ensemble decodes eagerly)
             return False, False
         ready = static.has_package(self.model, self.decoding.beam, logprobs=True)
         return static.should_compile(self.decoding.compile, ready=ready), not ready

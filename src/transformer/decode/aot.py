@@ -17,9 +17,7 @@ version of this package's code or another machine never loads a stale one.
 from __future__ import annotations
 
 import hashlib
-import os
 import platform
-import tempfile
 import warnings
 from functools import cache
 from pathlib import Path
@@ -27,6 +25,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..run.files import atomic_write
 from .common import next_token_logprobs
 
 FORMAT = 1  # bumped when what a package holds, or how it is called, changes
@@ -89,6 +88,7 @@ def _example(model: nn.Module, group: int, logprobs: bool):
     sentences = Dim("sentences", min=1)  # (for a language model: its rows)
     rows = sentences if group == 1 else group * sentences
     kv = {0: rows, 2: Dim("capacity", min=1, max=cfg.max_len)}
+    written = {0: Dim("upto", min=1, max=cfg.max_len)}
     layers = cfg.n_layers
     if is_translation(model):
         src = torch.full((3, min(cfg.max_len, 5)), 4, dtype=torch.long, device=device)
@@ -98,7 +98,7 @@ def _example(model: nn.Module, group: int, logprobs: bool):
         args = (torch.full((3 * group, 1), 4, dtype=torch.long, device=device), slot, slots, static.k, static.v,
                 tuple(c[0] for c in static.cross_kv), tuple(c[1] for c in static.cross_kv), cache.memory_mask)
         cross = {0: sentences, 2: Dim("source", min=1, max=cfg.max_len)}
-        shapes = dict(tgt={0: rows}, index=None, slots={0: Dim("upto", min=1, max=cfg.max_len)},
+        shapes = dict(tgt={0: rows}, index=None, slots=written,
                       k=(kv,) * layers, v=(kv,) * layers, cross_k=(cross,) * layers, cross_v=(cross,) * layers,
                       memory_mask={0: sentences, 3: cross[2]})
     else:
@@ -107,7 +107,7 @@ def _example(model: nn.Module, group: int, logprobs: bool):
         tokens = torch.full((6, 1), 4, dtype=torch.long, device=device)
         args = (tokens, torch.ones_like(tokens, dtype=torch.bool), slot, slots, static.k, static.v, static.key_mask,
                 static.next_position)
-        shapes = dict(tokens={0: rows}, real={0: rows}, index=None, slots={0: Dim("upto", min=1, max=cfg.max_len)},
+        shapes = dict(tokens={0: rows}, real={0: rows}, index=None, slots=written,
                       k=(kv,) * layers, v=(kv,) * layers, key_mask={0: rows, 1: kv[2]}, next_position={0: rows})
     return module, args, shapes
 
@@ -116,21 +116,17 @@ def build(model: nn.Module, group: int, logprobs: bool, path: str | Path) -> Non
     """Export the step of ``model`` (``group`` decoder rows per source sentence; a language
     model: 1) and build its package into ``path``, atomically: a package is either whole or
     absent, even if the build is interrupted. Takes tens of seconds to minutes."""
-    path = Path(path)
     module, args, shapes = _example(model, group, logprobs)
-    fd, tmp = tempfile.mkstemp(prefix=".part-", suffix=".pt2", dir=path.parent)
-    os.close(fd)
-    try:
+
+    def write(tmp: str) -> None:
         with torch.no_grad(), warnings.catch_warnings():
             # inductor's GEMM timing calls a deprecated storage method of torch's own
             warnings.filterwarnings("ignore", "TypedStorage is deprecated", UserWarning)
             program = torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
             torch._inductor.aoti_compile_and_package(program, package_path=tmp,
                                                       inductor_configs=dict(INDUCTOR_OPTIONS))  # (it adds to the dict)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+
+    atomic_write(path, write, suffix=".pt2")  # (AOTInductor writes only to a name ending in .pt2)
 
 
 def load(path: str | Path):

@@ -31,6 +31,7 @@ import shutil
 import tempfile
 import warnings
 import weakref
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -195,16 +196,13 @@ def _drop_older(folder: Path, name: str) -> None:
             old.unlink(missing_ok=True)
 
 
-_scratch_dir: list[Path] = []
-
-
+@cache
 def _scratch() -> Path:
     """A temporary folder for the packages of models without a folder of their own, removed
     when the process ends."""
-    if not _scratch_dir:
-        _scratch_dir.append(Path(tempfile.mkdtemp(prefix="transformer-steps-")))
-        atexit.register(shutil.rmtree, _scratch_dir[0], True)
-    return _scratch_dir[0]
+    path = Path(tempfile.mkdtemp(prefix="transformer-steps-"))
+    atexit.register(shutil.rmtree, path, True)
+    return path
 
 
 def _weights_version(model: nn.Module) -> tuple[int, ...]:

@@ -40,16 +40,17 @@ def _fsync_file(path: Path) -> None:
         os.fsync(f.fileno())
 
 
-def atomic_write(path: str | Path, write: Callable[[str], None]) -> Path:
+def atomic_write(path: str | Path, write: Callable[[str], None], suffix: str = ".tmp") -> Path:
     """Call ``write(tmp_path)`` then move the result to ``path``. On any failure the target
-    keeps its earlier content and no temporary file is left. Raises UserError when the
+    keeps its earlier content and no temporary file is left (``suffix``: the temporary file's,
+    for writers that want a particular one). Raises UserError when the
     folder cannot be written."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.is_dir():
             raise IsADirectoryError(21, "is a directory")
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
         os.close(fd)
     except OSError as e:
         raise UserError(f"{path}: cannot write ({e.strerror or e})") from None
