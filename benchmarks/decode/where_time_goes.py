@@ -2,7 +2,12 @@
 setting on the first N test sentences of a trained model, after one warm-up pass.
 
     TRANSFORMER_DATA=DATA_DIR .venv/bin/python -W ignore benchmarks/decode/where_time_goes.py \\
-        --run runs/multi30k-en-de [--batch 32] [--beam 4] [--n 64] [--threads 1] [--rows 20]
+        --run runs/multi30k-en-de [--batch 32] [--beam 4] [--n 64] [--threads 1] [--rows 20] \\
+        [--precision fp32] [--compile]
+
+``--compile`` decodes through the step built ahead of time (built in a temporary folder, with
+inductor's per-kernel profiling, so that each generated C++ kernel is a row of the table; the
+matrix products it leaves to oneDNN or aten appear under their operator names).
 """
 from __future__ import annotations
 
@@ -25,11 +30,17 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rows", type=int, default=20, help="operators to list")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "int8"])
+    ap.add_argument("--compile", action="store_true", help="through the step built ahead of time")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.compile:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.cpp.enable_kernel_profile = True  # read when the package is built
     model, subwords, _ = load_trained(args.run)
     srcs = [subwords.encode(s) for s in test_set(args.n)[0]]
-    decode = ours(model)  # run.py's searches and batches, fp32
+    decode = ours(model, args.precision, args.compile)  # run.py's searches and batches
 
     def run():
         job(decode, srcs, args.batch, args.beam, None)

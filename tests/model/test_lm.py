@@ -96,6 +96,20 @@ def test_select_returns_the_selected_rows(model):
 def test_too_long_is_a_clear_error(model):
     with pytest.raises(ValueError, match="max_len=40"):
         model(tokens(1, 41))
+    with pytest.raises(ValueError, match="max_len=40"):
+        model(tokens(1, 41), padded=False)
+
+
+def test_an_unpadded_window_gives_the_same_logits_and_cache_without_a_key_mask(model):
+    """padded=False (training windows) skips the key mask and the position count: the same
+    numbers, and a cache that decodes on as the default one does."""
+    x = tokens(3, 10)
+    assert torch.equal(model(x, padded=False), model(x))
+    h, cache, _ = model.hidden(x[:, :6], model.start_cache(3), padded=False)
+    assert cache.key_mask is None and cache.next_position.tolist() == [6] * 3
+    logits, cache = model.decode(x[:, 6:], cache)
+    torch.testing.assert_close(logits, model(x)[:, 6:], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(model.project(h), model(x)[:, :6], rtol=1e-5, atol=1e-5)
 
 
 def test_grouped_query_attention_shares_kv_heads():

@@ -163,6 +163,12 @@ class TextBatch:
         return (self.x,)
 
     @property
+    def options(self) -> dict:
+        """Keywords for the model's forward: a window of the stream holds no padding (only
+        labels are ever masked), which spares the model its key mask."""
+        return {"padded": False}
+
+    @property
     def tgt_out(self) -> torch.Tensor:
         return self.y
 

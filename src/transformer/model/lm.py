@@ -94,18 +94,26 @@ class LanguageModel(nn.Module):
         logits = self.project(h)
         return (logits, cache, weights) if return_weights else (logits, cache)
 
-    def hidden(self, tokens: Tensor, cache: KVCache, need_weights: bool = False, real: Tensor | None = None):
-        """The final hidden states (B, T, C), the grown cache and the attention weights."""
-        real = tokens != self.cfg.pad_id if real is None else real
+    def hidden(self, tokens: Tensor, cache: KVCache, need_weights: bool = False, real: Tensor | None = None,
+               padded: bool = True):
+        """The final hidden states (B, T, C), the grown cache and the attention weights.
+        ``padded=False``: the caller vouches that every token is real (a training window), so
+        no key mask is built and positions count on from the cache's."""
         key_mask = cache.key_mask
-        # (compiled: always masked, since a graph cannot branch on whether there is padding)
-        if key_mask is not None or torch.compiler.is_compiling() or not bool(real.all()):
-            past = key_mask if key_mask is not None else real.new_ones(tokens.size(0), cache.length)
-            key_mask = torch.cat([past, real], dim=1)
-        positions = (cache.next_position[:, None] + real.long().cumsum(1) - 1).clamp(min=0)  # padding: 0, unused
+        if padded or key_mask is not None:
+            real = tokens != self.cfg.pad_id if real is None else real
+            # (compiled: always masked, since a graph cannot branch on whether there is padding)
+            if key_mask is not None or torch.compiler.is_compiling() or not bool(real.all()):
+                past = key_mask if key_mask is not None else real.new_ones(tokens.size(0), cache.length)
+                key_mask = torch.cat([past, real], dim=1)
+            advance = real.sum(1)
+            positions = (cache.next_position[:, None] + real.long().cumsum(1) - 1).clamp(min=0)  # padding: 0, unused
+        else:
+            advance = tokens.size(1)
+            positions = cache.next_position[:, None] + torch.arange(advance, device=tokens.device)
         x, rotary = self._embed(tokens, positions)
         h, cache, weights = self.decoder(x, cache, need_weights, rotary, key_mask)
-        cache = replace(cache, key_mask=key_mask, next_position=cache.next_position + real.sum(1))
+        cache = replace(cache, key_mask=key_mask, next_position=cache.next_position + advance)
         return h, cache, [w for w, _ in weights]
 
     def _embed(self, tokens: Tensor, positions: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
@@ -175,11 +183,13 @@ class LanguageModel(nn.Module):
         weight = self.embed.weight if self.out_proj is None else self.out_proj.weight
         return weight, self.out_bias
 
-    def forward(self, tokens: Tensor, select: Tensor | None = None, real: Tensor | None = None) -> Tensor:
+    def forward(self, tokens: Tensor, select: Tensor | None = None, real: Tensor | None = None,
+                padded: bool = True) -> Tensor:
         """(B, T) ids -> (B, T, V) logits for the next token at every position; ``select``
         (B, T) bool: only there, as (N, V) in row-major order (training skips the
-        vocabulary projection where there is no label); ``real`` as in :meth:`decode`."""
-        h, _, _ = self.hidden(tokens, self.start_cache(tokens.size(0), tokens.device), real=real)
+        vocabulary projection where there is no label); ``real`` as in :meth:`decode`;
+        ``padded=False`` as in :meth:`hidden` (training windows: no padding by construction)."""
+        h, _, _ = self.hidden(tokens, self.start_cache(tokens.size(0), tokens.device), real=real, padded=padded)
         return self.project(h[select] if select is not None else h)
 
     def num_parameters(self) -> int:

@@ -30,11 +30,17 @@ def label_smoothed_nll_loss(
     target = target.reshape(-1)
     keep = target != pad_id
     logits, target = logits.reshape(-1, logits.size(-1))[keep], target[keep]  # padding rows dropped first
+    loss, nll = smoothed_loss_of_every_row(logits, target, epsilon)
+    return loss, nll, keep.sum()
+
+
+def smoothed_loss_of_every_row(logits: Tensor, target: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
+    """(loss_sum, nll_sum) of :func:`label_smoothed_nll_loss` over (N, V) ``logits`` whose
+    rows all have a label: no selection, so a compiled graph has nothing data-dependent."""
     lprobs = torch.log_softmax(logits.float(), dim=-1)  # (N, V)
-    nll = -lprobs.gather(1, target[:, None]).squeeze(1)  # (N',)
-    smooth = -lprobs.mean(dim=-1)  # (N',) cross-entropy against the uniform distribution
-    loss = (1.0 - epsilon) * nll + epsilon * smooth
-    return loss.sum(), nll.sum(), keep.sum()
+    nll = -lprobs.gather(1, target[:, None]).squeeze(1)  # (N,)
+    smooth = -lprobs.mean(dim=-1)  # (N,) cross-entropy against the uniform distribution
+    return ((1.0 - epsilon) * nll + epsilon * smooth).sum(), nll.sum()
 
 
 _CHUNK_ELEMENTS = 1 << 20  # rows are processed in ~4 MB fp32 blocks (measured: +3-4% tokens/s over 1 MB)

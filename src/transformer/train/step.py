@@ -6,10 +6,10 @@ import math
 from dataclasses import dataclass
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from .loss import LossKernels, fused_label_smoothed_nll_loss
+from .loss import LossKernels, fused_label_smoothed_nll_loss, smoothed_loss_of_every_row
 from .schedule import paper_adam_kwargs
 
 
@@ -78,6 +78,20 @@ def autocast(device: torch.device, dtype: torch.dtype | None):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
+def forward_loss(forward, inputs: tuple, options: dict, select: Tensor | None, gold: Tensor, epsilon: float,
+                 amp_dtype: torch.dtype | None, loss_kernels: LossKernels | None = None) -> tuple[Tensor, Tensor]:
+    """The forward pass and Loss = -log p of one micro-batch: (label-smoothed loss sum, nll
+    sum) over the ``gold`` (N,) labels of the ``select``-ed positions (None: all of them).
+    Under ``torch.compile`` (``compile: true``) it is one graph, the loss included."""
+    with autocast(gold.device, amp_dtype):
+        logits = forward(*inputs, select, **options)  # (N, V), or (B, T, V) when every position is selected
+    logits = logits.reshape(gold.numel(), -1)
+    if torch.compiler.is_compiling():
+        return smoothed_loss_of_every_row(logits, gold, epsilon)
+    loss, nll, _ = fused_label_smoothed_nll_loss(logits, gold, epsilon, -1, loss_kernels)
+    return loss, nll
+
+
 def train_step(
     model: nn.Module,
     micro_batches: list,
@@ -90,6 +104,7 @@ def train_step(
     grad_scaler: torch.amp.GradScaler | None = None,
     forward=None,
     loss_kernels: LossKernels | None = None,
+    loss_fn=forward_loss,
 ) -> StepStats:
     """Accumulate gradients over ``micro_batches`` and make one update.
 
@@ -98,7 +113,8 @@ def train_step(
 
     Args:
         micro_batches: objects with ``inputs`` (the tensors the model reads), ``tgt_out``
-            (B, T) labels and an ``n_tgt_tokens`` int (see :class:`transformer.data.Batch`).
+            (B, T) labels and an ``n_tgt_tokens`` int (see :class:`transformer.data.Batch`),
+            and optionally ``options``, keywords for the model's forward.
         lr: learning rate for this update.
         amp_dtype: torch.bfloat16 / torch.float16 for mixed precision, None for fp32.
         grad_scaler: a GradScaler, for fp16 only.
@@ -106,6 +122,7 @@ def train_step(
             selected positions (default: ``model``; pass a DistributedDataParallel wrapper here).
         loss_kernels: compiled loss passes from :func:`~transformer.train.loss.compile_loss`
             (None: the eager loss).
+        loss_fn: :func:`forward_loss`, or the same compiled (``compile: true``).
 
     Under DistributedDataParallel (``forward`` is the wrapper) the token count is summed over
     all ranks before the backward passes and each rank's loss is multiplied by the world
@@ -133,11 +150,8 @@ def train_step(
             select = None
         last = i == len(micro_batches) - 1
         with wrapper.no_sync() if ddp and not last else contextlib.nullcontext():
-            with autocast(device, amp_dtype):
-                logits = forward(*b.inputs, select)  # (N, V), or (B, T, V) when every position is selected
             gold = b.tgt_out.reshape(-1) if select is None else b.tgt_out[select]
-            logits = logits.reshape(gold.numel(), -1)
-            loss, nll, _ = fused_label_smoothed_nll_loss(logits, gold, epsilon, -1, loss_kernels)
+            loss, nll = loss_fn(forward, b.inputs, getattr(b, "options", {}), select, gold, epsilon, amp_dtype, loss_kernels)
             scaled = loss * world / max(total, 1)
             (grad_scaler.scale(scaled) if grad_scaler is not None else scaled).backward()
         loss_sum += float(loss.detach())
