@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .common import Hypothesis, force_eos, length_penalty, max_output_lengths, next_token_logprobs
+from .common import Hypothesis, force_eos, length_penalty, max_output_lengths, next_token_logprobs, top_k_rows
 from .static import cache_capacity, compiled_step, shrinks
 
 
@@ -94,7 +94,8 @@ def beam_search(
             at = torch.searchsorted(placed, alive)  # their groups in `static` (both sorted)
             every_last[at] = last.view(n_alive, k)
             lp = model.decode_static(every_last.view(-1, 1), static, step_fn)  # log-probabilities
-            lp = lp.view(placed.numel(), k, -1)[at].view(n_alive * k, -1)
+            if n_alive < placed.numel():  # (else `at` is every group, in order)
+                lp = lp.view(placed.numel(), k, -1)[at].view(n_alive * k, -1)
         if step < min_length:
             lp[:, cfg.eos_id] = float("-inf")
         at_limit = limits[alive] <= step  # (A,)
@@ -104,7 +105,7 @@ def beam_search(
         # (a beam's score is a constant shift of its row), so rank each row first and the
         # K x 2K survivors then, instead of adding the scores to all K x V candidates.
         n_top = min(2 * k, vocab)
-        row_lp, row_tok = lp.topk(n_top, dim=1)  # (A*K, n_top)
+        row_lp, row_tok = top_k_rows(lp, n_top)  # (A*K, n_top)
         cand = (scores[:, :, None] + row_lp.view(n_alive, k, n_top)).view(n_alive, k * n_top)
         top_scores, top_idx = cand.topk(min(2 * k, k * n_top), dim=1)  # (A, 2K)
         top_beam = top_idx // n_top

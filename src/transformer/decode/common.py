@@ -41,6 +41,34 @@ def max_output_lengths(src: Tensor, cfg: ModelConfig, a: float = 1.0, b: int = 5
     return limit.clamp(min=1, max=cfg.max_len)
 
 
+_BLOCK = 32  # columns per block in top_k_rows
+
+
+def top_k_rows(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """``x.topk(k, dim=1)`` of an (N, V) float tensor: the k largest values of each row, in
+    descending order, and their columns; among equal values the column chosen may differ.
+
+    A search picks a few of a whole vocabulary's log-probabilities each step. On a CPU,
+    ``topk`` and ``max`` over a row compare one element at a time (3-4 ms for 128 rows of
+    8,000; ``amax``, which needs no position, takes a tenth of that), so from 4 rows on this
+    finds them in three small steps (half the time at 128 rows): the maximum of each block
+    of 32 columns (a vectorised ``amax``); the k blocks with the largest maxima, which hold
+    the row's k largest values (a value outside them is at most its own block's maximum,
+    which k larger block maxima exceed); and ``topk`` over those k x 32 columns and the
+    last partial block."""
+    n, v = x.shape
+    whole = v - v % _BLOCK
+    if x.device.type != "cpu" or n < 4 or whole < 4 * k * _BLOCK:
+        return x.topk(k, dim=1)
+    blocks = x[:, :whole].view(n, whole // _BLOCK, _BLOCK).amax(dim=2)  # (N, V // 32)
+    first = blocks.topk(k, dim=1).indices * _BLOCK  # (N, k) the first column of each chosen block
+    cols = (first[:, :, None] + torch.arange(_BLOCK, device=x.device)).view(n, k * _BLOCK)
+    if whole < v:
+        cols = torch.cat([cols, torch.arange(whole, v, device=x.device).expand(n, -1)], dim=1)
+    values, at = x.gather(1, cols).topk(k, dim=1)
+    return values, cols.gather(1, at)
+
+
 def next_token_logprobs(logits: Tensor, cfg: ModelConfig) -> Tensor:
     """(N, V) logits of the last position -> log-probabilities in float32, with PAD and BOS
     made impossible (they are never a correct next token)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .common import Hypothesis, force_eos, max_output_lengths, next_token_logprobs
+from .common import Hypothesis, force_eos, max_output_lengths, next_token_logprobs, top_k_rows
 from .static import cache_capacity, compiled_step, shrinks
 
 
@@ -62,7 +62,8 @@ def _choose(lp: Tensor, cfg, step: int, limits: Tensor, min_length: int) -> tupl
     if step < min_length:
         lp[:, cfg.eos_id] = float("-inf")
     force_eos(lp, limits <= step, cfg.eos_id)
-    return lp.max(dim=-1)
+    best_lp, best = top_k_rows(lp, 1)
+    return best_lp[:, 0], best[:, 0]
 
 
 def _hypotheses(tokens: Tensor, lengths: Tensor, logprob: Tensor) -> list[list[Hypothesis]]:
