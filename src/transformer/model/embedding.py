@@ -29,6 +29,48 @@ def sinusoid_table(max_len: int, d_model: int, layout: str = "interleaved") -> T
     return pe.float()
 
 
+def lookup(ids: Tensor, weight: Tensor) -> Tensor:
+    """``weight[ids]``, differentiable in ``weight``: ``nn.functional.embedding``.
+
+    Under ``torch.compile`` the gradient is torch's own embedding backward, kept out of the
+    generated code: inductor writes it as a scatter-add with atomic updates, which on a CPU
+    is about 20 times slower than torch's kernel when many tokens hit few rows (nanoGPT's
+    recipe: 768 characters into 65 rows, 6% of a compiled update). Without a gradient to
+    take (decoding, an exported step) it is the plain lookup there too."""
+    if torch.compiler.is_compiling() and torch.is_grad_enabled() and weight.requires_grad:
+        return _Lookup.apply(ids, weight)
+    return nn.functional.embedding(ids, weight)
+
+
+@torch.library.custom_op("transformer::embedding_grad", mutates_args=())
+def embedding_grad(grad: Tensor, ids: Tensor, rows: int) -> Tensor:
+    """d(weight[ids]) / d(weight) applied to ``grad``: (rows, C), the sum of ``grad``'s
+    vectors per id."""
+    return torch.ops.aten.embedding_dense_backward(grad, ids, rows, -1, False)
+
+
+@embedding_grad.register_fake
+def _(grad: Tensor, ids: Tensor, rows: int) -> Tensor:
+    return grad.new_empty(rows, grad.shape[-1])
+
+
+class _Lookup(torch.autograd.Function):
+    @staticmethod
+    def forward(ids: Tensor, weight: Tensor) -> Tensor:
+        return nn.functional.embedding(ids, weight)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # noqa: ARG004
+        ids, weight = inputs
+        ctx.save_for_backward(ids)
+        ctx.rows = weight.shape[0]
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (ids,) = ctx.saved_tensors
+        return None, embedding_grad(grad.contiguous(), ids, ctx.rows)
+
+
 class PositionalEncoding(nn.Module):
     """Adds PE[start : start + T] to (B, T, C) inputs; ``start`` is the KV-cache length."""
 
@@ -59,7 +101,7 @@ class LearnedPositions(nn.Module):
 
     def at(self, x: Tensor, positions: Tensor) -> Tensor:
         _check_length(_last_position(positions), self.max_len)
-        return x + nn.functional.embedding(positions, self.weight).to(x.dtype)
+        return x + lookup(positions, self.weight).to(x.dtype)
 
 
 def _last_position(positions: Tensor) -> int:
@@ -89,4 +131,4 @@ class TokenEmbedding(nn.Module):
 
     def forward(self, tokens: Tensor) -> Tensor:
         """(B, T) ids -> (B, T, C)."""
-        return nn.functional.embedding(tokens, self.weight) * self.scale
+        return lookup(tokens, self.weight) * self.scale
