@@ -135,7 +135,8 @@ def test_compiled_token_embedding_and_learned_positions_train_as_eager():
 
     grads = []
     for fn in (forward, torch.compile(forward, fullgraph=True)):
-        embed.zero_grad(set_to_none=True), pos.zero_grad(set_to_none=True)
+        embed.zero_grad(set_to_none=True)
+        pos.zero_grad(set_to_none=True)
         fn(tokens, positions).backward()
         grads.append((embed.weight.grad.clone(), pos.weight.grad.clone()))
     for eager, compiled in zip(*grads):

@@ -34,7 +34,7 @@ def lookup(ids: Tensor, weight: Tensor) -> Tensor:
 
     Under ``torch.compile`` the gradient is torch's own embedding backward, kept out of the
     generated code: inductor writes it as a scatter-add with atomic updates, which on a CPU
-    is about 20 times slower than torch's kernel when many tokens hit few rows (nanoGPT's
+    is 7-14 times slower than torch's kernel when many tokens hit few rows (nanoGPT's
     recipe: 768 characters into 65 rows, 6% of a compiled update). Without a gradient to
     take (decoding, an exported step) it is the plain lookup there too."""
     if torch.compiler.is_compiling() and torch.is_grad_enabled() and weight.requires_grad:
