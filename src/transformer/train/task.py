@@ -30,6 +30,18 @@ from .prepare import PreparedData, PreparedText
 from .step import autocast
 
 
+def scored_nll(model, inputs: tuple, labels: torch.Tensor, pad: int, device: torch.device,
+               amp_dtype: torch.dtype | None) -> tuple[float, int]:
+    """Validation's forward pass and -log p: the summed negative log-likelihood of the
+    non-``pad`` ``labels`` (B, T) and their count. The vocabulary projection runs at those
+    positions only (``model(*inputs, select)``)."""
+    select = labels != pad
+    with autocast(device, amp_dtype):
+        logits = model(*inputs, select)  # (N, V)
+    _, nll, k = label_smoothed_nll_loss(logits, labels[select], 0.0, pad)
+    return float(nll), int(k)
+
+
 class TranslationTask:
     """Source/target pairs: token-bucketed batches (one shard per rank), validation
     negative log-likelihood and greedy BLEU (the score that picks the best weights)."""
@@ -79,11 +91,8 @@ class TranslationTask:
         model.eval()
         for idx in sampler:
             b = collate([pairs[i] for i in idx], c.pad_id, c.bos_id, c.eos_id).to(device)
-            select = b.tgt_out != c.pad_id  # the vocabulary projection at real tokens only
-            with autocast(device, amp_dtype):
-                logits = model(*b.inputs, select)
-            _, nll, k = label_smoothed_nll_loss(logits, b.tgt_out[select], 0.0, c.pad_id)
-            nll_sum, n = nll_sum + float(nll), n + int(k)
+            nll, k = scored_nll(model, b.inputs, b.tgt_out, c.pad_id, device, amp_dtype)
+            nll_sum, n = nll_sum + nll, n + k
         return nll_sum / max(n, 1)
 
     def validate(self, model: Transformer, device: torch.device, amp_dtype: torch.dtype | None) -> dict:
@@ -150,11 +159,8 @@ class LanguageModelTask:
             for row, (_, first) in enumerate(chunk):
                 b.y[row, :first] = pad  # scored by the window before
             b = b.to(device)
-            select = b.y != pad
-            with autocast(device, amp_dtype):
-                logits = model(b.x, select)  # (N, V)
-            _, nll, k = label_smoothed_nll_loss(logits, b.y[select], 0.0, pad)
-            nll_sum, n = nll_sum + float(nll), n + int(k)
+            nll, k = scored_nll(model, (b.x,), b.y, pad, device, amp_dtype)
+            nll_sum, n = nll_sum + nll, n + k
         if self._valid_chars is None:  # the characters the scored tokens (all but the first) stand for
             self._valid_chars = len(self.data.tokenizer.decode(valid[1:].tolist()))
         rec = {"valid_nll": nll_sum / max(n, 1)}
