@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ..hardware import native_bf16
 from .loss import LossKernels, fused_label_smoothed_nll_loss, smoothed_loss_of_every_row
 from .schedule import paper_adam_kwargs
 
@@ -57,18 +58,7 @@ def resolve_precision(name: str, device: torch.device) -> torch.dtype | None:
         return torch.float16
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.bfloat16 if cpu_has_bf16() else None
-
-
-def cpu_has_bf16() -> bool:
-    """Whether this CPU computes in bfloat16 natively (the ``avx512_bf16`` or ``amx_bf16``
-    flag); elsewhere bf16 is emulated and slower than fp32."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            flags = next((line for line in f if line.startswith("flags")), "").split()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return torch.bfloat16 if native_bf16(device) else None
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None):
