@@ -42,3 +42,6 @@ def test_recipe_loads_and_builds_its_model(path):
         assert cfg.decoding == {"beam": 4, "alpha": 0.6}  # the paper's section 6.1
     if path.name == "demo.yaml":
         assert cfg.decoding == {}  # the defaults
+        # the recipe is its 1,500 updates; the clock is a safety net well above what 2 AVX2-only
+        # cores need for them (about 23 training minutes in fp32), so every machine trains one model
+        assert cfg.max_steps == 1500 and cfg.max_minutes >= 2 * 23

@@ -70,6 +70,11 @@ class TranslationTask:
     def best_summary(best: float) -> str:
         return f"best validation BLEU {max(best, 0):.2f}"
 
+    @staticmethod
+    def score_text(score: float) -> str:
+        """A ``score_name`` value in words."""
+        return f"validation BLEU {score:.2f}"
+
     def build_model(self) -> Transformer:
         return Transformer(self.model_config(self.data.subwords.vocab_size))
 
@@ -136,6 +141,11 @@ class LanguageModelTask:
     @staticmethod
     def best_summary(best: float) -> str:
         return f"best validation loss {-best:.4f} nats/token" if math.isfinite(best) else "no validation"
+
+    @staticmethod
+    def score_text(score: float) -> str:
+        """A ``score_name`` value (-valid_nll) in words."""
+        return f"validation loss {-score:.4f} nats/token"
 
     def build_model(self) -> LanguageModel:
         return build_model(self.cfg.model_config(self.data.tokenizer.vocab_size))

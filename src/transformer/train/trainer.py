@@ -172,19 +172,64 @@ class Trainer:
             self.evaluate()
         if final_eval or self.saved_step != self.step:
             self.save()
-        result = {"step": self.step, "reason": reason, "best_bleu": self.best_bleu, "train_minutes": self.elapsed / 60}
+        # the schedule ran to its end: max_steps, max_epochs or early stopping, not a signal
+        # nor the clock (unless the clock ran out at max_steps itself)
+        finished = not interrupted and (reason != "max_minutes" or self.step >= c.max_steps)
+        result = {"step": self.step, "reason": reason, "finished": finished, "best_bleu": self.best_bleu,
+                  "train_minutes": self.elapsed / 60}
         if not self.dist.is_main:
             return result
+        stop = {"event": "stop", "step": self.step, "reason": reason, "finished": finished,
+                "train_minutes": self.elapsed / 60}
+        if not finished and not interrupted:
+            self.log(f"stopped by max_minutes ({c.max_minutes:g}) at update {self.step} of {c.max_steps}: the "
+                     "schedule did not finish; raise max_minutes to train the recipe's model")
         if not interrupted and c.average_last > 1:
-            dirs = layout.checkpoint_dirs(self.run_dir)[-c.average_last:]
-            weights.average_checkpoints(dirs, self.run_dir / layout.AVERAGED)
-            self.log(f"averaged {len(dirs)} checkpoints -> {self.run_dir / layout.AVERAGED}")
-        self.monitor.record({"event": "stop", "step": self.step, "reason": reason,
-                             "train_minutes": self.elapsed / 60}, self.step)
+            stop.update(self._average(finished))
+        self.monitor.record(stop, self.step)
         self.monitor.finish()
         self.log(f"stopped at step {self.step} ({reason}); {self.elapsed / 60:.1f} training minutes; "
                  f"{self.task.best_summary(self.best_bleu)}")
         return result
+
+    def _average(self, finished: bool) -> dict:
+        """Average the last ``average_last`` checkpoints into averaged.safetensors, which a run
+        directory is read from first. A finished schedule keeps its average as it is (the
+        recipe). The average of an unfinished one (a run the clock cut short) is scored on the
+        validation set as the best checkpoint was, and kept only when it scores at least as
+        well: else it is deleted and the run is read from best.safetensors. What was decided
+        goes into the stop record."""
+        c, out = self.cfg, self.run_dir / layout.AVERAGED
+        dirs = layout.checkpoint_dirs(self.run_dir)[-c.average_last:]
+        weights.average_checkpoints(dirs, out)
+        if finished:
+            self.log(f"averaged {len(dirs)} checkpoints -> {out}")
+            return {}
+        what = f"the average of the last {len(dirs)} checkpoints of the unfinished schedule"
+        score = self._score_weights(out) if math.isfinite(self.best_bleu) else None
+        if score is None:  # no validation score to hold it against
+            self.log(f"averaged {len(dirs)} checkpoints of the unfinished schedule -> {out} "
+                     "(not checked against the best checkpoint: no validation score)")
+            return {}
+        name, kept = self.task.score_name, score >= self.best_bleu
+        if not kept:
+            out.unlink(missing_ok=True)
+        loads = layout.resolve_weights(self.run_dir)
+        scores = (f"{self.task.score_text(score)}, {'at least' if kept else 'below'} the best checkpoint's "
+                  f"{self.task.score_text(self.best_bleu)}")
+        self.log(f"{what} scores {scores}: kept in {out}; the run loads it" if kept else
+                 f"{what} scores {scores}: not kept; the run loads {loads}")
+        return {f"averaged_{name}": score, f"best_{name}": self.best_bleu, "averaged_kept": kept,
+                "loads": loads.name}
+
+    def _score_weights(self, path: Path) -> float | None:
+        """The validation score of the weights in ``path``, as :meth:`evaluate` scores the
+        model (same task, device and precision). The trained model and every RNG are left as
+        they were."""
+        with torch.random.fork_rng(devices=[]):  # building a model draws its initial weights (on the CPU)
+            model, _ = weights.load_model(path, self.device)
+        rec = self.task.validate(model, self.device, self.amp_dtype)
+        return rec.get(self.task.score_name)
 
     # ---- schedule ---------------------------------------------------------------------
     def lr(self, step: int) -> float:
