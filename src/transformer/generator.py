@@ -15,7 +15,7 @@ import torch
 
 from .decode import static
 from .decode.config import DecodingConfig
-from .decode.precision import for_inference
+from .decode.precision import decoding_model
 from .decode.sample import generate_stream
 from .errors import UserError
 from .model import LanguageModel
@@ -65,8 +65,8 @@ class Generator:
 
     def __init__(self, model: LanguageModel, tokenizer, decoding: DecodingConfig | None = None,
                  *, warn: bool = True) -> None:
-        self.decoding = decoding or DecodingConfig()
-        self.model = for_inference(model.to(self.decoding.device), self.decoding.precision)
+        self.requested_precision = (decoding or DecodingConfig()).precision  # before auto is resolved
+        self.model, self.decoding = decoding_model(model, decoding or DecodingConfig(), warn)
         self.tokenizer = tokenizer
         self.warn = warn
         self.truncated = 0

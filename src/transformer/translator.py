@@ -14,7 +14,7 @@ import torch
 from .data import Subwords
 from .decode import Ensemble, Hypothesis, beam_search, greedy_search, pad_batch, static
 from .decode.config import DecodingConfig
-from .decode.precision import for_inference
+from .decode.precision import decoding_model
 from .errors import UserError
 from .model import Transformer
 from .run import COMPILED, CONFIG, find_subwords, load_model, read_run_config, run_file, run_root
@@ -46,8 +46,8 @@ class Translator:
 
     def __init__(self, model: Transformer | Ensemble, subwords: Subwords, decoding: DecodingConfig | None = None,
                  *, warn: bool = True) -> None:
-        self.decoding = decoding or DecodingConfig()
-        self.model = for_inference(model.to(self.decoding.device), self.decoding.precision)
+        self.requested_precision = (decoding or DecodingConfig()).precision  # before auto is resolved
+        self.model, self.decoding = decoding_model(model, decoding or DecodingConfig(), warn)
         self.subwords = subwords
         self.device = torch.device(self.decoding.device)
         self.truncated = 0  # lines cut to fit, over this translator's life

@@ -9,6 +9,7 @@ import shutil
 import pytest
 import yaml
 
+from transformer import hardware
 from transformer.cli import build_parser
 from transformer.decode.config import FIELDS, DecodingConfig
 from transformer.translator import Translator, load_translator, run_decoding
@@ -34,7 +35,7 @@ def run_with(trained, tmp_path):
                                         (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"),
                                         (dict(temperature=-1.0), "temperature"), (dict(top_k=-1), "top_k"),
                                         (dict(max_tokens=0), "max_tokens"), (dict(precision="fp8"), "precision"),
-                                        (dict(precision="bf16", device="cuda"), "precision"),
+                                        (dict(precision="int8", device="cuda"), "precision"),
                                         (dict(seed=-2), "seed"), (dict(max_len_b=-1), "max_len_b")])
 def test_bad_settings_name_their_field(bad, field):
     with pytest.raises(ValueError, match=f"^{field} "):
@@ -52,7 +53,9 @@ def test_the_runs_settings_are_used_and_flags_override_them(run_with):
     assert run_decoding(run) == DecodingConfig(beam=1, alpha=1.0)
     assert run_decoding(run, {"beam": 3}) == DecodingConfig(beam=3, alpha=1.0)
     assert load_translator(run).decoding.beam == 1
-    assert Translator.from_pretrained(run, beam=2).decoding == DecodingConfig(beam=2, alpha=1.0)
+    # a translator holds the precision auto resolved to on this CPU
+    assert Translator.from_pretrained(run, beam=2).decoding == DecodingConfig(beam=2, alpha=1.0,
+                                                                              precision=hardware.resolve("auto"))
 
 
 def test_translate_without_flags_decodes_as_the_run_says(run_with, trained, cli):
@@ -72,7 +75,8 @@ def test_evaluate_reports_the_settings_it_used(run_with, trained, cli, tmp_path)
     src.write_text("".join(line + "\n" for line in LINES))
     ref.write_text("".join(line + "\n" for line in LINES))
     out = json.loads(cli("evaluate", "--model", run, "--src", src, "--ref", ref, "--json").out)
-    assert (out["beam"], out["alpha"], out["precision"]) == (2, 1.0, "fp32")
+    # the precision it used: auto resolved for this CPU
+    assert (out["beam"], out["alpha"], out["precision"]) == (2, 1.0, hardware.resolve("auto"))
     out = json.loads(cli("evaluate", "--model", run, "--src", src, "--ref", ref, "--json", "--alpha", "0.2").out)
     assert (out["beam"], out["alpha"]) == (2, 0.2)
 
@@ -115,7 +119,8 @@ def test_translate_compile_on_builds_the_step_once_and_later_commands_use_it(tra
     assert built.err.splitlines() == ["compiling the decoding step (a minute or a few, once: the run keeps it in its "
                                       "compiled/ folder)"] + eager.err.splitlines()
     kind = "search-greedy" if beam == "1" else f"search-beam{beam}"
-    assert [p.name.rsplit("-", 1)[0] for p in (run / "compiled").iterdir()] == [f"{kind}-float32"]
+    dtype = {"bf16": "bfloat16", "fp32": "float32"}[hardware.resolve("auto")]  # the default precision: auto
+    assert [p.name.rsplit("-", 1)[0] for p in (run / "compiled").iterdir()] == [f"{kind}-{dtype}"]
 
     # later commands load it, by default too (auto), and build nothing
     loads = []

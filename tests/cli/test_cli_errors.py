@@ -162,7 +162,7 @@ EVALUATE_CASES = {
     "missing-src": (["--src", "{in.txt}.nothere", "--ref", "{in.txt}"], ["in.txt.nothere"]),
     "ref-not-utf8": (["--src", "{latin1.txt}", "--ref", "{latin1.txt}"], ["latin1.txt:3:"]),
     "beam-0": (["--src", "{in.txt}", "--ref", "{in.txt}", "--beam", "0"], ["--beam"]),
-    "precision-off-cpu": (["--src", "{in.txt}", "--ref", "{in.txt}", "--precision", "bf16", "--device", "cuda"],
+    "precision-off-cpu": (["--src", "{in.txt}", "--ref", "{in.txt}", "--precision", "int8", "--device", "cuda"],
                           ["--precision", "cuda"]),
     "corrupt-weights": (["--src", "{in.txt}", "--ref", "{in.txt}", "--model", "{corrupt.safetensors}"],
                         ["corrupt.safetensors"]),

@@ -96,10 +96,10 @@ def zero_alpha(trained, tmp_path_factory):
 
 
 def _translate(cli, run, lines, tmp_path, *flags) -> list[str]:
-    """`transformer translate`'s output lines."""
+    """`transformer translate`'s output lines, in fp32 (the exported model's arithmetic)."""
     src = tmp_path / "src.txt"
     src.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    r = cli("translate", "--model", run, "--input", src, *flags)
+    r = cli("translate", "--model", run, "--input", src, "--precision", "fp32", *flags)
     assert r.code == 0, r.err
     return r.out.splitlines()
 

@@ -23,14 +23,14 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 @pytest.fixture(scope="module")
 def maps(trained_llama):
-    gen = Generator.from_pretrained(trained_llama)
+    gen = Generator.from_pretrained(trained_llama, precision="fp32")
     ids = gen.tokenizer.encode(PROMPT)
     show = token_shower(gen.tokenizer)
     return collect_prompt_attention(gen.model, PROMPT, ids, [show(i) for i in ids])
 
 
 def test_the_weights_are_causal_and_the_models(maps, trained_llama):
-    gen = Generator.from_pretrained(trained_llama)
+    gen = Generator.from_pretrained(trained_llama, precision="fp32")
     T = len(PROMPT)
     assert maps.self_attn.shape == (2, 2, T, T) and maps.pieces[1] == "▁"
     assert float(torch.triu(maps.self_attn, diagonal=1).abs().max()) == 0.0

@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from transformer import hardware
 from transformer.decode.config import DecodingConfig
 from transformer.serve.attention import attention_maps
 
@@ -120,7 +121,7 @@ def test_attention_of_an_empty_text_is_empty(server, text):
 def test_health_stats_and_openapi(server):
     code, health = server.get("/health")
     assert code == 200 and health["status"] == "ok"
-    assert health["n_layers"] == 2 and health["n_heads"] == 4 and health["precision"] == "fp32"
+    assert health["n_layers"] == 2 and health["n_heads"] == 4 and health["precision"] == hardware.resolve("auto")
     code, stats = server.get("/stats")
     assert code == 200 and stats["batching"] is True and stats["max_batch"] == 32
     assert {"requests", "decode_calls", "largest_batch"} <= set(stats)

@@ -22,7 +22,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 @pytest.fixture(scope="module")
 def translator(run_dir):
-    return load_translator(run_dir, beam=1)
+    return load_translator(run_dir, beam=1, precision="fp32")  # exact weights to check
 
 
 @pytest.fixture(scope="module")

@@ -9,16 +9,17 @@ import argparse
 import sys
 
 from ..decode.config import FIELDS
-from ..decode.precision import PRECISIONS
+from ..decode.precision import PRECISIONS, precision_note
 
 _HELP = {
     "beam": ("N", int, "beam size (1 = greedy search)"),
     "alpha": ("A", float, "length penalty exponent"),
     "n_best": ("N", int, "print the N best translations (tab-separated with scores)"),
     "max_tokens": ("N", int, "source tokens per batch"),
-    "precision": ("P", str, f"CPU decoding arithmetic, one of {', '.join(PRECISIONS)}: bf16 weights or int8 "
-                            "weight-only quantisation (the speed and BLEU cost are measured in "
-                            "benchmarks/decode/README.md)"),
+    "precision": ("P", str, f"decoding arithmetic, one of {', '.join(PRECISIONS)}: auto is bf16 where the "
+                            "CPU (AVX512-BF16, AMX) or GPU computes it natively, else fp32; bf16 weights, or "
+                            "int8 weight-only quantisation (CPU; multiplied in bf16 where that is native, else "
+                            "fp32); the speed and BLEU cost: benchmarks/decode/README.md"),
     "device": ("DEVICE", str, "cpu or cuda[:N]"),
     "max_new_tokens": ("N", int, "tokens to generate after the prompt"),
     "temperature": ("T", float, "sampling temperature; 0 = greedy (always the most probable token)"),
@@ -49,7 +50,10 @@ def decoding_options(args: argparse.Namespace) -> dict:
 
 def prepare_compiled(decoder) -> None:
     """A Translator's or Generator's compiled step loaded, or built (with one line on stderr
-    first: it takes a while), when its decoding settings use one."""
+    first: it takes a while), when its decoding settings use one; and a line on stderr when
+    the precision asked for is one this CPU computes slowly."""
+    if note := precision_note(decoder.requested_precision, decoder.decoding.device):
+        print(f"warning: {note}", file=sys.stderr, flush=True)
     compiles, build = decoder.compiles()
     if compiles and build:
         print("compiling the decoding step (a minute or a few, once: the run keeps it in its compiled/ folder)",

@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     if args.kind == "self":
         raise UserError("--kind self is a language model's attention; a translation model has encoder, "
                         "decoder and cross")
-    translator = load_translator(args.model, **decoding_options(args))
+    translator = load_translator(args.model, **{**decoding_options(args), "precision": "fp32"})  # the exact arithmetic shown
     layer, head = _check_head(args, translator.model.cfg)
     pair = prepare_pair(translator, args.sentence, args.target)
     maps = collect_attention(translator.model, pair, translator.subwords.id_to_piece)

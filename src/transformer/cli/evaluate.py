@@ -59,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     lang = args.tgt_lang or run_config.get("tgt_lang")
     translator = load_translator(args.model, warn=False, **decoding.to_dict())
     prepare_compiled(translator)
+    decoding = translator.decoding  # precision auto resolved for this machine
     t0 = time.perf_counter()
     with line_progress(len(src)) as done:  # drawn only when stderr is a terminal
         hyps = translator.translate(src, progress=done)

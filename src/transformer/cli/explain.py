@@ -54,7 +54,7 @@ def _translation(args: argparse.Namespace) -> int:
     from ..viz.walkthrough import format_text, to_dict, walk
 
     wanted = _steps(args.step, STEPS, "1..10, 3a, 3b, 3c")
-    translator = load_translator(args.model, **decoding_options(args))
+    translator = load_translator(args.model, **{**decoding_options(args), "precision": "fp32"})  # the exact arithmetic shown
     pair = prepare_pair(translator, args.sentence, args.target)
     w = walk(translator.model, pair.src_ids, pair.tgt_ids, translator.subwords.id_to_piece)
     return _print_walk(w, wanted, args.json, to_dict, format_text,

@@ -98,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import UserError
     from ..run import read_model_config
     from ..serve import create_app
+    from ..decode.precision import precision_note, resolve_precision
     from ..translator import run_decoding
 
     cfg = _settings(args)
@@ -111,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--beam {decoding.beam} is larger than --max-beam {cfg.max_beam}")
     if args.threads:
         torch.set_num_threads(args.threads)
+    if note := precision_note(decoding.precision, decoding.device):
+        print(f"warning: {note}", file=sys.stderr, flush=True)
     sock = _listen(args.host, args.port)
     try:
         app = create_app(_load(args.model, decoding, lm), cfg, model_name=str(args.model))
@@ -118,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
         shown = f"[{host}]" if ":" in host else host
         how = (f"language model; up to {decoding.max_new_tokens} new tokens; temperature {decoding.temperature}"
                if lm else f"beam {decoding.beam}")
-        print(f"transformer serve: http://{shown}:{port}/ (model {args.model}; {how}; {decoding.precision}; "
+        print(f"transformer serve: http://{shown}:{port}/ (model {args.model}; {how}; {resolve_precision(decoding.precision, decoding.device)}; "
               f"{'batching up to ' + str(cfg.max_batch) if cfg.batching else 'no batching'})",
               file=sys.stderr, flush=True)
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=args.access_log,

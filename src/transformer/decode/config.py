@@ -31,7 +31,7 @@ class DecodingConfig:
     seed: int | None = None  # the same seed gives the same text
     # ---- how the work runs ----
     max_tokens: int = 4000  # source tokens per batch (padded)
-    precision: str = "fp32"  # fp32, bf16 or int8 (CPU); see decode/precision.py
+    precision: str = "auto"  # auto (bf16 where the device computes it natively, else fp32), fp32, bf16 or int8 (CPU); decode/precision.py
     device: str = "cpu"  # cpu or cuda[:N]
     compile: str = "auto"  # on, off, auto: a compiled decoding step (on: built if missing; auto: if built); decode/static.py
 

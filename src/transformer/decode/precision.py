@@ -1,14 +1,17 @@
 """Decoding precision: float32, bfloat16 weights, or int8 weights.
 
+    auto  bf16 where the device computes it natively (AVX512-BF16 / AMX CPUs, Ampere+ GPUs),
+          else fp32 (:func:`transformer.hardware.resolve`); the default
     fp32  the trained weights as they are (the reference)
     bf16  every floating-point parameter and buffer in bfloat16: matmuls run on the CPU's
           bf16 matrix units (AMX / AVX512-BF16) without autocast's per-call weight casts;
           log-probabilities and beam scores stay float32 (``next_token_logprobs``)
     int8  every linear layer, the output projection included, holds int8 weights with one
           float32 scale per output row (:class:`Int8Linear`, weight-only): each call
-          dequantises them to bfloat16 and multiplies in bf16, giving bf16 outputs (so
-          attention runs on bf16 queries, keys and values); embeddings, LayerNorm and the
-          residual stream stay float32, log-probabilities float32 as for bf16
+          dequantises them and multiplies in what the CPU is fast at: bfloat16 where bf16
+          is native (bf16 outputs, so attention runs on bf16 queries, keys and values),
+          float32 elsewhere; embeddings, LayerNorm and the residual stream stay float32,
+          log-probabilities float32 as for bf16
 
 Search is unchanged. What each costs in BLEU and buys in speed on this machine is measured
 in ``benchmarks/decode/README.md``.
@@ -16,29 +19,57 @@ in ``benchmarks/decode/README.md``.
 from __future__ import annotations
 
 import copy
+import warnings
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from .. import hardware
 from .ensemble import Ensemble
 
-PRECISIONS = ("fp32", "bf16", "int8")
+PRECISIONS = ("auto", "fp32", "bf16", "int8")
 
 
 def check_precision(precision: str, device: str | torch.device = "cpu") -> None:
     """ValueError unless ``precision`` is one of :data:`PRECISIONS` and suits ``device``
-    (bf16 and int8 are CPU decoding options)."""
+    (int8 is a CPU decoding option)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-    if precision != "fp32" and torch.device(device).type != "cpu":
-        raise ValueError(f"precision {precision} is for CPU decoding; use fp32 with device {device}")
+    if precision == "int8" and torch.device(device).type != "cpu":
+        raise ValueError(f"precision {precision} is for CPU decoding; use fp32 or bf16 with device {device}")
+
+
+def resolve_precision(precision: str, device: str | torch.device = "cpu") -> str:
+    """The precision ``precision`` stands for on ``device``: ``auto`` becomes bf16 or fp32
+    (:func:`transformer.hardware.resolve`); any other is checked and returned."""
+    check_precision(precision, device)
+    return hardware.resolve(precision, device)
+
+
+def decoding_model(model: nn.Module, decoding, warn: bool = True):
+    """What a Translator or Generator decodes with: ``model`` moved to ``decoding.device`` and
+    converted to its precision (``auto`` resolved), and ``decoding`` with the precision it
+    resolved to. An explicit bf16 where the CPU emulates it runs as asked, with one line
+    saying what it costs (a warning, unless ``warn`` is False; :func:`precision_note` gives
+    the line for a command to print)."""
+    precision = resolve_precision(decoding.precision, decoding.device)
+    if warn and (note := precision_note(decoding.precision, decoding.device)):
+        warnings.warn(note, stacklevel=3)
+    return for_inference(model.to(decoding.device), precision), decoding.replace(precision=precision)
+
+
+def precision_note(precision: str, device: str | torch.device = "cpu") -> str | None:
+    """One line for a precision that this device computes slowly (bf16 on a CPU without
+    native bf16), saying what ``auto`` would pick; None for a sound choice."""
+    return hardware.slow_precision_warning(precision, device)
 
 
 def for_inference(model: nn.Module, precision: str = "fp32") -> nn.Module:
-    """``model`` in eval mode at ``precision``: the model itself when it is already float32
-    and fp32 is asked for, a converted copy otherwise (the caller's model keeps its dtype)."""
-    check_precision(precision, next(model.parameters()).device)
+    """``model`` in eval mode at ``precision`` (``auto`` resolved for the model's device):
+    the model itself when it is already float32 and fp32 is asked for, a converted copy
+    otherwise (the caller's model keeps its dtype)."""
+    precision = resolve_precision(precision, next(model.parameters()).device)
     if isinstance(model, Ensemble):  # each member on its own: the int8 path rebuilds a member's projection
         return Ensemble([for_inference(m, precision) for m in model.members])
     float32 = all(p.dtype == torch.float32 for p in model.parameters() if p.is_floating_point())
@@ -47,46 +78,55 @@ def for_inference(model: nn.Module, precision: str = "fp32") -> nn.Module:
     out = copy.deepcopy(model).to(torch.bfloat16 if precision == "bf16" else torch.float32).eval()
     if precision != "int8":
         return out
+    compute = int8_compute_dtype()
     if getattr(out, "out_proj", "absent") is None:  # tied: a projection of its own to quantise
         _own_output_layer(out)
     for parent in list(out.modules()):
         for name, child in parent.named_children():
             if type(child) is nn.Linear:
-                setattr(parent, name, Int8Linear.from_linear(child))
+                setattr(parent, name, Int8Linear.from_linear(child, compute))
     return out
+
+
+def int8_compute_dtype() -> torch.dtype:
+    """What an int8 layer multiplies in on this CPU: bfloat16 where bf16 is native, float32
+    elsewhere (emulated bf16 would make int8 20x slower than fp32)."""
+    return torch.bfloat16 if hardware.cpu_has_native_bf16() else torch.float32
 
 
 class Int8Linear(nn.Module):
     """A linear layer for decoding with int8 weights: ``qweight`` (out, in) int8 and one
     float32 ``scale`` per output row, symmetric (the row's largest |w| maps to 127), and the
-    bias. Weight-only: a call dequantises the weight to bfloat16 (one pass over the int8
-    rows, each times its scale) and multiplies the input, cast to bfloat16, by it with the
-    bias added in the same matmul; the output is bfloat16, like a bf16 model's.
+    bias. Weight-only: a call dequantises the weight to ``compute`` (bfloat16 where the CPU
+    multiplies bf16 natively, else float32; one pass over the int8 rows, each times its
+    scale) and multiplies the input, cast to that dtype, by it with the bias added in the same
+    matmul; the output has that dtype (bfloat16 like a bf16 model's, or float32).
 
-    On this CPU (AVX512-BF16) it measured level with ``torch.ao``'s dynamically quantised
+    On an AVX512-BF16 CPU, in bf16, it measured level with ``torch.ao``'s dynamically quantised
     int8 matmul, which it replaces, or faster, and faster than torchao's int8 configs; a bf16
     output costs less than one of float32: at decoding batch sizes an extra pass over the
     (rows x vocabulary) logits costs as much as the matmul (``benchmarks/decode/README.md``). The residual stream that sums these outputs, the
     embeddings and LayerNorm stay float32."""
 
-    def __init__(self, qweight: Tensor, scale: Tensor, bias: Tensor | None = None) -> None:
+    def __init__(self, qweight: Tensor, scale: Tensor, bias: Tensor | None = None,
+                 compute: torch.dtype = torch.bfloat16) -> None:
         super().__init__()
         self.in_features, self.out_features = qweight.size(1), qweight.size(0)
         self.register_buffer("qweight", qweight)
         self.register_buffer("scale", scale)
         self.register_buffer("bias", bias)
-        # what the matmul uses, made once: the scales as a bf16 column, the bias in bf16
-        self.register_buffer("_scale_col", scale.to(torch.bfloat16).unsqueeze(1), persistent=False)
-        self.register_buffer("_bias", None if bias is None else bias.to(torch.bfloat16), persistent=False)
+        # what the matmul uses, made once: the scales as a column, the bias, in the compute dtype
+        self.register_buffer("_scale_col", scale.to(compute).unsqueeze(1), persistent=False)
+        self.register_buffer("_bias", None if bias is None else bias.to(compute), persistent=False)
 
     @classmethod
     @torch.no_grad()
-    def from_linear(cls, linear: nn.Linear) -> "Int8Linear":
+    def from_linear(cls, linear: nn.Linear, compute: torch.dtype = torch.bfloat16) -> "Int8Linear":
         w = linear.weight.detach().float()
         scale = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
         qweight = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
         bias = None if linear.bias is None else linear.bias.detach().float().clone()
-        return cls(qweight, scale, bias)
+        return cls(qweight, scale, bias, compute)
 
     def weight(self) -> Tensor:
         """The dequantised float32 weight (out, in). A method, as on ``torch.ao``'s quantised
@@ -94,7 +134,7 @@ class Int8Linear(nn.Module):
         return self.qweight.float() * self.scale[:, None]
 
     def forward(self, x: Tensor) -> Tensor:
-        w = torch.mul(self.qweight, self._scale_col)  # int8 x bf16 -> bf16 (out, in)
+        w = torch.mul(self.qweight, self._scale_col)  # int8 x bf16 (or fp32) -> (out, in) in that dtype
         return F.linear(x.to(w.dtype), w, self._bias)
 
     def extra_repr(self) -> str:

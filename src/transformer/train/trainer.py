@@ -33,6 +33,7 @@ from .monitor import Monitor, require_tensorboard
 from .prepare import PreparedData, PreparedText, prepare_data, prepare_run, tokenizer_file
 from .reuse import Start
 from .schedule import dropout_ramp, lr_at
+from ..hardware import slow_precision_warning
 from .step import StepStats, forward_loss, make_optimizer, resolve_precision, train_step
 from .task import make_task
 
@@ -91,6 +92,8 @@ class Trainer:
             _seed_all(cfg.seed + self.dist.rank)  # but each rank its own dropout masks
         self.optimizer = make_optimizer(self.model, cfg.optimizer, cfg.weight_decay, cfg.betas)
         self.amp_dtype = resolve_precision(cfg.precision, self.device)
+        if note := slow_precision_warning(cfg.precision, self.device):
+            self.log(f"warning: {note}")
         self.scaler = torch.amp.GradScaler("cuda") if self.amp_dtype == torch.float16 else None
         self.loss_kernels = self._loss_kernels()
         self.step, self.best_bleu, self.bad_evals, self.bad_steps, self.elapsed = 0, -math.inf, 0, 0, 0.0

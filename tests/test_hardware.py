@@ -1,0 +1,120 @@
+"""What precision ``auto`` becomes on each CPU family, with the CPU's flags faked: bf16 only
+where it is native (AVX512-BF16 or AMX with torch on its AVX-512 kernels), fp32 on an
+AVX2-only CPU; an explicit bf16 where it is emulated still runs, with one line saying so;
+int8 multiplies in what the CPU is fast at."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+from transformer import hardware
+from transformer.decode.config import DecodingConfig
+from transformer.decode.precision import Int8Linear, decoding_model, for_inference, int8_compute_dtype
+
+AMX = frozenset("fpu sse avx avx2 fma avx512f avx512bw avx512_bf16 amx_bf16 amx_tile amx_int8".split())
+AVX512_NO_BF16 = frozenset("fpu sse avx avx2 fma avx512f avx512bw avx512_vnni".split())
+AVX2 = frozenset("fpu sse avx avx2 fma".split())
+FAMILIES = {  # flags, torch's capability -> what auto picks
+    "amx": (AMX, "AVX512", "bf16"),
+    "avx512-bf16-only": (frozenset("avx2 fma avx512f avx512_bf16".split()), "AVX512", "bf16"),
+    "avx512-without-bf16": (AVX512_NO_BF16, "AVX512", "fp32"),
+    "avx2": (AVX2, "AVX2", "fp32"),
+    "amx-with-torch-on-avx2-kernels": (AMX, "AVX2", "fp32"),  # ATEN_CPU_CAPABILITY=avx2
+    "arm": (frozenset("fp asimd sve".split()), "DEFAULT", "fp32"),
+}
+
+
+def fake_cpu(monkeypatch, flags: frozenset[str], capability: str) -> None:
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: flags)
+    monkeypatch.setattr(hardware, "cpu_capability", lambda: capability)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_auto_picks_bf16_only_where_it_is_native(monkeypatch, family):
+    flags, capability, expected = FAMILIES[family]
+    fake_cpu(monkeypatch, flags, capability)
+    assert hardware.resolve("auto", "cpu") == expected
+    assert hardware.native_bf16("cpu") == (expected == "bf16")
+    for explicit in ("fp32", "bf16", "int8"):  # an explicit choice is kept
+        assert hardware.resolve(explicit, "cpu") == explicit
+    warning = hardware.slow_precision_warning("bf16", "cpu")
+    assert (warning is None) == (expected == "bf16")
+    if warning:
+        assert "\n" not in warning and "fp32" in warning and "auto" in warning
+    assert hardware.slow_precision_warning("fp32", "cpu") is None
+    assert hardware.slow_precision_warning("auto", "cpu") is None
+
+
+def test_training_auto_follows_the_same_rule(monkeypatch):
+    from transformer.train.step import resolve_precision
+
+    fake_cpu(monkeypatch, AVX2, "AVX2")
+    assert resolve_precision("auto", torch.device("cpu")) is None  # fp32
+    assert resolve_precision("bf16", torch.device("cpu")) is torch.bfloat16  # as asked
+    fake_cpu(monkeypatch, AMX, "AVX512")
+    assert resolve_precision("auto", torch.device("cpu")) is torch.bfloat16
+
+
+def test_decoding_auto_resolves_when_the_model_is_converted(monkeypatch, make_model):
+    model = make_model()
+    fake_cpu(monkeypatch, AVX2, "AVX2")
+    decoded, d = decoding_model(model, DecodingConfig(), warn=False)
+    assert DecodingConfig().precision == "auto" and d.precision == "fp32" and decoded is model
+    fake_cpu(monkeypatch, AMX, "AVX512")
+    decoded, d = decoding_model(model, DecodingConfig(), warn=False)
+    assert d.precision == "bf16" and {p.dtype for p in decoded.parameters()} == {torch.bfloat16}
+
+
+def test_explicit_bf16_on_an_avx2_cpu_runs_with_one_warning(monkeypatch, make_model):
+    fake_cpu(monkeypatch, AVX2, "AVX2")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        decoded, d = decoding_model(make_model(), DecodingConfig(precision="bf16"))
+    assert d.precision == "bf16" and {p.dtype for p in decoded.parameters()} == {torch.bfloat16}
+    assert len(caught) == 1 and "emulates bf16" in str(caught[0].message)
+    fake_cpu(monkeypatch, AMX, "AVX512")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        decoding_model(make_model(), DecodingConfig(precision="bf16"))
+
+
+@pytest.mark.parametrize("family", ["amx", "avx2"])
+def test_int8_multiplies_in_what_the_cpu_is_fast_at(monkeypatch, make_model, rand_tokens, family):
+    flags, capability, expected = FAMILIES[family]
+    fake_cpu(monkeypatch, flags, capability)
+    dtype = torch.bfloat16 if expected == "bf16" else torch.float32
+    assert int8_compute_dtype() == dtype
+    model = make_model()
+    q = for_inference(model, "int8")
+    layers = [m for m in q.modules() if isinstance(m, Int8Linear)]
+    assert layers and all(m._scale_col.dtype == dtype for m in layers)
+    src = rand_tokens([5, 3], vocab=13)
+    tgt = rand_tokens([4, 4], vocab=13)
+    with torch.inference_mode():
+        ref, got = model(src, tgt), q(src, tgt).float()
+    assert got.dtype == torch.float32 and torch.isfinite(got).all()
+    # int8 weights: close to fp32 (bf16 arithmetic adds its own rounding on top)
+    tol = 0.05 if dtype == torch.bfloat16 else 0.02
+    assert (got - ref).abs().max() < tol * ref.abs().max()
+
+
+def test_this_machine_is_described_and_decides_consistently():
+    d = hardware.describe()
+    assert d["capability"] == torch.backends.cpu.get_cpu_capability()
+    assert set(d["flags"]) <= set(hardware.FLAGS_THAT_MATTER)
+    assert hardware.resolve("auto") == ("bf16" if d["native_bf16"] else "fp32")
+    assert d["cpu"] and d["cpu"] in hardware.describe_line()
+
+
+def test_torchs_own_switch_makes_an_avx512_machine_choose_fp32():
+    """``ATEN_CPU_CAPABILITY=avx2`` (torch's switch) runs torch's AVX2 kernels: there bf16
+    is emulated, so auto must pick fp32 whatever the flags say."""
+    code = "from transformer import hardware; print(hardware.cpu_capability(), hardware.resolve('auto'))"
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    assert out.split() == ["AVX2", "fp32"]
