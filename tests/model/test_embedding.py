@@ -1,4 +1,4 @@
-"""Token embeddings and sinusoidal positions (section 3.5); word vectors: test_word_vectors.py."""
+"""Token embeddings and sinusoidal positions (section 3.5); word vectors: tests/data/test_word_vectors.py."""
 from __future__ import annotations
 
 import math

@@ -1,5 +1,5 @@
 """Token embeddings (scaled by sqrt(d_model)) and positional encodings; pretrained word
-vectors for the embedding rows are read in word_vectors.py."""
+vectors for the embedding rows are read in data/word_vectors.py."""
 from __future__ import annotations
 
 import math

@@ -52,7 +52,7 @@ class TrainConfig:
     # ---- a new translation run built on earlier work (a resumed run does not read these again) ----
     init_from: str | None = None  # fine-tune: a run directory or weights file whose weights, subwords.model and architecture start this run (a fresh optimizer and schedule); the model section: left out, or agreeing
     subwords_from: str | None = None  # reuse a subword model (a run directory, or a sentencepiece .model file) instead of learning one; vocab_size and lowercase must match it
-    embedding_init: str | None = None  # word vectors (word2vec text or binary, GloVe text) that start the embedding rows of the pieces they hold (see model/word_vectors.py)
+    embedding_init: str | None = None  # word vectors (word2vec text or binary, GloVe text) that start the embedding rows of the pieces they hold (see data/word_vectors.py)
     # ---- model: a preset plus overrides of any ModelConfig field ----
     model: dict[str, Any] = field(default_factory=lambda: {"preset": "tiny"})  # e.g. {preset: tiny, dropout: 0.1}: the model keys below
     # ---- optimisation ----

@@ -17,9 +17,9 @@ import torch
 
 from ..config import PRESETS, ModelConfig
 from ..data import Subwords
+from ..data.word_vectors import init_from_word_vectors
 from ..errors import UserError
 from ..model import Transformer
-from ..model.word_vectors import init_from_word_vectors
 from ..run import files, layout, weights
 from .config import TrainConfig
 

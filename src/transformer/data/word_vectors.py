@@ -35,9 +35,7 @@ from typing import BinaryIO
 
 import numpy as np
 import torch
-from torch import Tensor
-
-from .embedding import TokenEmbedding
+from torch import Tensor, nn
 
 WORD_START = "\u2581"  # sentencepiece's mark of a piece that begins a word
 MAX_WORD_BYTES = 4096  # a binary record's word longer than this: not a word2vec binary file
@@ -221,11 +219,12 @@ def _rms(t: Tensor) -> float:
 
 
 @torch.no_grad()
-def init_from_word_vectors(embedding: TokenEmbedding, path: str | Path, vocab: Sequence[str | None],
+def init_from_word_vectors(embedding: nn.Module, path: str | Path, vocab: Sequence[str | None],
                            seed: int = 0) -> Coverage:
-    """Set the rows of ``embedding`` whose piece (``vocab[i]``; None for a special id) the file
-    holds: matched, sized to d_model and scaled as the module's docstring says. Rows of
-    pieces the file lacks keep their values. Returns how many pieces were found."""
+    """Set the rows of ``embedding`` (the model's token embedding, or any module with a
+    (V, d_model) ``weight``) whose piece (``vocab[i]``; None for a special id) the file holds:
+    matched, sized to d_model and scaled as the module's docstring says. Rows of pieces the
+    file lacks keep their values. Returns how many pieces were found."""
     total = sum(1 for p in vocab if p)
     keep = {w for p in vocab if p for w in candidates(p)}
     vectors, dim = read_word_vectors(path, keep)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from transformer.model.embedding import TokenEmbedding
-from transformer.model.word_vectors import (
+from transformer.data.word_vectors import (
     Coverage,
     candidates,
     fit_size,
