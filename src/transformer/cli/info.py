@@ -15,7 +15,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def rows(model) -> list[tuple[str, str, tuple[int, ...], int]]:
     """(name, parameter, shape, count) for every matrix of ``model``."""
-    from ..model import weight_matrices
+    from ..viz.matrices import weight_matrices
 
     if model.cfg.decoder_only:
         return weight_matrices(model)

@@ -1,11 +1,11 @@
 """The Transformer: masks, embeddings, attention, layers, KV cache and the full model."""
 from .attention import MultiHeadAttention, attention
 from .cache import KVCache
-from .lm import LanguageModel, weight_matrices
+from .lm import LanguageModel
 from .transformer import Decoder, Encoder, Transformer
 
 __all__ = ["attention", "MultiHeadAttention", "KVCache", "Encoder", "Decoder", "Transformer", "LanguageModel",
-           "weight_matrices", "build_model"]
+           "build_model"]
 
 
 def build_model(cfg):

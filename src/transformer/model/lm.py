@@ -10,7 +10,8 @@ As the seed's opening note puts it, the model is a stack of trained matrices: tw
 the embedding ``We`` (``embed.weight``) and the output head ``Whead`` (``out_proj.weight``, or
 ``We`` itself when tied), and in each layer ``WQ, WK, WV, WO`` (``self_attn.q_proj`` ...
 ``out_proj``) and the FFN's ``W_up, W_down`` (``ffn.fc1, ffn.fc2``) and, gated (SwiGLU),
-``W_gate`` (``ffn.gate``). :func:`weight_matrices` lists them under those names.
+``W_gate`` (``ffn.gate``). :func:`transformer.viz.matrices.weight_matrices` lists them
+under those names.
 
 A batch of sequences of different lengths is left-padded: ``real`` (B, T) marks the real
 tokens (by default, every token that is not ``pad_id``); padding is masked as keys, and each
@@ -194,25 +195,3 @@ class LanguageModel(nn.Module):
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
-
-
-def weight_matrices(model: LanguageModel) -> list[tuple[str, str, tuple[int, ...], int]]:
-    """The model's matrices in the seed's names: (seed name, parameter name, shape, count),
-    We and Whead first, then per layer WQ, WK, WV, WO, W_gate, W_up, W_down."""
-    rows = [("We", "embed.weight", tuple(model.embed.weight.shape), model.embed.weight.numel())]
-    if model.positions is not None and isinstance(model.positions, LearnedPositions):
-        w = model.positions.weight
-        rows.append(("Wpos", "positions.weight", tuple(w.shape), w.numel()))
-    for i, layer in enumerate(model.decoder.layers):
-        a, f = layer.self_attn, layer.ffn
-        named = [("WQ", a.q_proj), ("WK", a.k_proj), ("WV", a.v_proj), ("WO", a.out_proj),
-                 ("W_gate", f.gate), ("W_up", f.fc1), ("W_down", f.fc2)]
-        for seed_name, lin in named:
-            if lin is None:
-                continue
-            param = next(n for n, p in model.named_parameters() if p is lin.weight)
-            rows.append((f"layer {i + 1} {seed_name}", param, tuple(lin.weight.shape), lin.weight.numel()))
-    head = model.embed.weight if model.out_proj is None else model.out_proj.weight
-    rows.append(("Whead", "embed.weight (tied: We)" if model.out_proj is None else "out_proj.weight",
-                 tuple(head.shape), 0 if model.out_proj is None else head.numel()))
-    return rows

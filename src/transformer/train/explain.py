@@ -105,7 +105,7 @@ def matrix_names(model) -> dict[str, str]:
     translation model's "encoder layer 1 WQ", "decoder layer 2 cross WK", ..., "We", "Whead"."""
     names = {n: n for n, p in model.named_parameters() if p.dim() == 2}
     if model.cfg.decoder_only:
-        from ..model import weight_matrices
+        from ..viz.matrices import weight_matrices
 
         for seed_name, param, _, _ in weight_matrices(model):
             names[seed_name] = param.split(" ")[0]  # "embed.weight (tied: We)" -> embed.weight
