@@ -1,18 +1,33 @@
-"""The layering rule: inference code never imports training code.
+"""The layering rules: each layer imports only the ones below it; nothing runs back up.
 
-The run directory layer (transformer.run) sits below both; translation, the service,
-export, evaluation and the pictures read models through it. A module outside
-``transformer.train`` that imports from it (directly, relatively, or inside a function)
-fails this test. Only the commands that train are allowed to."""
+    inference code never imports training code (transformer.run sits below both; translation,
+        the service, export, evaluation and the pictures read models through it; only the
+        commands that train may import transformer.train)
+    the model imports nothing of decoding, training, data, the run directory, the service, the
+        pictures, the CLI, interop or the two front doors (Translator, Generator), and no torch
+        compiler internals (torch._inductor, torch.export): compiling is decode/'s business
+    the data layer imports no model, and no run module that builds one (run.files and
+        run.layout are below it; run.weights is above the model)
+    decoding imports no training
+
+A rule is checked on the source (direct, relative and function-local imports all count) and,
+for the data layer, in a fresh interpreter: importing every data module loads no model."""
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
+
 import transformer
+import transformer.run
 
 PACKAGE = Path(transformer.__file__).parent
-ALLOWED = {"cli/train.py", "cli/demo.py", "cli/explain.py"}  # the commands that train a model (explain --training: one update, in memory)
+# the commands that train a model (explain --training: one update, in memory)
+ALLOWED = {"cli/train.py", "cli/demo.py", "cli/explain.py"}
 
 
 def imported_modules(source: str, package: str) -> set[str]:
@@ -30,12 +45,33 @@ def imported_modules(source: str, package: str) -> set[str]:
     return {m for m in found if m.split(".")[0] == "transformer"}
 
 
+def under(module: str, layer: str) -> bool:
+    """``module`` is ``transformer.<layer>`` or inside it (``layer``: "train", "run.weights")."""
+    name = f"transformer.{layer}"
+    return module == name or module.startswith(name + ".")
+
+
 def is_training(module: str) -> bool:
-    return module == "transformer.train" or module.startswith("transformer.train.")
+    return under(module, "train")
+
+
+def modules(folder: str) -> dict[str, set[str]]:
+    """{path relative to the package: the transformer modules it imports} for every module of ``folder``."""
+    found = {}
+    for path in sorted((PACKAGE / folder).rglob("*.py")):
+        package = ".".join(("transformer", *path.relative_to(PACKAGE).parent.parts))
+        found[path.relative_to(PACKAGE).as_posix()] = imported_modules(path.read_text(encoding="utf-8"), package)
+    return found
+
+
+def offenders(folder: str, forbidden) -> dict[str, list[str]]:
+    """{module of ``folder``: the imports ``forbidden(module name)`` refuses}."""
+    bad = {rel: sorted(filter(forbidden, imports)) for rel, imports in modules(folder).items()}
+    return {rel: mods for rel, mods in bad.items() if mods}
 
 
 def test_inference_code_never_imports_training_code():
-    offenders = {}
+    found = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = path.relative_to(PACKAGE).as_posix()
         if rel.startswith("train/") or rel in ALLOWED:
@@ -43,8 +79,8 @@ def test_inference_code_never_imports_training_code():
         package = ".".join(("transformer", *path.relative_to(PACKAGE).parent.parts))
         bad = sorted(filter(is_training, imported_modules(path.read_text(encoding="utf-8"), package)))
         if bad:
-            offenders[rel] = bad
-    assert not offenders, f"inference modules importing transformer.train: {offenders}"
+            found[rel] = bad
+    assert not found, f"inference modules importing transformer.train: {found}"
 
 
 def test_the_rule_sees_every_kind_of_import():
@@ -56,3 +92,132 @@ def test_the_rule_sees_every_kind_of_import():
         assert any(map(is_training, imported_modules(source, "transformer.decode"))), source
     for source in ("from ..run import load_model", "from .greedy import greedy_search", "import torch"):
         assert not any(map(is_training, imported_modules(source, "transformer.decode"))), source
+
+
+# the layers above the model: it knows no corpus, search, optimizer, file layout or screen
+ABOVE_MODEL = ("decode", "train", "data", "run", "serve", "viz", "cli", "interop", "translator", "generator")
+
+
+def test_the_model_imports_nothing_above_it():
+    found = offenders("model", lambda m: any(under(m, layer) for layer in ABOVE_MODEL))
+    assert not found, f"model modules importing the layers above the model: {found}"
+
+
+def torch_internals(source: str) -> set[str]:
+    """The torch compiler internals ``source`` imports or reaches: torch._inductor and
+    torch.export, by an import or as an attribute of ``torch``."""
+    inside = ("torch._inductor", "torch.export")
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "torch":
+            names.add(f"torch.{node.attr}")
+    return {n for n in names if any(n == p or n.startswith(p + ".") for p in inside)}
+
+
+def test_the_model_imports_no_compiler_internals():
+    found = {}
+    for path in sorted((PACKAGE / "model").rglob("*.py")):
+        bad = torch_internals(path.read_text(encoding="utf-8"))
+        if bad:
+            found[path.relative_to(PACKAGE).as_posix()] = sorted(bad)
+    assert not found, f"model modules importing torch compiler internals: {found}"
+
+
+def test_the_compiler_rule_sees_imports_and_attributes():
+    for source in ("import torch._inductor.config", "from torch._inductor import config", "from torch import export",
+                   "import torch.export", "from torch.export import export",
+                   "def f(m, x):\n    return torch.export.export(m, x)\n", "torch._inductor.config.freezing = True"):
+        assert torch_internals(source), source
+    for source in ("import torch", "torch.compiler.is_compiling()", "torch.compiler.is_exporting()",
+                   "from torch import nn", "import torch.nn.functional as F"):
+        assert not torch_internals(source), source
+
+
+def run_modules_building_models() -> set[str]:
+    """The run modules that import the model (run.weights), by their dotted names."""
+    return {f"transformer.run.{Path(rel).stem}" for rel, imports in modules("run").items()
+            if Path(rel).name != "__init__.py" and any(under(m, "model") for m in imports)}
+
+
+def loads_a_model(module: str) -> bool:
+    """Importing ``module`` (or the name it stands for) loads the model: the model itself, a
+    run module that builds one, or a name the run package serves from such a module."""
+    if under(module, "model"):
+        return True
+    building = run_modules_building_models()
+    if any(module == m or module.startswith(m + ".") for m in building):
+        return True
+    name = module.removeprefix("transformer.run.")
+    lazy = transformer.run._LAZY
+    return name in lazy and f"transformer.run{lazy[name]}" in building
+
+
+def test_the_data_layer_imports_no_model():
+    assert run_modules_building_models() == {"transformer.run.weights"}  # the check knows what it guards
+    found = offenders("data", loads_a_model)
+    assert not found, f"data modules importing the model: {found}"
+
+
+def test_the_data_rule_sees_the_run_modules_that_build_models():
+    for source in ("from ..model.embedding import TokenEmbedding", "from ..run.weights import save_weights",
+                   "from ..run import load_model", "from ..run import weights", "import transformer.model"):
+        assert any(map(loads_a_model, imported_modules(source, "transformer.data"))), source
+    for source in ("from ..run.files import atomic_write", "from ..run.layout import SUBWORDS, run_file",
+                   "from ..run import write_text_atomic", "from ..errors import UserError"):
+        assert not any(map(loads_a_model, imported_modules(source, "transformer.data"))), source
+
+
+def test_decoding_imports_no_training():
+    found = offenders("decode", is_training)
+    assert not found, f"decode modules importing transformer.train: {found}"
+
+
+LOADED = """
+import importlib, json, pkgutil, sys
+import transformer.data
+after_package = sorted(m for m in sys.modules if m.startswith("transformer."))
+for info in pkgutil.iter_modules(transformer.data.__path__):
+    importlib.import_module(f"transformer.data.{info.name}")
+print(json.dumps({"package": after_package, "all": sorted(m for m in sys.modules if m.startswith("transformer."))}))
+"""
+
+
+def test_importing_the_data_layer_loads_no_model():
+    """In a fresh interpreter (this one has imported everything already): ``import
+    transformer.data``, then every module in it, and no model module is loaded."""
+    done = subprocess.run([sys.executable, "-c", LOADED], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    loaded = json.loads(done.stdout)
+    for when in ("package", "all"):
+        models = [m for m in loaded[when] if m.startswith(("transformer.model", "transformer.run.weights"))]
+        assert not models, f"importing the data layer ({when}) loaded {models}"
+    assert "transformer.data.word_vectors" in loaded["all"]  # the probe did import every data module
+
+
+BASE = """
+import json, sys
+import transformer.run.files, transformer.run.layout
+print(json.dumps(sorted(m for m in sys.modules if m.startswith("transformer"))))
+"""
+
+
+def test_the_atomic_writers_and_the_layout_import_nothing_of_the_package():
+    """``run.files`` and ``run.layout`` are below every layer: loading them loads the package's
+    error type and nothing else of it."""
+    done = subprocess.run([sys.executable, "-c", BASE], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == ["transformer", "transformer.errors", "transformer.run", "transformer.run.files",
+                                       "transformer.run.layout"]
+
+
+def test_every_run_name_still_imports():
+    """The run package serves its names on first use; each one is there, and an unknown one
+    is an AttributeError."""
+    assert all(getattr(transformer.run, name) is not None for name in transformer.run.__all__)
+    assert set(transformer.run.__all__) <= set(dir(transformer.run))
+    with pytest.raises(AttributeError, match="no attribute 'load_modle'"):
+        transformer.run.load_modle  # noqa: B018

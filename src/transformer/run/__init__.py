@@ -1,15 +1,44 @@
 """The run directory, below both training and inference: its layout (:mod:`.layout`),
 model weights on disk (:mod:`.weights`) and the one atomic-write helper every writer uses
-(:mod:`.files`). Inference code imports this package, never ``transformer.train``."""
-from .files import atomic_dir, atomic_write, file_sha256, write_text_atomic
-from .layout import (AVERAGED, BEST, CKPT_DIR, COMPILED, CONFIG, METRICS, STATE, SUBWORDS, WEIGHTS, checkpoint_dirs,
-                     find_subwords, latest_checkpoint, read_run_config, resolve_weights, run_file,
-                     run_root)
-from .weights import (average_checkpoints, load_model, load_weights_into, read_model_config, read_weights, save_weights,
-                      unique_state_dict)
+(:mod:`.files`). Inference code imports this package, never ``transformer.train``.
 
-__all__ = ["atomic_write", "atomic_dir", "write_text_atomic", "file_sha256",
-           "CONFIG", "SUBWORDS", "METRICS", "CKPT_DIR", "WEIGHTS", "STATE", "BEST", "AVERAGED", "COMPILED",
-           "run_file", "run_root", "find_subwords", "read_run_config", "resolve_weights", "checkpoint_dirs", "latest_checkpoint",
-           "load_model", "read_model_config", "read_weights", "save_weights", "load_weights_into", "unique_state_dict",
-           "average_checkpoints"]
+Two floors: :mod:`.files` and :mod:`.layout` import nothing but the standard library (and
+:mod:`transformer.errors`), so the data layer may use them; :mod:`.weights` builds models.
+The names below are imported on first use (PEP 562), so ``from ..run.files import
+atomic_write`` loads no model.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# public name -> the module that defines it
+_LAZY = {
+    **dict.fromkeys(("atomic_write", "atomic_dir", "write_text_atomic", "file_sha256"), ".files"),
+    **dict.fromkeys(("CONFIG", "SUBWORDS", "METRICS", "CKPT_DIR", "WEIGHTS", "STATE", "BEST", "AVERAGED", "COMPILED",
+                     "run_file", "run_root", "find_subwords", "read_run_config", "resolve_weights", "checkpoint_dirs",
+                     "latest_checkpoint"), ".layout"),
+    **dict.fromkeys(("load_model", "read_model_config", "read_weights", "save_weights", "load_weights_into",
+                     "unique_state_dict", "average_checkpoints"), ".weights"),
+}
+__all__ = list(_LAZY)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .files import atomic_dir, atomic_write, file_sha256, write_text_atomic
+    from .layout import (AVERAGED, BEST, CKPT_DIR, COMPILED, CONFIG, METRICS, STATE, SUBWORDS, WEIGHTS,
+                         checkpoint_dirs, find_subwords, latest_checkpoint, read_run_config, resolve_weights,
+                         run_file, run_root)
+    from .weights import (average_checkpoints, load_model, load_weights_into, read_model_config, read_weights,
+                          save_weights, unique_state_dict)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    globals()[name] = value  # the next access is a plain attribute lookup
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
