@@ -93,10 +93,17 @@ def test_logits_stay_close_to_fp32(make_model, rand_tokens, precision, tied):
     assert (got.argmax(-1) == ref.argmax(-1)).float().mean() > 0.8
 
 
+@pytest.mark.parametrize("cpu", ["native-bf16", "avx2"])
 @pytest.mark.parametrize("tied", [True, False])
-def test_int8_decoding_warns_about_nothing_and_stays_close_to_fp32(make_model, rand_tokens, tied):
+def test_int8_decoding_warns_about_nothing_and_stays_close_to_fp32(make_model, rand_tokens, tied, cpu, monkeypatch):
     """Building the int8 copy and decoding with it raise no warning of any kind; a model of
-    a realistic width (d_model 128) keeps its fp32 logits to within a few hundredths."""
+    a realistic width (d_model 128) keeps its fp32 logits to within a few hundredths: where
+    bf16 is native (weights dequantised to bf16) and on an AVX2 CPU (fbgemm's int8 GEMM,
+    which quantises the activations too)."""
+    from transformer import hardware
+
+    monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: cpu == "native-bf16")
+    max_err, mean_err = (0.02, 0.005) if cpu == "native-bf16" else (0.04, 0.01)
     model = make_model(vocab_size=64, d_model=128, n_heads=4, d_ff=256, tie_embeddings=tied, output_bias=True)
     src = rand_tokens([9, 4, 7], vocab=64)
     tgt = torch.cat([torch.ones(3, 1, dtype=torch.long), rand_tokens([8, 8, 8], vocab=64)], dim=1)
@@ -108,7 +115,7 @@ def test_int8_decoding_warns_about_nothing_and_stays_close_to_fp32(make_model, r
         beam_search(q, src, beam_size=3, max_len_b=10)
     ref = logits_of(model, src, tgt)
     err = (got - ref).abs()
-    assert err.max().item() < 0.02 * ref.abs().max().item() and err.mean().item() < 0.005 * ref.abs().max().item()
+    assert err.max().item() < max_err * ref.abs().max().item() and err.mean().item() < mean_err * ref.abs().max().item()
     assert (got.argmax(-1) == ref.argmax(-1)).float().mean() > 0.9
 
 

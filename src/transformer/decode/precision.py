@@ -7,10 +7,10 @@
           bf16 matrix units (AMX / AVX512-BF16) without autocast's per-call weight casts;
           log-probabilities and beam scores stay float32 (``next_token_logprobs``)
     int8  every linear layer, the output projection included, holds int8 weights with one
-          float32 scale per output row (:class:`Int8Linear`, weight-only): each call
-          dequantises them and multiplies in what the CPU is fast at: bfloat16 where bf16
-          is native (bf16 outputs, so attention runs on bf16 queries, keys and values),
-          float32 elsewhere; embeddings, LayerNorm and the residual stream stay float32,
+          float32 scale per output row (:class:`Int8Linear`), multiplied in what the CPU is
+          fast at: where bf16 is native, dequantised to bfloat16 (bf16 outputs, so attention
+          runs on bf16 queries, keys and values); elsewhere by fbgemm's int8 GEMM (float32
+          outputs). Embeddings, LayerNorm and the residual stream stay float32,
           log-probabilities float32 as for bf16
 
 Search is unchanged. What each costs in BLEU and buys in speed on this machine is measured
@@ -78,38 +78,53 @@ def for_inference(model: nn.Module, precision: str = "fp32") -> nn.Module:
     out = copy.deepcopy(model).to(torch.bfloat16 if precision == "bf16" else torch.float32).eval()
     if precision != "int8":
         return out
-    compute = int8_compute_dtype()
+    compute, gemm = int8_compute_dtype(), int8_gemm_available()
     if getattr(out, "out_proj", "absent") is None:  # tied: a projection of its own to quantise
         _own_output_layer(out)
     for parent in list(out.modules()):
         for name, child in parent.named_children():
             if type(child) is nn.Linear:
-                setattr(parent, name, Int8Linear.from_linear(child, compute))
+                setattr(parent, name, Int8Linear.from_linear(child, compute, gemm))
     return out
 
 
 def int8_compute_dtype() -> torch.dtype:
-    """What an int8 layer multiplies in on this CPU: bfloat16 where bf16 is native, float32
-    elsewhere (emulated bf16 would make int8 20x slower than fp32)."""
+    """What an int8 layer's weight-only path multiplies in on this CPU: bfloat16 where bf16 is
+    native, float32 elsewhere (emulated bf16 would make int8 20x slower than fp32)."""
     return torch.bfloat16 if hardware.cpu_has_native_bf16() else torch.float32
+
+
+def int8_gemm_available() -> bool:
+    """Whether int8 layers multiply with a real int8 GEMM (fbgemm's dynamically quantised
+    linear) when decoding eagerly: on CPUs without native bf16, where it measured 2-4x faster
+    than fp32 products at decoding batch sizes and the weight-only path (dequantised to fp32)
+    slower than fp32 (``benchmarks/decode/README.md``)."""
+    return (not hardware.cpu_has_native_bf16() and "fbgemm" in torch.backends.quantized.supported_engines
+            and hasattr(torch.ops.quantized, "linear_dynamic"))
 
 
 class Int8Linear(nn.Module):
     """A linear layer for decoding with int8 weights: ``qweight`` (out, in) int8 and one
     float32 ``scale`` per output row, symmetric (the row's largest |w| maps to 127), and the
-    bias. Weight-only: a call dequantises the weight to ``compute`` (bfloat16 where the CPU
-    multiplies bf16 natively, else float32; one pass over the int8 rows, each times its
-    scale) and multiplies the input, cast to that dtype, by it with the bias added in the same
-    matmul; the output has that dtype (bfloat16 like a bf16 model's, or float32).
+    bias. The product runs in what the CPU is fast at:
 
-    On an AVX512-BF16 CPU, in bf16, it measured level with ``torch.ao``'s dynamically quantised
-    int8 matmul, which it replaces, or faster, and faster than torchao's int8 configs; a bf16
-    output costs less than one of float32: at decoding batch sizes an extra pass over the
-    (rows x vocabulary) logits costs as much as the matmul (``benchmarks/decode/README.md``). The residual stream that sums these outputs, the
-    embeddings and LayerNorm stay float32."""
+    - weight-only (``int8_gemm`` False): a call dequantises the weight to ``compute``
+      (bfloat16 where the CPU multiplies bf16 natively, else float32; one pass over the int8
+      rows, each times its scale) and multiplies the input, cast to that dtype, by it with the
+      bias added in the same matmul; the output has that dtype. On an AVX512-BF16 CPU, in
+      bf16, this measured level with ``torch.ao``'s dynamically quantised int8 matmul or
+      faster, and a bf16 output costs less than a float32 one: at decoding batch sizes an
+      extra pass over the (rows x vocabulary) logits costs as much as the matmul.
+    - int8 GEMM (``int8_gemm`` True, CPUs without native bf16): fbgemm's dynamically
+      quantised linear, the input quantised per call (per tensor, 7 bits, as ``torch.ao``
+      does for fbgemm) and multiplied by the same int8 weights with int32 sums; float32
+      output. A graph being compiled or exported takes the weight-only path (it traces; the
+      packed weights do not).
+
+    The residual stream that sums these outputs, the embeddings and LayerNorm stay float32."""
 
     def __init__(self, qweight: Tensor, scale: Tensor, bias: Tensor | None = None,
-                 compute: torch.dtype = torch.bfloat16) -> None:
+                 compute: torch.dtype = torch.bfloat16, int8_gemm: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features = qweight.size(1), qweight.size(0)
         self.register_buffer("qweight", qweight)
@@ -118,15 +133,39 @@ class Int8Linear(nn.Module):
         # what the matmul uses, made once: the scales as a column, the bias, in the compute dtype
         self.register_buffer("_scale_col", scale.to(compute).unsqueeze(1), persistent=False)
         self.register_buffer("_bias", None if bias is None else bias.to(compute), persistent=False)
+        self.int8_gemm = int8_gemm
+        self._packed = None  # fbgemm's packed weights, made at the first call that uses them
 
     @classmethod
     @torch.no_grad()
-    def from_linear(cls, linear: nn.Linear, compute: torch.dtype = torch.bfloat16) -> "Int8Linear":
+    def from_linear(cls, linear: nn.Linear, compute: torch.dtype = torch.bfloat16,
+                    int8_gemm: bool = False) -> "Int8Linear":
         w = linear.weight.detach().float()
         scale = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
         qweight = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
         bias = None if linear.bias is None else linear.bias.detach().float().clone()
-        return cls(qweight, scale, bias, compute)
+        return cls(qweight, scale, bias, compute, int8_gemm)
+
+    def __deepcopy__(self, memo):  # the packed weights are an opaque object: copy without them
+        packed, self._packed = self._packed, None
+        try:
+            cls = type(self)
+            copied = cls.__new__(cls)
+            memo[id(self)] = copied
+            for key, value in self.__dict__.items():
+                copied.__dict__[key] = copy.deepcopy(value, memo)
+            return copied
+        finally:
+            self._packed = packed
+
+    def _pack(self):
+        with torch.no_grad(), warnings.catch_warnings():
+            # torch 2.13 marks quantised tensors deprecated; fbgemm's packing still takes one
+            warnings.filterwarnings("ignore", message=".*quantized tensor creation functions", category=UserWarning)
+            zeros = torch.zeros(self.out_features, dtype=torch.long, device=self.qweight.device)
+            q = torch._make_per_channel_quantized_tensor(self.qweight, self.scale.double(), zeros, 0)
+            self._packed = torch.ops.quantized.linear_prepack(q, self.bias)
+        return self._packed
 
     def weight(self) -> Tensor:
         """The dequantised float32 weight (out, in). A method, as on ``torch.ao``'s quantised
@@ -134,6 +173,10 @@ class Int8Linear(nn.Module):
         return self.qweight.float() * self.scale[:, None]
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.int8_gemm and not torch.compiler.is_compiling():
+            packed = self._packed if self._packed is not None else self._pack()
+            y = torch.ops.quantized.linear_dynamic(x.reshape(-1, self.in_features).float().contiguous(), packed, True)
+            return y.view(*x.shape[:-1], self.out_features)
         w = torch.mul(self.qweight, self._scale_col)  # int8 x bf16 (or fp32) -> (out, in) in that dtype
         return F.linear(x.to(w.dtype), w, self._bias)
 
