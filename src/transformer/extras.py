@@ -1,7 +1,7 @@
 """The optional parts of the package and the one check that their packages are installed.
 
 Translation and training need only the core dependencies. The rest comes with an extra
-(``pip install 'transformer[serve]'``), listed in pyproject.toml:
+(``pip install '.[serve]'`` in the project's folder), listed in pyproject.toml:
 
     serve        fastapi, uvicorn                 transformer serve, transformer.serve
     export       transformers, ctranslate2, onnx,  transformer export (each format its own)
@@ -33,7 +33,7 @@ def require(module: str, extra: str, what: str) -> ModuleType:
     if extra not in EXTRAS:
         raise ValueError(f"unknown extra {extra!r}; one of {EXTRAS}")
     package = module.split(".")[0]
-    fix = f"pip install 'transformer[{extra}]'"
+    fix = f"pip install '.[{extra}]' (in the project's folder)"
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as e:

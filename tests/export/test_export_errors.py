@@ -94,5 +94,5 @@ def test_missing_export_extra(fmt, module, cli, trained, tmp_path, monkeypatch, 
     """Each format names the package it lacks and the extra that brings it; nothing written."""
     monkeypatch.setitem(sys.modules, module, None)  # `import module` now fails as if not installed
     r = cli("export", "--model", trained.run, "--format", fmt, "--out", tmp_path / "out")
-    one_line_error(r, f"--format {fmt}", module, "pip install 'transformer[export]'")
+    one_line_error(r, f"--format {fmt}", module, "pip install '.[export]'")
     _no_leftovers(tmp_path, set())

@@ -1,4 +1,4 @@
-"""A missing optional package is one line naming the ``pip install 'transformer[EXTRA]'``
+"""A missing optional package is one line naming the ``pip install '.[EXTRA]'``
 that fixes it: from the helper, the commands (exit 2, no traceback) and the Python API.
 Imports are made to fail with ``sys.modules[name] = None``, as if the package were absent."""
 from __future__ import annotations
@@ -24,7 +24,8 @@ def test_missing_module_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "fastapi", None)
     with pytest.raises(MissingExtra) as e:
         require("fastapi", "serve", "the server")
-    assert str(e.value) == "the server needs fastapi, which is not installed: pip install 'transformer[serve]'"
+    assert str(e.value) == ("the server needs fastapi, which is not installed: "
+                            "pip install '.[serve]' (in the project's folder)")
     assert isinstance(e.value, UserError) and isinstance(e.value, ImportError)
 
 
@@ -33,7 +34,7 @@ def test_installed_but_broken_is_told_apart(tmp_path, monkeypatch):
     (tmp_path / "brokenpkg_h2" / "__init__.py").write_text("import a_dependency_that_is_not_there_h2\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(MissingExtra, match=r"brokenpkg_h2, which cannot be imported .*a_dependency_that_is_not_there"
-                                           r".*reinstall it with pip install 'transformer\[interop\]'"):
+                                           r".*reinstall it with pip install '\.\[interop\]'"):
         require("brokenpkg_h2", "interop", "x")
 
 
@@ -47,14 +48,14 @@ def test_serve_without_the_extra(module, cli, monkeypatch, tmp_path, one_line_er
     """Checked before the model is read: the message is the same for any --model."""
     monkeypatch.setitem(sys.modules, module, None)
     r = cli("serve", "--model", tmp_path / "no-run", "--port", "0")
-    one_line_error(r, "serve", module, "pip install 'transformer[serve]'")
+    one_line_error(r, "serve", module, "pip install '.[serve]'")
 
 
 def test_serve_package_without_fastapi(monkeypatch):
     monkeypatch.setitem(sys.modules, "fastapi", None)
     for name in [m for m in sys.modules if m == "transformer.serve" or m.startswith("transformer.serve.")]:
         monkeypatch.delitem(sys.modules, name)
-    with pytest.raises(MissingExtra, match=r"transformer\.serve needs fastapi.*transformer\[serve\]"):
+    with pytest.raises(MissingExtra, match=r"transformer\.serve needs fastapi.*'\.\[serve\]'"):
         importlib.import_module("transformer.serve")
 
 
@@ -93,7 +94,7 @@ def test_interop_functions_without_their_package(name, monkeypatch):
     call, package, extra = API[name]
     monkeypatch.setitem(sys.modules, package, None)
     with pytest.raises(MissingExtra, match=rf"needs {package}, which is not installed: "
-                                           rf"pip install 'transformer\[{extra}\]'"):
+                                           rf"pip install '\.\[{extra}\]'"):
         call(interop)
 
 
@@ -106,5 +107,5 @@ def test_train_with_tensorboard_but_without_the_package(cli, tmp_path, monkeypat
                                       "progress": False}), encoding="utf-8")
     monkeypatch.setitem(sys.modules, "tensorboard", None)
     r = cli("train", "--config", config, "--out", tmp_path / "run", "--set", "tensorboard=true")
-    one_line_error(r, "train", "tensorboard=true", "pip install 'transformer[tensorboard]'")
+    one_line_error(r, "train", "tensorboard=true", "pip install '.[tensorboard]'")
     assert not (tmp_path / "run").exists()

@@ -31,7 +31,7 @@ MarianMTModel.generate as the README.txt written into the directory shows.)"""
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="export a model to CTranslate2, Hugging Face Marian or ONNX",
                        description="Write a trained model in another toolkit's format. Each format needs\n"
-                                   "the export extra: pip install 'transformer[export]'.",
+                                   "the export extra: pip install '.[export]' (in the project's folder).",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="run directory (or a .safetensors file inside one)")
     p.add_argument("--format", required=True, metavar="FORMAT", help=f"one of: {', '.join(FORMATS)}")
