@@ -21,6 +21,7 @@ import re
 import sys
 from pathlib import Path
 
+from transformer import hardware
 from transformer.data import clean_pairs, load_multi30k
 
 WORD = re.compile(r"\w+|[^\w\s]")
@@ -48,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--text", action="store_true", help="write word2vec's text format instead")
     args = p.parse_args(argv)
+    print(f"machine: {hardware.describe_line()}", flush=True)
     try:
         from gensim.models import Word2Vec
     except ImportError:

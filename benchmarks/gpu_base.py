@@ -1,13 +1,15 @@
 """The paper's base model on one GPU: train on Multi30k-shaped batches, then decode.
 
     .venv/bin/python benchmarks/gpu_base.py --minutes 3            # on a GPU machine
-    .venv/bin/python benchmarks/gpu_base.py --device cpu --steps 3 --decode 8   # smoke test
+    .venv/bin/python benchmarks/gpu_base.py --device cpu --steps 3 --decode 8 --precision fp32   # smoke test
 
-Records training target tokens/s (bf16 autocast), MFU against both the bf16 matmul rate
-measured in the same run and the nominal peak (--peak-tflops, 790 for an H200), peak
-memory, and beam-4 / greedy decoding throughput over the test set's source sentences
-(random weights, so the output length is forced to 20 tokens as in the peers' anchor figures).
-Prints a Markdown table and, with --json, writes the figures to a file.
+Records training target tokens/s (bf16 autocast, or fp32: --precision; auto is bf16 where the
+device computes it natively, a GPU or an AMX / AVX512-BF16 CPU, else fp32), MFU against both
+the matmul rate of that precision measured in the same run and the nominal peak
+(--peak-tflops, 790 for an H200's bf16), peak memory, and beam-4 / greedy decoding throughput
+over the test set's source sentences (random weights, so the output length is forced to 20
+tokens as in the peers' anchor figures). Prints the machine (transformer.hardware), a Markdown
+table and, with --json, writes the figures, the precision and the machine to a file.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from pathlib import Path
 import torch
 
 from matmul_rate import matmul_rate, sync  # benchmarks/ is the script's own folder, first on sys.path
-from transformer import ModelConfig, Transformer
+from transformer import ModelConfig, Transformer, hardware
 from transformer.decode import beam_search, greedy_search, pad_batch
 from transformer.train.step import paper_adam, train_step
 
@@ -50,12 +52,19 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=16, help="source and target tokens per sentence (Multi30k: ~14)")
     ap.add_argument("--vocab", type=int, default=10000)
     ap.add_argument("--decode", type=int, default=1000, help="test-set sentences to decode (0 = skip)")
-    ap.add_argument("--peak-tflops", type=float, default=790.0, help="nominal bf16 peak (H200: ~790)")
+    ap.add_argument("--precision", choices=("auto", "bf16", "fp32"), default="auto",
+                    help="training and decoding: bf16 autocast or fp32 (auto: bf16 where the device computes it "
+                         "natively, else fp32)")
+    ap.add_argument("--peak-tflops", type=float, default=790.0, help="nominal peak of the precision (H200, bf16: ~790)")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("gpu_base.py: no CUDA device here; use --device cpu for a smoke test")
+    print(f"machine: {hardware.describe_line()}", flush=True)
+    precision = hardware.resolve(args.precision, device)
+    amp = precision == "bf16"  # fp32: no autocast
+    dtype = torch.bfloat16 if amp else torch.float32
     torch.manual_seed(0)
     cfg = ModelConfig.preset("base", vocab_size=args.vocab, max_len=256)
     model = Transformer(cfg).to(device)
@@ -64,14 +73,15 @@ def main() -> None:
     src = torch.randint(4, args.vocab, (args.batch, args.length), generator=g).to(device)
     tgt = torch.randint(4, args.vocab, (args.batch, args.length + 1), generator=g).to(device)
     batch = Batch(src, tgt)
-    measured = matmul_rate(torch.bfloat16, (8192,) if device.type == "cuda" else (2048,), device) / 1e12  # TFLOP/s
+    # TFLOP/s; on a CPU (a smoke test) a small product, so that it takes a second, not minutes
+    measured = matmul_rate(dtype, (8192,) if device.type == "cuda" else (1024,), device) / 1e12
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
 
     times, start = [], time.perf_counter()
     while True:
         t = time.perf_counter()
-        train_step(model, [batch], opt, 1e-4, amp_dtype=torch.bfloat16)
+        train_step(model, [batch], opt, 1e-4, amp_dtype=dtype if amp else None)
         sync(device)
         times.append(time.perf_counter() - t)
         if args.steps and len(times) >= args.steps:
@@ -82,7 +92,7 @@ def main() -> None:
     step = statistics.median(steady)
     flops = step_flops(cfg, args.batch, args.length, args.length) / step / 1e12
     train_mem = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
-    out = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+    out = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu", "precision": precision,
            "params_M": model.num_parameters() / 1e6, "updates": len(times), "step_ms": step * 1e3,
            "train_tgt_tokens_per_s": args.batch * args.length / step, "model_tflops": flops,
            "matmul_tflops_measured": measured, "mfu_vs_measured": flops / measured,
@@ -104,7 +114,7 @@ def main() -> None:
             sync(device)
             t = time.perf_counter()
             n_tokens = 0
-            with torch.autocast(device.type, dtype=torch.bfloat16):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
                 for i in range(0, len(ids), 128):
                     hyps = search(pad_batch(ids[i:i + 128], cfg.pad_id, device))
                     n_tokens += sum(len(h[0].tokens) for h in hyps)
@@ -119,7 +129,7 @@ def main() -> None:
         print(f"| {k} | {v:,.3f} |" if isinstance(v, float) else f"| {k} | {v} |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
+            json.dump({**out, "machine": hardware.describe()}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from transformer import ModelConfig, Transformer
+from transformer import ModelConfig, Transformer, hardware
 from transformer.decode import greedy_search, pad_batch
 from transformer.interop import onnx as ox
 
@@ -59,8 +59,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    print(f"machine: {hardware.describe_line()}", flush=True)
     if args.run:
-        from transformer.train.checkpoint import load_model
+        from transformer.run import load_model
+
         model = load_model(Path(args.run))[0].float().eval()
     else:
         torch.manual_seed(0)

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 import transformer.train.loss as loss_module
-from transformer import ModelConfig, Transformer
+from transformer import ModelConfig, Transformer, hardware
 from transformer.data import (Subwords, TokenBatchSampler, clean_pairs, collate, example_lengths, load_multi30k,
                               train_subwords)
 from transformer.train.step import paper_adam, train_step
@@ -79,6 +79,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--d-ff", help="comma-separated FFN widths to race instead of the code variants")
     args = ap.parse_args()
+    print(f"machine: {hardware.describe_line()}", flush=True)
     widths = [int(w) for w in args.d_ff.split(",")] if args.d_ff else []
     names = [f"d_ff={w}" for w in widths] or args.variants.split(",")
     torch.manual_seed(0)

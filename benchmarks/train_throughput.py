@@ -33,7 +33,7 @@ from torch import nn
 
 from matmul_rate import matmul_rate  # benchmarks/ is the script's own folder, first on sys.path
 from peak_memory import peak_rss_mib
-from transformer import ModelConfig, Transformer
+from transformer import ModelConfig, Transformer, hardware
 from transformer.train.loss import compile_loss
 from transformer.train.step import paper_adam, train_step
 
@@ -170,9 +170,10 @@ def race(peers: dict, batch: Batch, amp: bool, rounds: int, steps: int) -> dict[
 
 
 def emit(path: str | None, row: dict) -> None:
+    """Append ``row`` and the machine it was measured on as one JSON line."""
     if path:
         with open(path, "a") as f:
-            f.write(json.dumps(row) + "\n")
+            f.write(json.dumps({**row, "machine": hardware.describe()}) + "\n")
 
 
 def throughput(args, layers, d, d_ff, heads) -> None:
@@ -182,12 +183,13 @@ def throughput(args, layers, d, d_ff, heads) -> None:
     tokens = args.batch * args.tgt_len
     for dt in args.dtypes.split(","):
         amp = dt == "bf16"
-        peak = matmul_rate(torch.bfloat16 if amp else torch.float32)
+        peak = matmul_rate(torch.bfloat16 if amp else torch.float32, args.matmul_sizes)
         peers = make_peers(layers, d, d_ff, heads, args.vocab, compiled_loss=args.compile_loss,
                            whole_graph=args.compile)
         times = race(peers, batch, amp, args.rounds, args.steps)
         ref = statistics.median(times["torch.nn.Transformer"])
-        print(f"\n{dt}: matmul peak {peak / 1e9:.0f} GFLOP/s (best of 2048^3, 3072^3, 4096^3; same run)")
+        print(f"\n{dt}: matmul peak {peak / 1e9:.0f} GFLOP/s (best of {', '.join(f'{n}^3' for n in args.matmul_sizes)}; "
+              "same run)")
         print("| implementation | step ms (median) | target tokens/s | vs torch.nn.Transformer | MFU |")
         print("|---|---|---|---|---|")
         for name, ts in times.items():
@@ -283,6 +285,8 @@ def main() -> None:
     ap.add_argument("--memory", action="store_true", help="also measure peak memory, a fresh process each")
     ap.add_argument("--memory-child", help=argparse.SUPPRESS)
     ap.add_argument("--json", help="append results as JSON lines to this file")
+    ap.add_argument("--matmul-sizes", type=_lengths, default=(2048, 3072, 4096),
+                    help="square matmuls whose best rate MFU is measured against (smaller: quicker, lower)")
     ap.add_argument("--compile-loss", action="store_true",
                     help="main table: also race ours with the compiled loss kernels (compile_loss: true)")
     ap.add_argument("--compile", action="store_true",
@@ -294,6 +298,7 @@ def main() -> None:
     layers, d, d_ff, heads = CONFIGS[args.config]
     if args.memory_child:
         return memory_child(args, layers, d, d_ff, heads)
+    print(f"machine: {hardware.describe_line()}", flush=True)
     print(f"config {args.config}: {layers}+{layers} layers, d_model {d}, d_ff {d_ff}, {heads} heads, vocab "
           f"{args.vocab}; batch {args.batch} x {args.src_len}+{args.tgt_len} tokens; torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads")

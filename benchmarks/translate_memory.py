@@ -100,7 +100,10 @@ def main() -> None:
     p.add_argument("--out", type=Path, help="also write the results here (JSON)")
     args = p.parse_args()
     sys.path.insert(0, str(SRC))
+    from transformer import hardware
     from transformer.data import load_multi30k
+
+    print(f"machine: {hardware.describe_line()}", flush=True)
 
     sizes = [int(s) for s in args.sizes.split(",")]
     trees = {"streamed": SRC, **({"old": args.old_src.resolve()} if args.old_src else {})}
@@ -118,7 +121,8 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
             source.unlink()
     if args.out:
-        args.out.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+        args.out.write_text(json.dumps({"machine": hardware.describe(), "rows": rows}, indent=1) + "\n",
+                            encoding="utf-8")
     print("\n| lines | tree | peak RSS MiB | seconds | output lines | output sha256 (first 12) |")
     print("|---|---|---|---|---|---|")
     for r in rows:

@@ -22,6 +22,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import job, load_trained, ours, test_set  # noqa: E402
 
+from transformer import hardware  # noqa: E402
+
 
 def one_step(model, rows: int, beam: int, src_len: int = 16, past: int = 10, reps: int = 200, rounds: int = 7):
     """Microseconds per step, eager and compiled (static shapes), medians of ``rounds``."""
@@ -91,6 +93,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    print(f"machine: {hardware.describe_line()}", flush=True)
     torch._dynamo.config.cache_size_limit = 64  # the searches need ~16 graphs (8 is the default limit)
     model, subwords, path = load_trained(args.run)
     print(f"model {path}; torch {torch.__version__}, {args.threads} thread(s)")

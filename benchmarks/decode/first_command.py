@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from transformer import hardware
 from transformer.data import load_multi30k
 from transformer.run import AVERAGED, BEST, CKPT_DIR, COMPILED
 
@@ -36,6 +37,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=4000, help="source tokens per batch (translate's option)")
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
+    print(f"machine: {hardware.describe_line()}", flush=True)
     run = Path(args.run)
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / "run"

@@ -21,6 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import ours  # noqa: E402  (part A's searches: the same settings)
 
+from transformer import hardware
 from transformer.data import Subwords, load_multi30k
 from transformer.decode import beam as beam_module
 from transformer.decode import greedy as greedy_module
@@ -44,6 +45,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=9)
     args = ap.parse_args()
     torch.set_num_threads(1)
+    print(f"machine: {hardware.describe_line()}", flush=True)
     base, _ = load_model(args.run)
     sw = Subwords.load(f"{args.run}/subwords.model")
     sources = [src for src, _ in load_multi30k("test_2016_flickr", "en", "de")][:64]

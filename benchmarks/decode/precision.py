@@ -31,6 +31,7 @@ import torch
 import yaml
 from torch import nn
 
+from transformer import hardware
 from transformer.data import load_multi30k
 from transformer.decode.precision import PRECISIONS
 from transformer.evaluate import score
@@ -65,6 +66,7 @@ def main() -> None:
     ap.add_argument("--precisions", default=",".join(PRECISIONS))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    print(f"machine: {hardware.describe_line()}", flush=True)
     names = args.precisions.split(",")
     run_cfg = yaml.safe_load((Path(args.run) / "config.yaml").read_text())
     src_lang, tgt_lang = run_cfg["src_lang"], run_cfg["tgt_lang"]

@@ -61,7 +61,7 @@ sys.path.insert(0, str(BENCHMARKS))
 from peak_memory import peak_rss_mib  # noqa: E402
 from turns import its_turn  # noqa: E402
 
-from transformer import ModelConfig, Transformer  # noqa: E402
+from transformer import ModelConfig, Transformer, hardware  # noqa: E402
 from transformer.data import Subwords, load_multi30k
 from transformer.decode import beam_search, greedy_search, pad_batch
 from transformer.decode.precision import for_inference
@@ -333,6 +333,7 @@ def main() -> None:
         return child(args)
 
     torch.set_num_threads(args.threads)
+    print(f"machine: {hardware.describe_line()}", flush=True)
     parts = set(args.parts.split(","))
     names = [s for s in args.systems.split(",") if s]
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
@@ -343,7 +344,7 @@ def main() -> None:
     sources, refs = test_set(args.n)
     srcs = [subwords.encode(s) for s in sources]
     report = {"weights": weights, "n": args.n, "rounds": args.rounds, "threads": args.threads,
-              "torch": torch.__version__, "params": model.num_parameters()}
+              "torch": torch.__version__, "params": model.num_parameters(), "machine": hardware.describe()}
     print(f"# Decoding benchmark\n\nmodel {weights} ({model.num_parameters() / 1e6:.1f}M parameters), "
           f"{args.threads} threads, {args.rounds} rounds (medians), torch {torch.__version__}\n")
 

@@ -21,6 +21,8 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import job, load_trained, ours, test_set  # noqa: E402
 
+from transformer import hardware  # noqa: E402
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -34,6 +36,7 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="through the step built ahead of time")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    print(f"machine: {hardware.describe_line()}", flush=True)
     if args.compile:
         import torch._inductor.config as inductor_config
 

@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from turns import its_turn  # noqa: E402
 
-from transformer import ModelConfig  # noqa: E402
+from transformer import ModelConfig, hardware  # noqa: E402
 from transformer.decode import generate
 from transformer.decode.precision import for_inference
 from transformer.model import LanguageModel
@@ -45,6 +45,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    print(f"machine: {hardware.describe_line()}", flush=True)
     torch.manual_seed(0)
     if args.run:
         model, _ = load_model(args.run)

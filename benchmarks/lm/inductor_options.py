@@ -23,7 +23,7 @@ import time
 import torch
 
 import transformer.decode.aot as aot
-from transformer import ModelConfig
+from transformer import ModelConfig, hardware
 from transformer.decode import generate
 from transformer.model import LanguageModel
 
@@ -56,6 +56,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    print(f"machine: {hardware.describe_line()}", flush=True)
     torch.manual_seed(0)
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
     base = LanguageModel(ModelConfig.preset(args.preset, vocab_size=68, max_len=512)).eval().to(dtype)

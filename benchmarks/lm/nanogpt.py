@@ -38,6 +38,8 @@ from pathlib import Path
 
 import torch
 
+from transformer import hardware
+
 REPO = Path(__file__).resolve().parents[2]
 CPU_RECIPE = ("--device=cpu --compile=False --eval_iters=20 --log_interval=1 --block_size=64 --batch_size=12 "
               "--n_layer=4 --n_head=4 --n_embd=128 --max_iters=2000 --lr_decay_iters=2000 --dropout=0.0")
@@ -132,6 +134,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
+    print(f"machine: {hardware.describe_line()}", flush=True)
     text = Path(args.text or Path(os.environ.get("TRANSFORMER_DATA", "")) / "tinyshakespeare" / "input.txt")
     work = Path(tempfile.mkdtemp(prefix="nanogpt-bench."))
     peer = prepare_peer(Path(args.peer), text, work)
@@ -168,7 +171,7 @@ def main() -> None:
                   f"validation loss difference ({who} - nanoGPT, every character) = "
                   f"{ours_row['exact_val'] - peer_row['exact_val']:+.4f}")
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
+        Path(args.json).write_text(json.dumps({"machine": hardware.describe(), "rows": rows}, indent=1, default=str))
 
 
 if __name__ == "__main__":

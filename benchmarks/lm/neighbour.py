@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from transformer import ModelConfig
+from transformer import ModelConfig, hardware
 from transformer.decode import generate
 from transformer.interop import save_ctranslate2_lm, to_llama
 from transformer.model import LanguageModel
@@ -40,6 +40,7 @@ def main() -> None:
         aot.INDUCTOR_OPTIONS["max_autotune_gemm"] = False
 
     torch.set_num_threads(args.threads)
+    print(f"machine: {hardware.describe_line()}", flush=True)
     torch.manual_seed(0)
     model = LanguageModel(ModelConfig.preset("llama-char", vocab_size=68, max_len=512)).eval()
     hf = to_llama(model).eval()

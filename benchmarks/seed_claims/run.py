@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from transformer import ModelConfig, Transformer
+from transformer import ModelConfig, Transformer, hardware
 from transformer.baselines.rnn import RNNSeq2Seq, hidden_size_for
 
 HERE = Path(__file__).resolve().parent
@@ -378,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         print(report(json.loads((args.out / "results.json").read_text(encoding="utf-8"))))
         return 0
     torch.set_num_threads(args.threads)
+    print(f"machine: {hardware.describe_line()}", flush=True)
     parts = {int(x) for x in args.parts.split(",")}
     ks = [int(x) for x in args.ks.split(",")]
     # Parts run separately are merged into one results.json; each records its command.
@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     results = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     command = " ".join([".venv/bin/python benchmarks/seed_claims/run.py", *(argv or [])])
     results.update({"torch": torch.__version__, "threads": args.threads,
-                    "machine": f"{platform.machine()}, {__import__('os').cpu_count()} CPUs"})
+                    "machine": hardware.describe(), "cpus": __import__("os").cpu_count()})
     started = time.perf_counter()
     trained: dict = {}
     if 1 in parts:

@@ -32,6 +32,8 @@ from pathlib import Path
 import httpx
 import torch
 
+from transformer import hardware
+
 ROOT = Path(__file__).resolve().parents[2]
 TRANSFORMER = str(Path(sys.executable).with_name("transformer"))
 
@@ -184,6 +186,7 @@ def main() -> None:
                     help="what to translate (auto: toy sentences for the toy model, else English)")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
+    print(f"machine: {hardware.describe_line()}", flush=True)
 
     tmp = Path(tempfile.mkdtemp(prefix="serve-bench-"))
     demo = ROOT / "runs" / "demo"
@@ -224,7 +227,8 @@ def main() -> None:
         print(f"| {r['clients']} | {'yes' if r['batching'] else 'no'} | {r['requests_per_s']} | {r['p50_ms']} | "
               f"{r['p99_ms']} | {r['texts_per_decode']} | {r['model_busy']:.0%} | {r['wrong']} |")
     if args.json:
-        Path(args.json).write_text(json.dumps({"model": str(model), "kind": kind, "args": vars(args), "rows": rows},
+        Path(args.json).write_text(json.dumps({"model": str(model), "kind": kind, "args": vars(args), "rows": rows,
+                                               "machine": hardware.describe()},
                                               indent=2))
 
 

@@ -14,8 +14,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-from playwright import sync_api
-
 SENTENCE = "A man in a blue shirt is riding a bike down the street."
 
 
@@ -47,6 +45,11 @@ def main() -> None:
     ap.add_argument("--layer", type=int, default=-1, help="which layer (0-based; -1: the last)")
     ap.add_argument("--chromium", default="/usr/bin/chromium", help="chromium executable (.ci/install-browser.sh)")
     args = ap.parse_args()
+    from playwright import sync_api  # an optional dependency (the test extra): not needed for --help
+
+    from transformer import hardware
+
+    print(f"machine: {hardware.describe_line()}", flush=True)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     transformer = str(Path(sys.executable).with_name("transformer"))

@@ -5,10 +5,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from transformer.hardware import cpu_capability
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "train_throughput.py"
 TINY = ["--batch", "4", "--src-len", "6", "--tgt-len", "6", "--vocab", "300", "--rounds", "1", "--steps", "1",
-        "--dtypes", "fp32"]
+        "--dtypes", "fp32", "--matmul-sizes", "256"]  # the default sizes take 80 s at fp32 on an AVX2 CPU
 IMPLS = {"ours", "torch.nn.Transformer", "HF MarianMTModel"}
 
 
@@ -16,8 +20,18 @@ def run(tmp_path, *extra):
     out = tmp_path / "rows.jsonl"
     r = subprocess.run([sys.executable, str(SCRIPT), *TINY, *extra, "--json", str(out)],
                        capture_output=True, text=True, timeout=600)
+    if r.returncode and "compiled loss kernels are not usable here" in r.stderr and cpu_capability() != "AVX512":
+        # compile_loss checks its kernels against the eager loss and, where they differ, the
+        # loss stays eager, so the benchmark has nothing to race: with torch's AVX2 kernels
+        # (ATEN_CPU_CAPABILITY=avx2, torch 2.13) inductor's dynamic-shape forward pass differs.
+        # Where torch runs AVX-512 kernels the compiled loss must work: that still fails here.
+        warning = next((line.strip() for line in r.stderr.splitlines() if "compile_loss:" in line), "")
+        pytest.skip(f"compile_loss is not usable on this machine: {warning}")
     assert r.returncode == 0, r.stderr[-2000:]
-    return r.stdout, [json.loads(line) for line in out.read_text().splitlines()]
+    assert r.stdout.startswith("machine: ")
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert all(row["machine"]["capability"] for row in rows)
+    return r.stdout, rows
 
 
 def test_throughput_table_has_every_implementation_with_ratio_and_mfu(tmp_path):
