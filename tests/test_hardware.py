@@ -161,3 +161,19 @@ def test_int8_on_an_avx2_cpu_multiplies_with_an_int8_gemm(monkeypatch, make_mode
     fake_cpu(monkeypatch, AMX, "AVX512")
     assert not int8_gemm_available()
     assert not any(m.int8_gemm for m in for_inference(model, "int8").modules() if isinstance(m, Int8Linear))
+
+
+def test_torchs_switch_gets_an_inductor_cache_of_its_own(tmp_path):
+    """Kernels that inductor cached under ATEN_CPU_CAPABILITY=avx2 and loaded without it gave
+    wrong sums and heap corruption (torch 2.13 does not key its cache on the switch): under the
+    switch the package points inductor at a folder of its own, unless the user chose one."""
+    code = ("import transformer.hardware; from torch._inductor.runtime.cache_dir_utils import cache_dir; "
+            "print(cache_dir())")
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
+    switched = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                              env={**env, "ATEN_CPU_CAPABILITY": "avx2"}).stdout
+    chosen = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                            env={**env, "ATEN_CPU_CAPABILITY": "avx2", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}).stdout
+    assert switched.strip().endswith("_avx2") and switched != plain
+    assert chosen.strip() == str(tmp_path)

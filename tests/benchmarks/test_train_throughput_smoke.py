@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from transformer.hardware import cpu_capability
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "train_throughput.py"
@@ -20,13 +19,6 @@ def run(tmp_path, *extra):
     out = tmp_path / "rows.jsonl"
     r = subprocess.run([sys.executable, str(SCRIPT), *TINY, *extra, "--json", str(out)],
                        capture_output=True, text=True, timeout=600)
-    if r.returncode and "compiled loss kernels are not usable here" in r.stderr and cpu_capability() != "AVX512":
-        # compile_loss checks its kernels against the eager loss and, where they differ, the
-        # loss stays eager, so the benchmark has nothing to race: with torch's AVX2 kernels
-        # (ATEN_CPU_CAPABILITY=avx2, torch 2.13) inductor's dynamic-shape forward pass differs.
-        # Where torch runs AVX-512 kernels the compiled loss must work: that still fails here.
-        warning = next((line.strip() for line in r.stderr.splitlines() if "compile_loss:" in line), "")
-        pytest.skip(f"compile_loss is not usable on this machine: {warning}")
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.startswith("machine: ")
     rows = [json.loads(line) for line in out.read_text().splitlines()]
