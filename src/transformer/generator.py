@@ -93,10 +93,10 @@ class Generator:
         """Whether generation runs through the compiled step (``decoding.compile``: ``on``;
         ``auto`` with the step built already, or for a long generation), and whether that step
         has to be built first (tens of seconds to minutes; kept in the run's compiled/ folder)."""
-        if self.decoding.compile == "off":
+        d = self.decoding
+        if not static.should_compile(d.compile, self.model, logprobs=False, new_tokens=d.max_new_tokens):
             return False, False
-        ready = static.has_package(self.model, logprobs=False)
-        return static.should_compile(self.decoding.compile, self.decoding.max_new_tokens, ready), not ready
+        return True, not static.has_package(self.model, logprobs=False)
 
     def prepare(self) -> None:
         """Load, or build, the compiled step now (see :meth:`compiles`), not at the first token."""
@@ -121,7 +121,7 @@ class Generator:
         seed = None if d.seed is None else d.seed + seed_offset
         rows = [TextPieces(self.tokenizer) for _ in prompts]
         for token in generate_stream(self.model, encoded, d.max_new_tokens, d.temperature, d.top_k, d.top_p, seed,
-                                     compile=self.compiles()[0]):
+                                     compile=d.compile):
             yield [row.add(t) for row, t in zip(rows, token.tolist())]
         rest = [row.finish() for row in rows]
         if any(rest):

@@ -127,15 +127,15 @@ class Translator:
             yield self.translate_nbest(chunk, n_best, progress)
 
     def compiles(self) -> tuple[bool, bool]:
-        """Whether the search runs through the compiled step (``decoding.compile``: ``on``,
-        or ``auto`` with the step built already), and whether that step has to be built
-        first (tens of seconds to minutes; kept in the run's compiled/ folder). Batches of more
-        than :data:`~transformer.decode.static.MAX_COMPILED_ROWS` rows (sentences x beam)
-        decode eagerly all the same: there the compiled step is no faster."""
-        if isinstance(self.model, Ensemble) or self.decoding.compile == "off":  # (an ensemble decodes eagerly)
+        """Whether the search runs through the compiled step
+        (:func:`~transformer.decode.static.should_compile` of ``decoding.compile``: ``on``, or
+        ``auto`` with the step built already; batches of more than
+        :data:`~transformer.decode.static.MAX_COMPILED_ROWS` rows decode eagerly all the same),
+        and whether that step has to be built first (tens of seconds to minutes; kept in the
+        run's compiled/ folder)."""
+        if not static.should_compile(self.decoding.compile, self.model, group=self.decoding.beam):
             return False, False
-        ready = static.has_package(self.model, self.decoding.beam, logprobs=True)
-        return static.should_compile(self.decoding.compile, ready=ready), not ready
+        return True, not static.has_package(self.model, self.decoding.beam, logprobs=True)
 
     def prepare(self) -> None:
         """Load, or build, the compiled step now (see :meth:`compiles`), not in the first batch."""
@@ -143,10 +143,9 @@ class Translator:
 
     def _decode(self, src: torch.Tensor, n_best: int) -> list[list[Hypothesis]]:
         d = self.decoding
-        compile = self.compiles()[0] and src.size(0) * d.beam <= static.MAX_COMPILED_ROWS
         if d.beam == 1:
-            return greedy_search(self.model, src, d.max_len_a, d.max_len_b, compile=compile)
-        return beam_search(self.model, src, d.beam, d.alpha, n_best, d.max_len_a, d.max_len_b, compile=compile)
+            return greedy_search(self.model, src, d.max_len_a, d.max_len_b, compile=d.compile)
+        return beam_search(self.model, src, d.beam, d.alpha, n_best, d.max_len_a, d.max_len_b, compile=d.compile)
 
     def _to_text(self, h: Hypothesis) -> Translation:
         ids = [t for t in h.tokens if t != self.model.cfg.eos_id]

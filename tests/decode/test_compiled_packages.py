@@ -120,10 +120,13 @@ def test_an_interrupted_build_leaves_nothing_behind(make_model, tmp_path, monkey
 def test_a_translator_decodes_large_batches_eagerly(make_model, monkeypatch):
     # the compiled step saves a step's fixed costs; beyond MAX_COMPILED_ROWS rows eager was as fast
     from transformer import translator as translator_module
+    from transformer.decode import beam
     from transformer.decode.config import DecodingConfig
+    from transformer.decode.steps import FixedShapeStep
 
     seen = []
-    monkeypatch.setattr(translator_module, "beam_search", lambda *a, compile, **kw: seen.append(compile))
+    monkeypatch.setattr(static, "compiled_step", lambda model, logprobs: "the compiled step")
+    monkeypatch.setattr(beam, "decode_beams", lambda step, *a: seen.append(isinstance(step, FixedShapeStep)) or [])
     translator = translator_module.Translator(make_model(), None, DecodingConfig(beam=4, compile="on"))
     rows = static.MAX_COMPILED_ROWS // 4
     for sentences in (1, rows, rows + 1):

@@ -1,25 +1,30 @@
-"""Translation through the compiled step on a fixed-shape cache (decode/static.py):
-the fixed-shape cache gives the growing cache's logits in every model variant, and the
-compiled searches (greedy and beam) give the eager searches' tokens, lengths and scores."""
+"""Translation through the compiled step on a fixed-shape cache (decode/fixed.py,
+decode/static.py): the fixed-shape cache gives the growing cache's logits in every model
+variant; the one greedy and one beam search give the same hypotheses on either step, the
+fixed-shape one run eagerly or compiled."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from transformer.decode import greedy_search
-from transformer.model.cache import StaticKVCache
+from transformer.decode import fixed, greedy_search
+from transformer.decode.beam import decode_beams
+from transformer.decode.common import max_output_lengths
+from transformer.decode.fixed import FixedKVCache
+from transformer.decode.greedy import decode_greedily
+from transformer.decode.steps import FixedShapeStep, GrowingStep
 
 
 @pytest.fixture
 def shrinks(monkeypatch) -> list[tuple[int, int]]:
     """Every time a compiled search shrinks its batch: (rows before, rows after)."""
-    seen, select = [], StaticKVCache.select
+    seen, select = [], FixedKVCache.select
 
     def spy(self, rows):
         seen.append((self.key_mask.size(0), rows.numel()))
         return select(self, rows)
 
-    monkeypatch.setattr(StaticKVCache, "select", spy)
+    monkeypatch.setattr(FixedKVCache, "select", spy)
     return seen
 
 
@@ -31,29 +36,61 @@ def test_the_fixed_shape_cache_gives_the_growing_caches_logits(variant_model, ra
                         [model.cfg.bos_id, 9, 8, 7, 6, 5]])
     with torch.inference_mode():
         cache = model.start_cache(model.encode(src), src)
-        static = model.start_static_cache(cache, 8)
+        static = fixed.start_translation(model, cache, 8)
         assert (static.memory_mask is not None) == padded
         for t in range(tgt.size(1)):
             want, cache = model.decode(tgt[:, t: t + 1], cache)
-            got = model.decode_static(tgt[:, t: t + 1], static)
+            got = fixed.decode_translation(model, tgt[:, t: t + 1], static)
             torch.testing.assert_close(got, want[:, -1])
         # several positions in one call: the last one's logits, as decode gives them
-        again = model.start_static_cache(model.start_cache(model.encode(src), src), 8)
-        torch.testing.assert_close(model.decode_static(tgt, again), got)
+        again = fixed.start_translation(model, model.start_cache(model.encode(src), src), 8)
+        torch.testing.assert_close(fixed.decode_translation(model, tgt, again), got)
 
 
-def test_compiled_greedy_search_gives_the_eager_results(make_model, rand_tokens, shrinks, without_gemm_timing):
-    # (the greedy step with the GEMM timing: tests/cli/test_cli_decoding.py)
+def sharp_model(make_model):
     model = make_model(seed=2, output_bias=True)
     with torch.no_grad():
         for p in model.parameters():  # sharp logits: no near-ties for rounding to break
             if p.dim() == 2:
                 p.mul_(4)
         model.out_bias[model.cfg.eos_id] = 2.0  # sentences end at different steps
+    return model
+
+
+@torch.inference_mode()
+def test_one_search_gives_the_same_hypotheses_on_either_step(make_model, rand_tokens, shrinks):
+    """The searches are written once: the growing cache's step (finished rows leave at
+    once) and the fixed-shape step run eagerly (finished rows stay, unread, until half are
+    done) give the same hypotheses, and equal scores."""
+    model = sharp_model(make_model)
+    src = rand_tokens([7, 2, 5, 1, 4, 9, 3, 6, 8, 2], width=9)
+    limits = max_output_lengths(src, model.cfg, 1.0, 8)
+
+    def start(group=1):
+        cache = model.start_cache(model.encode(src), src)
+        return cache.expand(group) if group > 1 else cache
+
+    for min_length in (0, 4):
+        eager = decode_greedily(GrowingStep(model), start(), limits, model.cfg, min_length)
+        fixed_shape = decode_greedily(FixedShapeStep(model), start(), limits, model.cfg, min_length)
+        assert [h[0].tokens for h in fixed_shape] == [h[0].tokens for h in eager]
+        assert [h[0].score for h in fixed_shape] == pytest.approx([h[0].score for h in eager], abs=1e-5)
+    assert shrinks and all(1 <= after <= before // 2 for before, after in shrinks)
+    shrinks.clear()
+    eager = decode_beams(GrowingStep(model), start(4), limits, model.cfg, 4, 0.6, 2)
+    fixed_shape = decode_beams(FixedShapeStep(model), start(4), limits, model.cfg, 4, 0.6, 2)
+    assert [[h.tokens for h in hs] for hs in fixed_shape] == [[h.tokens for h in hs] for hs in eager]
+    assert [h.score for hs in fixed_shape for h in hs] == pytest.approx([h.score for hs in eager for h in hs], abs=1e-5)
+    assert shrinks and all(4 <= after <= before // 2 and after % 4 == 0 for before, after in shrinks)
+
+
+def test_compiled_greedy_search_gives_the_eager_results(make_model, rand_tokens, shrinks, without_gemm_timing):
+    # (the greedy step with the GEMM timing: tests/cli/test_cli_decoding.py)
+    model = sharp_model(make_model)
     src = rand_tokens([7, 2, 5, 1, 4, 9, 3, 6, 8, 2], width=9)
     for kw in (dict(), dict(max_len_b=3), dict(min_length=4)):
         eager = greedy_search(model, src, **kw)
-        compiled = greedy_search(model, src, compile=True, **kw)
+        compiled = greedy_search(model, src, compile="on", **kw)
         assert [h[0].tokens for h in compiled] == [h[0].tokens for h in eager]
         assert [h[0].score for h in compiled] == pytest.approx([h[0].score for h in eager], abs=1e-4)
     lengths = {len(h[0].tokens) for h in eager}
@@ -75,7 +112,7 @@ def test_compiled_beam_search_gives_the_eager_hypotheses(decoder_model, rand_tok
     src = rand_tokens([7, 2, 5, 1, 4, 9, 3, 6], width=9)
     eager = beam_search(decoder_model, src, beam_size=4, alpha=alpha, n_best=n_best, max_len_b=12)
     compiled = beam_search(decoder_model, src, beam_size=4, alpha=alpha, n_best=n_best, max_len_b=12,
-                           compile=True)
+                           compile="on")
     assert [[h.tokens for h in hs] for hs in compiled] == [[h.tokens for h in hs] for hs in eager]
     assert [h.score for hs in compiled for h in hs] == pytest.approx([h.score for hs in eager for h in hs], abs=1e-4)
     assert len({len(hs[0].tokens) for hs in eager}) > 1

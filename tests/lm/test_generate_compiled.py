@@ -11,6 +11,7 @@ from transformer import ModelConfig
 from transformer.cli import main
 from transformer.decode import generate
 from transformer.decode.config import DecodingConfig
+from transformer.decode import fixed
 from transformer.decode.static import cache_capacity, should_compile
 from transformer.model import LanguageModel
 from transformer.train.trainer import Trainer
@@ -48,19 +49,19 @@ def test_the_fixed_shape_cache_gives_the_growing_caches_logits(shape):
     ids, real = left_pad(PROMPTS, model.cfg.pad_id, "cpu")
     with torch.inference_mode():
         cache = model.start_cache(len(PROMPTS))
-        static = model.start_static_cache(len(PROMPTS), 24)
+        static = fixed.start_generation(model, len(PROMPTS), 24)
         want, cache = model.decode(ids, cache, real=real)
-        got = model.decode_static(ids, static, real)
+        got = fixed.decode_generation(model, ids, static, real)
         torch.testing.assert_close(got, want[:, -1])
         every = torch.ones(len(PROMPTS), 1, dtype=torch.bool)
         for step in range(24 - ids.size(1)):
             token = torch.tensor([[4 + step], [7], [30 - step]])
             want, cache = model.decode(token, cache, real=every)
-            got = model.decode_static(token, static, every)
+            got = fixed.decode_generation(model, token, static, every)
             torch.testing.assert_close(got, want[:, -1])
         assert static.length == static.capacity == 24
         with pytest.raises(ValueError, match="24 are used and 1 more do not fit"):
-            model.decode_static(token, static, every)
+            fixed.decode_generation(model, token, static, every)
 
 
 @pytest.mark.parametrize("shape", ["llama", "gpt"])
@@ -90,19 +91,23 @@ def test_a_model_whose_weights_change_is_compiled_afresh(without_gemm_timing):
     assert generate(model, [[5, 6]], 12, temperature=0, compile="on") == eager
 
 
-def test_when_auto_compiles_and_how_large_the_cache_is():
+def test_when_auto_compiles_and_how_large_the_cache_is(monkeypatch):
     # auto: a step that is built already, or a generation long enough to pay for building one
-    assert should_compile("auto", 40_000) and not should_compile("auto", 4096)
-    assert should_compile("auto", 1, ready=True) and not should_compile("off", 1, ready=True)
-    assert should_compile("on", 1) and not should_compile("off", 40_000)
-    assert should_compile(True, 1) and not should_compile(False, 40_000)
-    with pytest.raises(ValueError, match="compile must be one of auto, on, off"):
-        should_compile("yes", 1)
+    from transformer.decode import static
+
+    model = make_model("gpt")
+    assert should_compile("auto", model, new_tokens=40_000) and not should_compile("auto", model, new_tokens=4096)
+    monkeypatch.setattr(static, "has_package", lambda *a, **kw: True)  # built already
+    assert should_compile("auto", model, new_tokens=1) and not should_compile("off", model, new_tokens=1)
+    assert should_compile("on", model, new_tokens=1) and not should_compile("off", model, new_tokens=40_000)
+    for other_type in (True, False, None, "yes"):  # one type: the string, from the command line to the search
+        with pytest.raises(ValueError, match="compile must be one of auto, on, off"):
+            should_compile(other_type, model)
     assert cache_capacity(16, 256, 512) == 320  # a multiple of 64 ...
     assert cache_capacity(3, 5, 512) == 64
     assert cache_capacity(16, 600, 512) == 512  # ... never beyond the positions (the window slides)
     with pytest.raises(ValueError, match="capacity must be 1 to max_len=32"):
-        make_model("gpt").start_static_cache(2, 33)
+        fixed.start_generation(make_model("gpt"), 2, 33)
 
 
 def test_a_bad_compile_value_is_a_one_line_error(trained_lm, capsys):

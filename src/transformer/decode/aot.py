@@ -2,9 +2,10 @@
 built by inductor into a package of generated C++ (a ``.pt2`` file holding a shared library
 and the model's frozen weights), and loaded by any later process in a fraction of a second.
 
-What is compiled is one step of a search on a fixed-shape cache, ``step_slots`` of
-:class:`~transformer.model.Transformer` (translation) or
-:class:`~transformer.model.LanguageModel` (generation), with the sizes that change from one
+What is compiled is one step of a search on a fixed-shape cache,
+:func:`~transformer.decode.fixed.translation_step` of a :class:`~transformer.model.Transformer`
+or :func:`~transformer.decode.fixed.generation_step` of a
+:class:`~transformer.model.LanguageModel`, with the sizes that change from one
 step or search to the next as symbolic sizes of the one graph: the decoder rows, the source
 length, the cache's capacity and the slots written so far. Only one size is not symbolic: the
 rows per source sentence (1 for greedy search, the beam size for beam search), so a search
@@ -26,7 +27,9 @@ import torch
 from torch import nn
 
 from ..run.files import atomic_write
+from . import fixed
 from .common import next_token_logprobs
+from .steps import is_translation
 
 FORMAT = 1  # bumped when what a package holds, or how it is called, changes
 
@@ -46,33 +49,32 @@ INDUCTOR_OPTIONS = dict(
 
 
 class _TranslationStep(nn.Module):
-    """``Transformer.step_slots`` on flat tensors: ``slots`` (U,) stands for ``upto`` (a
-    size, so that it is symbolic), the cross-attention K and V come as two tuples."""
+    """:func:`~transformer.decode.fixed.translation_step` on flat tensors: ``slots`` (U,)
+    stands for ``upto`` (a size, so that it is symbolic), the cross-attention K and V come
+    as two tuples."""
 
     def __init__(self, model: nn.Module, group: int, logprobs: bool) -> None:
         super().__init__()
         self.model, self.group, self.logprobs = model, group, logprobs
 
     def forward(self, tgt, index, slots, k, v, cross_k, cross_v, memory_mask):
-        logits = self.model.step_slots(tgt, index, k, v, tuple(zip(cross_k, cross_v)), memory_mask,
-                                       slots.size(0), self.group)
+        logits = fixed.translation_step(self.model, tgt, index, k, v, tuple(zip(cross_k, cross_v)), memory_mask,
+                                        slots.size(0), self.group)
         return next_token_logprobs(logits, self.model.cfg) if self.logprobs else logits
 
 
 class _LanguageModelStep(nn.Module):
-    """``LanguageModel.step_slots`` with ``upto`` given as the size of ``slots`` (U,)."""
+    """:func:`~transformer.decode.fixed.generation_step` with ``upto`` given as the size of
+    ``slots`` (U,)."""
 
     def __init__(self, model: nn.Module, logprobs: bool) -> None:
         super().__init__()
         self.model, self.logprobs = model, logprobs
 
     def forward(self, tokens, real, index, slots, k, v, key_mask, next_position):
-        logits = self.model.step_slots(tokens, real, index, k, v, key_mask, next_position, slots.size(0))
+        logits = fixed.generation_step(self.model, tokens, real, index, k, v, key_mask, next_position,
+                                       slots.size(0))
         return next_token_logprobs(logits, self.model.cfg) if self.logprobs else logits
-
-
-def is_translation(model: nn.Module) -> bool:
-    return hasattr(model, "encode")
 
 
 def _example(model: nn.Module, group: int, logprobs: bool):
@@ -93,7 +95,7 @@ def _example(model: nn.Module, group: int, logprobs: bool):
     if is_translation(model):
         src = torch.full((3, min(cfg.max_len, 5)), 4, dtype=torch.long, device=device)
         cache = model.start_cache(model.encode(src), src)
-        static = model.start_static_cache(cache.expand(group) if group > 1 else cache, capacity)
+        static = fixed.start_translation(model, cache.expand(group) if group > 1 else cache, capacity)
         module = _TranslationStep(model, group, logprobs)
         args = (torch.full((3 * group, 1), 4, dtype=torch.long, device=device), slot, slots, static.k, static.v,
                 tuple(c[0] for c in static.cross_kv), tuple(c[1] for c in static.cross_kv), cache.memory_mask)
@@ -102,7 +104,7 @@ def _example(model: nn.Module, group: int, logprobs: bool):
                       k=(kv,) * layers, v=(kv,) * layers, cross_k=(cross,) * layers, cross_v=(cross,) * layers,
                       memory_mask={0: sentences, 3: cross[2]})
     else:
-        static = model.start_static_cache(6, capacity)
+        static = fixed.start_generation(model, 6, capacity)
         module = _LanguageModelStep(model, logprobs)
         tokens = torch.full((6, 1), 4, dtype=torch.long, device=device)
         args = (tokens, torch.ones_like(tokens, dtype=torch.bool), slot, slots, static.k, static.v, static.key_mask,
@@ -180,7 +182,8 @@ def _cpu() -> str:
 @cache
 def _source_digest() -> str:
     root = Path(__file__).resolve().parent.parent
-    files = [*sorted((root / "model").glob("*.py")), *(root / "decode" / n for n in ("aot.py", "common.py", "precision.py"))]
+    files = [*sorted((root / "model").glob("*.py")),
+             *(root / "decode" / n for n in ("aot.py", "common.py", "fixed.py", "precision.py"))]
     h = hashlib.sha256()
     for f in files:
         h.update(f.name.encode())

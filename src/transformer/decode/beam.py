@@ -10,14 +10,17 @@ still beat the n-th best of them. With a length penalty, a live hypothesis's sco
 *rise* as it grows (logprob / lp(len), lp growing), so the bound uses the best score it
 could reach at any length up to the limit, not its current score. At the length limit EOS
 is forced, so every sentence returns n-best even then.
+
+Written once over a step (:mod:`transformer.decode.steps`): eager on the growing cache, or
+compiled on a fixed-shape one.
 """
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from .common import Hypothesis, force_eos, length_penalty, max_output_lengths, next_token_logprobs, top_k_rows
-from .static import cache_capacity, compiled_step, shrinks
+from .common import Hypothesis, force_eos, length_penalty, max_output_lengths, top_k_rows
+from .static import cache_capacity, search_step
 
 
 def _best_reachable(raw: Tensor, step: int, limit_lp: Tensor, alpha: float) -> Tensor:
@@ -37,7 +40,7 @@ def beam_search(
     max_len_a: float = 1.0,
     max_len_b: int = 50,
     min_length: int = 0,
-    compile: bool = False,
+    compile: str = "off",
 ) -> list[list[Hypothesis]]:
     """Decode a batch with beam search.
 
@@ -50,28 +53,34 @@ def beam_search(
         max_len_a, max_len_b: at most a * src_len + b tokens per sentence (EOS included).
         min_length: EOS is blocked before this many tokens (EOS included); the length
             limit wins where the two disagree.
-        compile: every step through one compiled step on a fixed-shape cache
-            (:mod:`transformer.decode.static`): the rows of finished sentences stay in the
-            batch, unread, until half the sentences are done, then the batch shrinks to
-            those still decoding (a few shapes per search); the same hypotheses.
+        compile: ``off``, ``on`` or ``auto``: every step through one compiled step on a
+            fixed-shape cache (:func:`transformer.decode.static.should_compile` decides);
+            the same hypotheses.
 
     Returns:
         For each sentence, its ``n_best`` hypotheses, best first.
     """
     if not 1 <= n_best <= beam_size:
         raise ValueError(f"n_best must be between 1 and beam_size ({beam_size}), got {n_best}")
-    cfg = model.cfg
-    k, vocab = beam_size, cfg.target_vocab_size
-    batch, device = src.size(0), src.device
-    limits = max_output_lengths(src, cfg, max_len_a, max_len_b)
-    cache = model.start_cache(model.encode(src), src)
-    cache = cache.expand(k)  # row = b*K + j; the K rows of a sentence share its cross-attention K/V
-    static = None
-    if compile and hasattr(model, "step_slots"):  # (an ensemble decodes eagerly)
-        static = model.start_static_cache(cache, cache_capacity(0, int(limits.max()), cfg.max_len))
-        step_fn = compiled_step(model, logprobs=True)  # the step returns next_token_logprobs
-        placed = torch.arange(batch, device=device)  # the sentence of each group of K rows in `static`
-        every_last = torch.full((batch, k), cfg.eos_id, dtype=torch.long, device=device)  # finished rows: anything
+    limits = max_output_lengths(src, model.cfg, max_len_a, max_len_b)
+    step = search_step(model, compile, group=beam_size, rows=src.size(0) * beam_size)
+    # row = b*K + j; the K rows of a sentence share its cross-attention K/V
+    cache = model.start_cache(model.encode(src), src).expand(beam_size)
+    return decode_beams(step, cache, limits, model.cfg, beam_size, alpha, n_best, min_length)
+
+
+def decode_beams(step, cache, limits: Tensor, cfg, k: int, alpha: float = 0.6, n_best: int = 1,
+                 min_length: int = 0) -> list[list[Hypothesis]]:
+    """Beam search through ``step`` (:mod:`transformer.decode.steps`) from ``cache`` (the
+    model's after the encoder, ``expand``-ed to ``k`` rows per sentence). The cache holds
+    the rows of the sentences in ``placed``; a finished sentence's rows stay there, unread,
+    until the step drops finished rows (the eager step at once; the compiled one when half
+    the sentences are done, so that it runs at a few batch sizes only)."""
+    vocab = cfg.target_vocab_size
+    batch, device = limits.size(0), limits.device
+    cache = step.start(cache, cache_capacity(0, int(limits.max()), cfg.max_len))
+    placed = torch.arange(batch, device=device)  # the sentence of each group of K rows in the cache
+    every_last = torch.full((batch, k), cfg.eos_id, dtype=torch.long, device=device)  # finished rows: anything
 
     alive = torch.arange(batch, device=device)  # sentence index of each group of K rows
     seqs = torch.empty((batch * k, 0), dtype=torch.long, device=device)  # generated ids, no BOS, no EOS
@@ -83,22 +92,19 @@ def beam_search(
     # the length penalty at each sentence's limit, from Python floats like the scores.
     nth_best = torch.full((batch,), float("-inf"), dtype=torch.float64, device=device)
     limit_lp = torch.tensor([length_penalty(n, alpha) for n in limits.tolist()], dtype=torch.float64, device=device)
-    step = 0
+    step_i = 0
     while alive.numel() > 0:
-        step += 1
+        step_i += 1
         n_alive = alive.numel()
-        if static is None:
-            logits, cache = model.decode(last, cache)
-            lp = next_token_logprobs(logits[:, -1], cfg)  # (A*K, V)
-        else:  # every row steps; the alive sentences' rows are read
-            at = torch.searchsorted(placed, alive)  # their groups in `static` (both sorted)
-            every_last[at] = last.view(n_alive, k)
-            lp = model.decode_static(every_last.view(-1, 1), static, step_fn)  # log-probabilities
-            if n_alive < placed.numel():  # (else `at` is every group, in order)
-                lp = lp.view(placed.numel(), k, -1)[at].view(n_alive * k, -1)
-        if step < min_length:
+        # every placed row steps; the alive sentences' rows are read
+        at = torch.searchsorted(placed, alive)  # their groups in the cache (both sorted)
+        every_last[at] = last.view(n_alive, k)
+        lp, cache = step(every_last.view(-1, 1), cache)  # (P*K, V) log-probabilities
+        if n_alive < placed.numel():  # (else `at` is every group, in order)
+            lp = lp.view(placed.numel(), k, -1)[at].view(n_alive * k, -1)
+        if step_i < min_length:
             lp[:, cfg.eos_id] = float("-inf")
-        at_limit = limits[alive] <= step  # (A,)
+        at_limit = limits[alive] <= step_i  # (A,)
         force_eos(lp, at_limit.repeat_interleave(k), cfg.eos_id)
 
         # The 2K best extensions of a sentence are among the 2K best of each of its beams
@@ -120,7 +126,8 @@ def beam_search(
                 row = a * k + int(top_beam[a, j])
                 raw = float(top_scores[a, j])
                 b = int(alive[a])
-                finished[b].append(Hypothesis(seqs[row].tolist() + [cfg.eos_id], raw / length_penalty(step, alpha), raw))
+                finished[b].append(Hypothesis(seqs[row].tolist() + [cfg.eos_id], raw / length_penalty(step_i, alpha),
+                                              raw))
                 touched.add(b)
             for b in touched:
                 if len(finished[b]) >= n_best:
@@ -134,25 +141,24 @@ def beam_search(
 
         # A sentence is done at its limit, or when its best live hypothesis cannot beat its
         # n-th best finished one (never while it has fewer than n_best: nth_best is -inf).
-        best_live = _best_reachable(scores[:, 0].double(), step, limit_lp[alive], alpha)
+        best_live = _best_reachable(scores[:, 0].double(), step_i, limit_lp[alive], alpha)
         nth = nth_best[alive]
         keep_t = ~(at_limit | (torch.isfinite(nth) & (best_live <= nth)))
 
-        rows = (torch.arange(n_alive, device=device)[:, None] * k + beam_of)  # (A, K) source rows
-        if static is not None:  # the same moves in the fixed rows: `at` says where each sentence's K rows are
-            order = torch.arange(placed.numel() * k, device=device).view(-1, k)
-            order[at[keep_t]] = (at[:, None] * k + beam_of)[keep_t]
-            static.reorder(order.view(-1))
-            n_keep = int(keep_t.sum())
-            if shrinks(n_keep, placed.numel()):  # shrink the batch to the sentences still decoding
-                groups = at[keep_t]
-                static = static.select((groups[:, None] * k + torch.arange(k, device=device)).view(-1))
-                placed, every_last = alive[keep_t], every_last[groups]
-        rows, tok, scores = rows[keep_t].view(-1), tok[keep_t].view(-1, 1), scores[keep_t]
+        # The cache's rows move with their beams: row i of an alive sentence's group takes
+        # the contents of the row its beam came from; other groups stay as they are.
+        order = torch.arange(placed.numel() * k, device=device).view(-1, k)
+        order[at[keep_t]] = (at[:, None] * k + beam_of)[keep_t]
+        if step.drops(int(keep_t.sum()), placed.numel()):  # and the finished sentences' rows leave
+            groups = at[keep_t]
+            cache = step.keep(cache, order[groups].view(-1))
+            placed, every_last = alive[keep_t], every_last[groups]
+        else:
+            cache = step.keep(cache, order.view(-1))
+        rows = (torch.arange(n_alive, device=device)[:, None] * k + beam_of)[keep_t].view(-1)  # (A', K) in seqs
+        tok, scores = tok[keep_t].view(-1, 1), scores[keep_t]
         alive = alive[keep_t]
         seqs = torch.cat([seqs.index_select(0, rows), tok], dim=1)
-        if static is None:
-            cache = cache.index_select(rows)
         last = tok
 
     return [sorted(f, key=lambda h: h.score, reverse=True)[:n_best] for f in finished]

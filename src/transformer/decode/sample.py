@@ -18,8 +18,8 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch import Tensor
 
-from ..model.cache import StaticKVCache
-from .static import cache_capacity, compiled_step, has_package, should_compile
+from .static import cache_capacity, search_step
+from .steps import left_pad  # noqa: F401 (part of this module's interface)
 
 
 def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
@@ -48,22 +48,10 @@ def next_tokens(logits: Tensor, temperature: float, top_k: int, top_p: float,
     return torch.cat([torch.multinomial(p, 1, generator=g) for p, g in zip(probs, generators)])
 
 
-def left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[Tensor, Tensor]:
-    """(B, T) ids left-padded with ``pad_id``, and (B, T) True at the real tokens."""
-    width = max(len(p) for p in prompts)
-    out = torch.full((len(prompts), width), pad_id, dtype=torch.long, device=device)
-    real = torch.zeros((len(prompts), width), dtype=torch.bool, device=device)
-    for i, p in enumerate(prompts):
-        if p:
-            out[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-            real[i, width - len(p):] = True
-    return out, real
-
-
 @torch.inference_mode()
 def generate_stream(model, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0,
                     top_k: int = 0, top_p: float = 1.0, seed: int | Sequence[int | None] | None = None,
-                    stop_id: int | None = None, compile: str | bool = "off") -> Iterator[Tensor]:
+                    stop_id: int | None = None, compile: str = "off") -> Iterator[Tensor]:
     """Yield the next token of every row, (B,) ids, ``max_new_tokens`` times (fewer when every
     row has produced ``stop_id``; a finished row then repeats ``stop_id``).
 
@@ -80,30 +68,26 @@ def generate_stream(model, prompts: list[list[int]], max_new_tokens: int, temper
     generators = None
     if temperature > 0:
         generators = [torch.Generator(device=device).manual_seed(s) for s in row_seeds(seed, len(prompts))]
-    if should_compile(compile, max_new_tokens, ready=compile == "auto" and has_package(model, logprobs=False)):
-        yield from _generate_static(model, prompts, max_new_tokens, temperature, top_k, top_p, generators, stop_id)
-        return
+    step = search_step(model, compile, logprobs=False, rows=len(prompts), new_tokens=max_new_tokens)
+    capacity = cache_capacity(max(len(p) for p in prompts), max_new_tokens, cfg.max_len)
     history = [list(p) for p in prompts]
-    cache = model.start_cache(len(prompts), device)
-    ids, real = left_pad(prompts, cfg.pad_id, device)
-    logits, cache = model.decode(ids, cache, real=real)
-    every = torch.ones(len(prompts), 1, dtype=torch.bool, device=device)  # a generated token is real, whatever its id
+    cache, logits = step.prefill(history, capacity)
     done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
-    for step in range(max_new_tokens):
-        token = _choose(logits[:, -1], temperature, top_k, top_p, generators, stop_id, done)
+    new: list[Tensor] = []  # the tokens since `history` was last brought up to date
+    for i in range(max_new_tokens):
+        token = _choose(logits, temperature, top_k, top_p, generators, stop_id, done)
         yield token
-        if bool(done.all()) or step == max_new_tokens - 1:
+        if i == max_new_tokens - 1 or (stop_id is not None and bool(done.all())):
             return
-        for row, t in zip(history, token.tolist()):
-            row.append(t)
-        if int(cache.next_position.max()) >= cfg.max_len:  # a row's positions are full: slide its window
+        new.append(token)
+        if step.full(cache):  # slide the windows of the rows whose positions are full
+            for row, ts in zip(history, torch.stack(new, 1).tolist()):
+                row.extend(ts)
+            new.clear()
             # next_position counts the tokens of a row's window in the cache; the new token is not in it yet
-            keep = _windows(history, cache.next_position.tolist(), cfg.max_len)
-            cache = model.start_cache(len(prompts), device)
-            ids, real = left_pad(keep, cfg.pad_id, device)
-            logits, cache = model.decode(ids, cache, real=real)
+            cache, logits = step.prefill(_windows(history, cache.next_position.tolist(), cfg.max_len), capacity)
         else:
-            logits, cache = model.decode(token[:, None], cache, real=every)
+            logits, cache = step(token[:, None], cache)
 
 
 def _choose(logits: Tensor, temperature: float, top_k: int, top_p: float, generators,
@@ -124,41 +108,6 @@ def _windows(history: list[list[int]], in_cache: list[int], max_len: int) -> lis
     return [row[-(max_len // 2):] if n >= max_len else row[-(n + 1):] for row, n in zip(history, in_cache)]
 
 
-def _generate_static(model, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_k: int,
-                     top_p: float, generators, stop_id: int | None) -> Iterator[Tensor]:
-    """:func:`generate_stream` on a fixed-shape cache: the prompt eagerly, every later step
-    through the compiled step. The same tokens as the eager path, sliding window included
-    (the cache is rebuilt when its slots are full: rows whose positions are full slide, the
-    others keep their whole window, as they would on the growing cache)."""
-    cfg, device = model.cfg, model.output_layer()[0].device
-    step = compiled_step(model)
-    capacity = cache_capacity(max(len(p) for p in prompts), max_new_tokens, cfg.max_len)
-    history = [list(p) for p in prompts]
-
-    def prefill(rows: list[list[int]]) -> tuple[StaticKVCache, Tensor]:
-        cache = model.start_static_cache(len(rows), capacity)
-        ids, real = left_pad(rows, cfg.pad_id, device)
-        return cache, model.decode_static(ids, cache, real)
-
-    cache, logits = prefill(history)
-    every = torch.ones(len(prompts), 1, dtype=torch.bool, device=device)
-    done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
-    new: list[Tensor] = []  # the tokens since `history` was last brought up to date
-    for i in range(max_new_tokens):
-        token = _choose(logits, temperature, top_k, top_p, generators, stop_id, done)
-        yield token
-        if i == max_new_tokens - 1 or (stop_id is not None and bool(done.all())):
-            return
-        new.append(token)
-        if cache.length == cache.capacity:  # no slot left: slide the rows whose positions are full
-            for row, ts in zip(history, torch.stack(new, 1).tolist()):
-                row.extend(ts)
-            new.clear()
-            cache, logits = prefill(_windows(history, cache.next_position.tolist(), cfg.max_len))
-        else:
-            logits = model.decode_static(token[:, None], cache, every, step)
-
-
 def row_seeds(seed: int | Sequence[int | None] | None, n_rows: int) -> list[int]:
     """The seed of each row's generator: ``seed + row``, or the given one per row; a fresh
     one (``torch.seed()``) where none is given."""
@@ -172,7 +121,7 @@ def row_seeds(seed: int | Sequence[int | None] | None, n_rows: int) -> list[int]
 
 def generate(model, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0, top_k: int = 0,
              top_p: float = 1.0, seed: int | Sequence[int | None] | None = None,
-             stop_id: int | None = None, compile: str | bool = "off") -> list[list[int]]:
+             stop_id: int | None = None, compile: str = "off") -> list[list[int]]:
     """The new tokens of each row (without the prompt; cut after ``stop_id``, which is kept);
     ``compile`` as for :func:`generate_stream`."""
     out: list[list[int]] = [[] for _ in prompts]

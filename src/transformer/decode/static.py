@@ -1,9 +1,10 @@
-"""Compiled decoding on a fixed-shape cache: one decoding step, compiled ahead of time
-(:mod:`transformer.decode.aot`) and reused for every step of a search (language-model
-generation, greedy and beam search).
+"""Compiled decoding on a fixed-shape cache: one decoding step (:mod:`transformer.decode.fixed`),
+compiled ahead of time (:mod:`transformer.decode.aot`) and reused for every step of a search
+(language-model generation, greedy and beam search); and the one decision whether a search
+runs it (:func:`should_compile`, :func:`search_step`).
 
 The cache of ``model.decode`` is rebuilt every step (one position longer, concatenated),
-and finished rows leave it. A :class:`~transformer.model.cache.StaticKVCache` has its final
+and finished rows leave it. A :class:`~transformer.decode.fixed.FixedKVCache` has its final
 size from the start (``capacity`` positions, written in place; finished rows stay, unread,
 until a search drops them at a bucket boundary, when half its rows are done), so the only
 size that changes from step to step is the number of slots written so far, a symbolic size
@@ -37,7 +38,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..model import masks
 from . import aot
+from .steps import FixedShapeStep, GrowingStep, is_translation
 
 COMPILE_CHOICES = ("auto", "on", "off")
 # compile="auto" builds a step for a generation of at least this many new tokens (steps: a
@@ -59,14 +62,22 @@ def keep_packages_in(model: nn.Module, folder: str | Path) -> None:
     _folders[model] = Path(folder)
 
 
+def compilable(model) -> bool:
+    """Whether ``model`` has the parts a fixed-shape step is built from (an ensemble, or a
+    stand-in with only ``encode`` / ``start_cache`` / ``decode``, decodes eagerly)."""
+    return hasattr(model, "decoder_input")
+
+
 def has_package(model: nn.Module, group: int = 1, logprobs: bool = True) -> bool:
     """Whether the step that a search with ``group`` rows per sentence (1: greedy, else the
     beam size; language models: 1) would use is built already, in memory or on disk."""
-    return hasattr(model, "step_slots") and _held(model).ready(group, logprobs)
+    return compilable(model) and _held(model).ready(group, logprobs)
 
 
 def compiled_step(model: nn.Module, logprobs: bool = False):
-    """``model.step_slots``, compiled: the same arguments, the same result. The package for
+    """:func:`~transformer.decode.fixed.translation_step` or
+    :func:`~transformer.decode.fixed.generation_step` of ``model``, compiled: the same
+    arguments (without the model), the same result. The package for
     each kind of search (the ``group`` it is called with) is loaded or built on first use and
     kept with the model; if the weights change afterwards (in place, as an optimizer does, or
     replaced), or the model switches between training and evaluation, the next call loads or
@@ -114,7 +125,7 @@ class _Steps:
 
     def step(self, logprobs: bool):
         if logprobs not in self.steps:
-            make = _translation_step if aot.is_translation(self.owner()) else _language_model_step
+            make = _translation_step if is_translation(self.owner()) else _language_model_step
             self.steps[logprobs] = make(self, logprobs)
         return self.steps[logprobs]
 
@@ -135,7 +146,7 @@ def _translation_step(steps: _Steps, logprobs: bool):
         _one_token(tgt)
         if memory_mask is None:  # no padding in the sources: a mask that hides nothing
             key = cross_kv[0][0]
-            memory_mask = torch.ones(key.size(0), 1, 1, key.size(2), dtype=torch.bool, device=key.device)
+            memory_mask = masks.attend_everywhere(key.size(0), key.size(2), key.device)
         return steps.runner(group, logprobs)(tgt, index, slots[:upto], k, v, tuple(c[0] for c in cross_kv),
                                              tuple(c[1] for c in cross_kv), memory_mask)
 
@@ -211,23 +222,35 @@ def _weights_version(model: nn.Module) -> tuple[int, ...]:
     return (int(model.training), *(x for t in (*model.parameters(), *model.buffers()) for x in (id(t), t._version)))
 
 
-def should_compile(compile: str | bool, new_tokens: int = 0, ready: bool = False) -> bool:
-    """Whether a search or generation of ``new_tokens`` steps runs the compiled step: ``on`` /
-    True always, ``off`` / False never, ``auto`` when its step is ``ready`` (built, see
-    :func:`has_package`) or the generation is long enough to pay for building it."""
-    if isinstance(compile, bool):
-        return compile
+def should_compile(compile: str, model, *, group: int = 1, logprobs: bool = True, rows: int = 0,
+                   new_tokens: int = 0) -> bool:
+    """Whether a search runs the compiled step: the one place this is decided.
+
+    Args:
+        compile: ``on`` (build the step if it is missing), ``off``, or ``auto``: when the
+            step is built already (:func:`has_package`) or the generation of ``new_tokens``
+            is long enough to pay for building it (:data:`AUTO_MIN_STEPS`).
+        model: the model (an ensemble decodes eagerly).
+        group, logprobs: which step (rows per source sentence: 1 for greedy search and
+            generation, the beam size for beam search; log-probabilities or logits).
+        rows: a translation batch's decoder rows (sentences x beam); more than
+            :data:`MAX_COMPILED_ROWS` decode eagerly (no slower there). 0: not known yet.
+    """
     if compile not in COMPILE_CHOICES:
         raise ValueError(f"compile must be one of {', '.join(COMPILE_CHOICES)}, got {compile!r}")
-    return compile == "on" or (compile == "auto" and (ready or new_tokens >= AUTO_MIN_STEPS))
+    if compile == "off" or not compilable(model) or (is_translation(model) and rows > MAX_COMPILED_ROWS):
+        return False
+    return compile == "on" or new_tokens >= AUTO_MIN_STEPS or has_package(model, group, logprobs)
 
 
-def shrinks(live: int, rows: int) -> bool:
-    """Whether a compiled search drops its finished rows now (or, with beams, its finished
-    sentences' groups): when half or fewer of its ``rows`` are still decoding, so that a
-    search runs at a few batch sizes only (the step's batch is a symbolic size: any will do,
-    but each new one costs a copy of the cache)."""
-    return 1 <= live <= rows // 2
+def search_step(model, compile: str, *, group: int = 1, logprobs: bool = True, rows: int = 0,
+                new_tokens: int = 0):
+    """The step a search runs (:mod:`transformer.decode.steps`): the compiled one on a
+    fixed-shape cache where :func:`should_compile` says so, else ``model.decode`` on the
+    growing cache."""
+    if should_compile(compile, model, group=group, logprobs=logprobs, rows=rows, new_tokens=new_tokens):
+        return FixedShapeStep(model, compiled_step(model, logprobs), logprobs)
+    return GrowingStep(model, logprobs)
 
 
 def cache_capacity(longest_prompt: int, new_tokens: int, max_len: int) -> int:

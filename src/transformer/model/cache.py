@@ -1,10 +1,22 @@
-"""The decoder's KV cache: an explicit object passed into ``decode()`` and returned by it."""
+"""The decoder's KV cache: an explicit object passed into ``decode()`` and returned by it.
+
+What the decoder asks of a cache (:class:`KVCache` here; the fixed-shape cache of compiled
+decoding, ``decode/fixed.py``, offers the same):
+
+    cache.layer(i).extend(k, v)  -> the K, V layer ``i``'s self-attention attends over: the
+                                    cached positions' and the new ones (which the cache keeps)
+    cache.self_mask(t_new, ...)  -> the new positions' self-attention mask
+    cache.cross_kv, cache.attend_mask, cache.group  -> cross-attention's K, V and mask
+    cache.grown(self_kv)         -> the cache after the step
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
+
+from . import masks
 
 
 @dataclass(frozen=True)
@@ -56,6 +68,21 @@ class KVCache:
             return self.next_position.size(0)
         return self.memory_mask.size(0) * self.group
 
+    def layer(self, i: int) -> "Appended":
+        """Layer ``i``'s self-attention K, V, to be extended by the new positions'."""
+        return Appended(self.self_kv[i])
+
+    def self_mask(self, t_new: int, key_mask: Tensor | None = None, device: torch.device | None = None) -> Tensor | None:
+        """The self-attention mask of ``t_new`` new positions after the cached ones:
+        (1, 1, T_new, T_past + T_new) causal, or None for one position (it sees everything);
+        with ``key_mask`` (B, T_past + T_new), True at real tokens, padding keys hidden too."""
+        causal = None if t_new == 1 else masks.causal_mask(t_new, self.length + t_new, device)
+        return masks.combine(causal, None if key_mask is None else masks.real_keys(key_mask))
+
+    def grown(self, self_kv: tuple[tuple[Tensor, Tensor], ...]) -> "KVCache":
+        """This cache with every layer's self-attention K, V now ``self_kv`` (new positions included)."""
+        return replace(self, self_kv=tuple(self_kv))
+
     def expand(self, group: int) -> "KVCache":
         """``group`` decoder rows per sentence (row = sentence * group + j), e.g. for beams."""
         if self.group != 1:
@@ -79,7 +106,7 @@ class KVCache:
         if self.memory_mask is None:  # decoder-only: every row is its own
             return replace(self, self_kv=self_kv, next_position=self.next_position.index_select(0, index),
                            key_mask=None if self.key_mask is None else self.key_mask.index_select(0, index))
-        sources = _sentences(index, self.group)
+        sources = sentences(index, self.group)
         n_src = self.memory_mask.size(0)
         if sources.numel() == n_src and bool((sources == torch.arange(n_src, device=index.device)).all()):
             return replace(self, self_kv=self_kv)  # same sentences, same order: nothing to copy
@@ -87,107 +114,21 @@ class KVCache:
                        memory_mask=self.memory_mask.index_select(0, sources))
 
 
-def _sentences(rows: Tensor, group: int) -> Tensor:
+@dataclass(frozen=True)
+class Appended:
+    """One layer's cached self-attention K, V (B, H_kv, T_past, D), or None before the first
+    step; a step's new positions are concatenated to them (a new tensor every step)."""
+
+    past: tuple[Tensor, Tensor] | None
+
+    def extend(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """The new K, V (B, H_kv, T_new, D) after the cached ones: (B, H_kv, T_past + T_new, D) each."""
+        if self.past is None:
+            return k, v
+        return torch.cat([self.past[0], k], dim=2), torch.cat([self.past[1], v], dim=2)
+
+
+def sentences(rows: Tensor, group: int) -> Tensor:
     """The source sentence of each group of ``group`` decoder rows in ``rows`` (whole groups,
     each taken from one sentence: row = sentence * group + j)."""
     return rows.view(-1, group)[:, 0] // group if group > 1 else rows
-
-
-@dataclass(frozen=True)
-class Slots:
-    """One layer's self-attention K, V at a fixed shape: buffers (B, H_kv, L, D) preallocated
-    for L positions, into which a decoding step writes its new keys and values in place, at
-    the slots ``index`` (T_new,). Attention then reads the first ``upto`` slots, those
-    written so far (a view, no copy). (The growing cache of :class:`KVCache` is a new tensor
-    every step, made by concatenation; these buffers stay, so one compiled step, with the
-    number of slots read as a symbolic size, serves a whole search.)"""
-
-    k: Tensor
-    v: Tensor
-    index: Tensor
-    upto: int
-
-    def write(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store the new K, V (B, H_kv, T_new, D) at ``index``; return the buffers' first
-        ``upto`` slots."""
-        self.k.index_copy_(2, self.index, k)
-        self.v.index_copy_(2, self.index, v)
-        return self.k[:, :, : self.upto], self.v[:, :, : self.upto]
-
-
-@dataclass
-class StaticKVCache:
-    """A decoder's cache at a fixed shape, written in place (see :class:`Slots`): a
-    decoder-only model's, or an encoder-decoder's with its cross-attention K, V.
-
-    Attributes:
-        k, v: per layer, (B, H_kv, L, D) buffers for L = ``capacity`` positions.
-        key_mask: (B, L) True where a slot holds a real token (left-padded prompts leave
-            padding slots; slots not written yet are False).
-        next_position: (B,) the position of each row's next token.
-        length: slots written so far (the same for every row).
-        cross_kv: an encoder-decoder's cross-attention (K, V) per layer, each (B, H, S, D),
-            and ``memory_mask`` (B, 1, 1, S) or None (no padding), as in :class:`KVCache`;
-            None for a decoder-only model. (Its target rows have no padding: ``key_mask``
-            and ``next_position`` follow ``length``.)
-        group: decoder rows per source sentence (beam search), as in :class:`KVCache`.
-    """
-
-    k: tuple[Tensor, ...]
-    v: tuple[Tensor, ...]
-    key_mask: Tensor
-    next_position: Tensor
-    length: int = 0
-    cross_kv: tuple[tuple[Tensor, Tensor], ...] | None = None
-    memory_mask: Tensor | None = None
-    group: int = 1
-
-    @classmethod
-    def empty(cls, n_layers: int, batch_size: int, n_kv_heads: int, capacity: int, d_head: int,
-              dtype: torch.dtype, device: torch.device | str) -> "StaticKVCache":
-        def buf() -> Tensor:
-            # Not zeroed: attention reads only the slots written so far (``Slots.upto``), and
-            # every row writes every slot up to there; zeroing 8 MB buffers (128 rows, 128
-            # positions) cost 8% of a beam search at batch 32.
-            return torch.empty(batch_size, n_kv_heads, capacity, d_head, dtype=dtype, device=device)
-
-        return cls(k=tuple(buf() for _ in range(n_layers)), v=tuple(buf() for _ in range(n_layers)),
-                   key_mask=torch.zeros(batch_size, capacity, dtype=torch.bool, device=device),
-                   next_position=torch.zeros(batch_size, dtype=torch.long, device=device))
-
-    @property
-    def capacity(self) -> int:
-        return self.key_mask.size(1)
-
-    def next_slots(self, t: int) -> Tensor:
-        """The slots of the next ``t`` positions, (t,); ValueError when they do not fit. A
-        tensor of its own, not a view of a longer one: a view's offset would be one more size
-        for the compiled step to guard on (and, equal by chance to another size, a reason to
-        compile again)."""
-        if self.length + t > self.capacity:
-            raise ValueError(f"the cache holds {self.capacity} positions; {self.length} are used and "
-                             f"{t} more do not fit")
-        return torch.arange(self.length, self.length + t, device=self.key_mask.device)
-
-    def select(self, rows: Tensor) -> "StaticKVCache":
-        """A smaller cache holding ``rows`` of this one, in that order (a search dropping the
-        rows of finished sentences, at a few batch sizes only). With ``group`` > 1, ``rows``
-        keeps whole groups, as :meth:`KVCache.index_select` does."""
-        sources = _sentences(rows, self.group)
-        return StaticKVCache(
-            k=tuple(b.index_select(0, rows) for b in self.k), v=tuple(b.index_select(0, rows) for b in self.v),
-            key_mask=self.key_mask.index_select(0, rows), next_position=self.next_position.index_select(0, rows),
-            length=self.length, group=self.group,
-            cross_kv=None if self.cross_kv is None else tuple((k.index_select(0, sources), v.index_select(0, sources))
-                                                             for k, v in self.cross_kv),
-            memory_mask=None if self.memory_mask is None else self.memory_mask.index_select(0, sources))
-
-    def reorder(self, order: Tensor) -> None:
-        """In place: row ``i`` takes the contents of row ``order[i]`` (beam search), every
-        buffer keeping its shape; only the slots written so far move. Cross-attention K, V
-        are per sentence and do not move."""
-        for buf in (*self.k, *self.v):
-            written = buf[:, :, : self.length]
-            written.copy_(written.index_select(0, order))
-        for buf in (self.key_mask, self.next_position):
-            buf.copy_(buf.index_select(0, order))

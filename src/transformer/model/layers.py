@@ -8,13 +8,11 @@ from __future__ import annotations
 
 from typing import Callable
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import ModelConfig
 from .attention import MultiHeadAttention
-from .cache import Slots
 from .dropout import Dropout
 from .rotary import apply_rotary
 
@@ -115,7 +113,7 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         x: Tensor,
-        past_kv: tuple[Tensor, Tensor] | Slots | None,
+        self_kv,
         cross_kv: tuple[Tensor, Tensor] | None,
         self_mask: Tensor | None,
         memory_mask: Tensor | None,
@@ -127,11 +125,13 @@ class DecoderLayer(nn.Module):
 
         Args:
             x: (B, T_new, C) the positions being decoded now.
-            past_kv: self-attention K, V (B, H, T_past, D) of earlier positions, or None; or
-                :class:`~transformer.model.cache.Slots`, a fixed-shape cache written in place.
+            self_kv: this layer's self-attention cache: ``self_kv.extend(k, v)`` takes the new
+                positions' K, V (B, H_kv, T_new, D) and gives those of every position to
+                attend over (:meth:`~transformer.model.cache.KVCache.layer`).
             cross_kv: K, V (B / group, H, S, D) projected from the encoder output (computed
                 once); None in a decoder-only model.
-            self_mask: (1, 1, T_new, T_past + T_new) causal mask, or None when T_new == 1.
+            self_mask: (B or 1, 1, T_new, T_past + T_new) causal mask (padding keys hidden
+                too in a left-padded batch), or None when T_new == 1 and nothing is padding.
             memory_mask: (B / group, 1, 1, S) source padding mask.
             group: consecutive rows of x that belong to one source sentence (beams).
             rotary: cos, sin of the new positions (rotary position embeddings), or None.
@@ -145,11 +145,7 @@ class DecoderLayer(nn.Module):
             q, k, v = self.self_attn.project_qkv(h)  # (B, H, T_new, D); K, V (B, H_kv, T_new, D)
             if rotary is not None:  # keys are cached rotated: each turned once, at its own position
                 q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
-            if isinstance(past_kv, Slots):  # fixed-shape cache: written in place, read whole
-                k, v = past_kv.write(k, v)
-            elif past_kv is not None:
-                k = torch.cat([past_kv[0], k], dim=2)
-                v = torch.cat([past_kv[1], v], dim=2)
+            k, v = self_kv.extend(k, v)  # (B, H_kv, T_past + T_new, D)
             out, w = self.self_attn.attend(q, k, v, self_mask, need_weights)
             return out, (k, v, w)
 

@@ -27,7 +27,8 @@ import torch
 from torch import Tensor, nn
 
 from ..config import ModelConfig
-from .cache import KVCache, Slots, StaticKVCache
+from . import masks
+from .cache import KVCache
 from .dropout import Dropout
 from .embedding import LearnedPositions, PositionalEncoding, TokenEmbedding
 from .rotary import Rotary
@@ -105,72 +106,26 @@ class LanguageModel(nn.Module):
             real = tokens != self.cfg.pad_id if real is None else real
             # (compiled: always masked, since a graph cannot branch on whether there is padding)
             if key_mask is not None or torch.compiler.is_compiling() or not bool(real.all()):
-                past = key_mask if key_mask is not None else real.new_ones(tokens.size(0), cache.length)
-                key_mask = torch.cat([past, real], dim=1)
+                key_mask = masks.extend_real_keys(key_mask, real, cache.length)
             advance = real.sum(1)
-            positions = (cache.next_position[:, None] + real.long().cumsum(1) - 1).clamp(min=0)  # padding: 0, unused
+            positions = next_positions(cache.next_position, real)
         else:
             advance = tokens.size(1)
             positions = cache.next_position[:, None] + torch.arange(advance, device=tokens.device)
-        x, rotary = self._embed(tokens, positions)
+        x, rotary = self.decoder_input(tokens, positions)
         h, cache, weights = self.decoder(x, cache, need_weights, rotary, key_mask)
         cache = replace(cache, key_mask=key_mask, next_position=cache.next_position + advance)
         return h, cache, [w for w, _ in weights]
 
-    def _embed(self, tokens: Tensor, positions: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
-        """(B, T) ids at (B, T) positions -> the decoder's input (B, T, C) and the rotary cos, sin."""
+    def decoder_input(self, tokens: Tensor, positions: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
+        """(B, T) ids at (B, T) positions -> the decoder's input (B, T, C) and the rotary cos,
+        sin (None without rotary embeddings). A decoding step that places each token itself
+        (``decode/fixed.py``) starts here."""
         x = self.embed(tokens)
         if self.positions is not None:
             x = self.positions.at(x, positions)
         rotary = self.rotary(positions) if self.rotary is not None else None
         return self.dropout(x), rotary
-
-    # ---- the fixed-shape cache (compiled decoding) ----------------------------------------
-    def start_static_cache(self, batch_size: int, capacity: int | None = None) -> StaticKVCache:
-        """An empty fixed-shape cache for ``batch_size`` sequences of up to ``capacity``
-        tokens (default and most: ``max_len``), in the model's dtype and device."""
-        capacity = self.cfg.max_len if capacity is None else capacity
-        if not 1 <= capacity <= self.cfg.max_len:
-            raise ValueError(f"capacity must be 1 to max_len={self.cfg.max_len}, got {capacity}")
-        w = self.output_layer()[0]
-        dtype = w.dtype if w.is_floating_point() else torch.bfloat16  # an int8 head computes in bf16
-        attn = self.decoder.layers[0].self_attn
-        return StaticKVCache.empty(self.cfg.n_layers, batch_size, attn.n_kv_heads, capacity, attn.d_head,
-                                   dtype, w.device)
-
-    def decode_static(self, tokens: Tensor, cache: StaticKVCache, real: Tensor | None = None,
-                      step=None) -> Tensor:
-        """The next ``T`` positions, written into ``cache`` in place: (B, V) logits of the
-        last one. The same numbers as :meth:`decode` at its last position.
-
-        Args:
-            tokens: (B, T) ids (left-padded prompts on the first call).
-            real: (B, T) bool, True at real tokens (default: ``tokens != pad_id``).
-            step: :meth:`step_slots` or a compiled version of it (default: the former).
-        """
-        t = tokens.size(1)
-        real = tokens != self.cfg.pad_id if real is None else real
-        index = cache.next_slots(t)
-        logits = (step or self.step_slots)(tokens, real, index, cache.k, cache.v, cache.key_mask,
-                                           cache.next_position, cache.length + t)
-        cache.length += t
-        return logits
-
-    def step_slots(self, tokens: Tensor, real: Tensor, index: Tensor, k: tuple[Tensor, ...],
-                   v: tuple[Tensor, ...], key_mask: Tensor, next_position: Tensor, upto: int) -> Tensor:
-        """The tensor-only core of :meth:`decode_static`, the function ``torch.compile``
-        compiles (its buffers keep their shapes from one step to the next): the new tokens
-        (B, T) at slots ``index`` (T,), written into ``k``, ``v``, ``key_mask`` and
-        ``next_position`` in place; attention reads the first ``upto`` slots (those written,
-        the new ones included). Returns the last position's logits (B, V)."""
-        key_mask.index_copy_(1, index, real)
-        positions = (next_position[:, None] + real.long().cumsum(1) - 1).clamp(min=0)  # padding: 0, unused
-        next_position.add_(real.sum(1))
-        slots = torch.arange(upto, device=tokens.device)
-        mask = key_mask[:, None, None, :upto] & (slots[None, :] <= index[:, None])[None, None]  # (B, 1, T, upto)
-        x, rotary = self._embed(tokens, positions)
-        h = self.decoder.forward_slots(x, [Slots(kb, vb, index, upto) for kb, vb in zip(k, v)], mask, rotary)
-        return self.project(h[:, -1])
 
     # ---- the output -------------------------------------------------------------------
     def project(self, h: Tensor) -> Tensor:
@@ -195,3 +150,9 @@ class LanguageModel(nn.Module):
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+def next_positions(next_position: Tensor, real: Tensor) -> Tensor:
+    """The positions (B, T) of new tokens after each row's ``next_position`` (B,); ``real``
+    (B, T) is True at real tokens: a row counts its real ones only (padding gets 0, unused)."""
+    return (next_position[:, None] + real.long().cumsum(1) - 1).clamp(min=0)

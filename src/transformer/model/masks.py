@@ -29,6 +29,33 @@ def causal_mask(t_q: int, t_k: int | None = None, device: torch.device | None = 
     return (k <= q + offset)[None, None]
 
 
+def causal_mask_at(positions: Tensor, t_k: int) -> Tensor:
+    """(1, 1, T_q, T_k): the query at position ``positions[i]`` (T_q,) may attend to keys
+    0 .. ``positions[i]``: :func:`causal_mask` for queries whose positions come as a tensor
+    (a fixed-shape cache's slots, ``t_k`` the slots written so far)."""
+    keys = torch.arange(t_k, device=positions.device)
+    return (keys[None, :] <= positions[:, None])[None, None]
+
+
+def real_keys(real: Tensor) -> Tensor:
+    """(B, T_k) True at real tokens -> (B, 1, 1, T_k): the keys that may be attended to
+    (a decoder-only model's left-padded batch)."""
+    return real[:, None, None, :]
+
+
+def extend_real_keys(past: Tensor | None, real: Tensor, t_past: int) -> Tensor:
+    """A cache's record of real keys grown by the new positions: (B, T_past) ``past`` (None:
+    all ``t_past`` real) followed by ``real`` (B, T_new) -> (B, T_past + T_new)."""
+    past = real.new_ones(real.size(0), t_past) if past is None else past
+    return torch.cat([past, real], dim=1)
+
+
+def attend_everywhere(batch: int, t_k: int, device: torch.device | None = None) -> Tensor:
+    """(B, 1, 1, T_k) all True: a padding mask that hides nothing (for a graph that takes a
+    mask whether or not there is padding)."""
+    return torch.ones(batch, 1, 1, t_k, dtype=torch.bool, device=device)
+
+
 def combine(*masks: Tensor | None) -> Tensor | None:
     """Logical AND of the masks that are not None (None = attend everywhere)."""
     out = None

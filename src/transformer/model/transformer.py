@@ -3,13 +3,9 @@
     memory = model.encode(src)                       # (B, S) ids -> (B, S, C)
     cache = model.start_cache(memory, src)           # cross-attention K/V, computed once
     logits, cache = model.decode(tgt, cache)         # (B, T) ids -> (B, T, V); cache grows by T
-    static = model.start_static_cache(cache, 64)     # or a fixed-shape cache, written in place
-    logits = model.decode_static(tgt, static)        # (B, T) ids -> (B, V), the last position's
     logits = model(src, tgt_in)                      # both at once, for training
 """
 from __future__ import annotations
-
-from dataclasses import replace
 
 import torch
 from torch import Tensor, nn
@@ -17,7 +13,7 @@ from torch import Tensor, nn
 from ..config import ModelConfig
 from . import masks
 from .attention import fused_projection
-from .cache import KVCache, Slots, StaticKVCache
+from .cache import KVCache
 from .dropout import Dropout
 from .embedding import PositionalEncoding, TokenEmbedding
 from .layers import DecoderLayer, EncoderLayer, make_norm
@@ -53,30 +49,19 @@ class Decoder(nn.Module):
     def forward(self, x: Tensor, cache: KVCache, need_weights: bool = False, rotary=None, key_mask=None):
         """x (B, T_new, C) -> (B, T_new, C), the grown cache, and per-layer (self, cross) weights.
 
-        ``key_mask`` (B, T_past + T_new), True = a real token, masks the padding of a
-        decoder-only model's left-padded batch; ``rotary`` is the new positions' cos, sin."""
-        t_past, t_new = cache.length, x.size(1)
-        self_mask = None if t_new == 1 else masks.causal_mask(t_new, t_past + t_new, x.device)
-        if key_mask is not None:
-            self_mask = masks.combine(self_mask, key_mask[:, None, None, :])
+        ``cache``: a :class:`~transformer.model.cache.KVCache`, or any cache with its
+        interface (see :mod:`transformer.model.cache`). ``key_mask`` (B, T_past + T_new),
+        True = a real token, masks the padding of a decoder-only model's left-padded batch;
+        ``rotary`` is the new positions' cos, sin."""
+        self_mask = cache.self_mask(x.size(1), key_mask, x.device)
         new_self_kv, weights = [], []
-        for layer, past, cross in zip(self.layers, cache.self_kv, cache.cross_kv):
-            x, kv, w = layer(x, past, cross, self_mask, cache.attend_mask, need_weights, cache.group, rotary)
+        for i, (layer, cross) in enumerate(zip(self.layers, cache.cross_kv)):
+            x, kv, w = layer(x, cache.layer(i), cross, self_mask, cache.attend_mask, need_weights, cache.group, rotary)
             new_self_kv.append(kv)
             weights.append(w)
         if self.norm is not None:
             x = self.norm(x)
-        return x, replace(cache, self_kv=tuple(new_self_kv)), weights
-
-    def forward_slots(self, x: Tensor, slots: list[Slots], mask: Tensor, rotary=None, cross_kv=None,
-                      memory_mask: Tensor | None = None, group: int = 1) -> Tensor:
-        """x (B, T_new, C) -> (B, T_new, C) on a fixed-shape cache (one :class:`Slots` per
-        layer, written in place); ``mask`` (B or 1, 1, T_new, L) True = may attend;
-        ``cross_kv`` per layer, ``memory_mask`` and ``group`` for an encoder-decoder."""
-        for i, (layer, layer_slots) in enumerate(zip(self.layers, slots)):
-            cross = None if cross_kv is None else cross_kv[i]
-            x, _, _ = layer(x, layer_slots, cross, mask, memory_mask, False, group, rotary)
-        return x if self.norm is None else self.norm(x)
+        return x, cache.grown(new_self_kv), weights
 
 
 class Transformer(nn.Module):
@@ -151,47 +136,11 @@ class Transformer(nn.Module):
         logits = self.project(h)
         return (logits, cache, weights) if return_weights else (logits, cache)
 
-    # ---- the fixed-shape cache (compiled decoding, see decode/static.py) -------------------
-    def start_static_cache(self, cache: KVCache, capacity: int) -> StaticKVCache:
-        """A fixed-shape cache for ``capacity`` target positions, holding the cross-attention
-        K, V and source mask of ``cache`` (from :meth:`start_cache`, and ``expand``-ed for
-        beams: ``cache.group`` decoder rows per sentence)."""
-        if not 1 <= capacity <= self.cfg.max_len:
-            raise ValueError(f"capacity must be 1 to max_len={self.cfg.max_len}, got {capacity}")
-        k0 = cache.cross_kv[0][0]
-        attn = self.decoder.layers[0].self_attn
-        static = StaticKVCache.empty(self.cfg.n_layers, k0.size(0) * cache.group, attn.n_kv_heads, capacity,
-                                     attn.d_head, k0.dtype, k0.device)
-        # contiguous: the compiled step is specialised to its inputs' layout, and a search that
-        # drops rows (StaticKVCache.select) hands it contiguous copies
-        static.cross_kv = tuple((k.contiguous(), v.contiguous()) for k, v in cache.cross_kv)
-        static.memory_mask, static.group = cache.attend_mask, cache.group
-        return static
-
-    def decode_static(self, tgt: Tensor, cache: StaticKVCache, step=None) -> Tensor:
-        """The next ``T`` target positions, written into ``cache`` in place: (B, V) logits
-        of the last one, the same numbers as :meth:`decode`'s. ``step``: :meth:`step_slots`
-        or a compiled version of it (default: the former), whose output this returns (the
-        searches' compiled step returns log-probabilities: ``decode/static.py``)."""
-        t = tgt.size(1)
-        index = cache.next_slots(t)
-        logits = (step or self.step_slots)(tgt, index, cache.k, cache.v, cache.cross_kv, cache.memory_mask,
-                                           cache.length + t, cache.group)
-        cache.length += t
-        return logits
-
-    def step_slots(self, tgt: Tensor, index: Tensor, k: tuple[Tensor, ...], v: tuple[Tensor, ...],
-                   cross_kv, memory_mask: Tensor | None, upto: int, group: int = 1) -> Tensor:
-        """The tensor-only core of :meth:`decode_static`, what ``torch.compile`` compiles:
-        target tokens (B, T) at slots (= positions) ``index`` (T,), their self-attention K, V
-        written into ``k``, ``v`` in place; attention reads the first ``upto`` slots (those
-        written, the new ones included). Returns the last position's logits (B, V)."""
-        x = self.positions.at(self.tgt_embed(tgt), index[None, :].expand(tgt.size(0), -1))
-        slots = torch.arange(upto, device=tgt.device)
-        mask = (slots[None, :] <= index[:, None])[None, None]  # (1, 1, T, upto): causal, unwritten slots hidden
-        h = self.decoder.forward_slots(self.dropout(x), [Slots(kb, vb, index, upto) for kb, vb in zip(k, v)], mask,
-                                       cross_kv=cross_kv, memory_mask=memory_mask, group=group)
-        return self.project(h[:, -1])
+    def decoder_input(self, tgt: Tensor, positions: Tensor) -> tuple[Tensor, None]:
+        """(B, T) target ids at (B, T) positions -> the decoder's input (B, T, C), and None
+        (no rotary tables: the paper adds its positions). A decoding step that places each
+        token itself (``decode/fixed.py``) starts here."""
+        return self.dropout(self.positions.at(self.tgt_embed(tgt), positions)), None
 
     def project(self, h: Tensor) -> Tensor:
         """Final linear layer: (..., C) -> (..., V) logits."""

@@ -145,11 +145,9 @@ class LMService:
         tokenizer = self.generator.tokenizer
         texts = [TextPieces(tokenizer) for _ in rows]
         if not all(row.cancelled for row in rows):
-            # compiled only when asked for: each new batch size would cost a compilation in a request
-            compile = "on" if self.generator.decoding.compile == "on" else "off"
             for token in generate_stream(self.generator.model, [r.ids for r in rows], key.max_new_tokens,
                                          key.temperature, key.top_k, key.top_p, [r.seed for r in rows],
-                                         compile=compile):
+                                         compile=self.generator.decoding.compile):
                 for row, text, t in zip(rows, texts, token.tolist()):
                     piece = text.add(t)
                     if row.sink is not None and not row.cancelled:
