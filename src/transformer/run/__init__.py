@@ -1,9 +1,11 @@
 """The run directory, below both training and inference: its layout (:mod:`.layout`),
-model weights on disk (:mod:`.weights`) and the one atomic-write helper every writer uses
-(:mod:`.files`). Inference code imports this package, never ``transformer.train``.
+model weights on disk (:mod:`.weights`), the one atomic-write helper every writer uses
+(:mod:`.files`) and the lock of the one process that writes a run (:mod:`.lock`).
+Inference code imports this package, never ``transformer.train``.
 
-Two floors: :mod:`.files` and :mod:`.layout` import nothing but the standard library (and
-:mod:`transformer.errors`), so the data layer may use them; :mod:`.weights` builds models.
+Two floors: :mod:`.files`, :mod:`.layout` and :mod:`.lock` import nothing but the standard
+library (and :mod:`transformer.errors`), so the data layer may use them; :mod:`.weights`
+builds models.
 The names below are imported on first use (PEP 562), so ``from ..run.files import
 atomic_write`` loads no model.
 """
@@ -18,6 +20,7 @@ _LAZY = {
     **dict.fromkeys(("CONFIG", "SUBWORDS", "METRICS", "CKPT_DIR", "WEIGHTS", "STATE", "BEST", "AVERAGED", "COMPILED",
                      "run_file", "run_root", "find_subwords", "read_run_config", "resolve_weights", "checkpoint_dirs",
                      "latest_checkpoint"), ".layout"),
+    **dict.fromkeys(("lock_run", "RunLock"), ".lock"),
     **dict.fromkeys(("load_model", "read_model_config", "read_weights", "save_weights", "load_weights_into",
                      "unique_state_dict", "average_checkpoints"), ".weights"),
 }
@@ -28,6 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .layout import (AVERAGED, BEST, CKPT_DIR, COMPILED, CONFIG, METRICS, STATE, SUBWORDS, WEIGHTS,
                          checkpoint_dirs, find_subwords, latest_checkpoint, read_run_config, resolve_weights,
                          run_file, run_root)
+    from .lock import RunLock, lock_run
     from .weights import (average_checkpoints, load_model, load_weights_into, read_model_config, read_weights,
                           save_weights, unique_state_dict)
 

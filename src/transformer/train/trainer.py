@@ -25,6 +25,7 @@ import yaml
 from ..errors import UserError
 from ..model.dropout import Dropout
 from ..run import files, layout, weights
+from ..run.lock import RunLock, lock_run
 from . import checkpoint as ckpt
 from .config import TrainConfig
 from .distributed import Dist, reshard_position
@@ -57,6 +58,10 @@ class Trainer:
         device: "cpu" or "cuda[:N]" for a single process (ignored when ``dist`` is given).
         log: where progress lines go (rank 0 only).
         dist: this process's place in a torchrun group (:func:`distributed.from_env`).
+
+    Rank 0 holds the run's writer lock (run/lock.py) from before it changes anything in
+    ``run_dir`` until :meth:`train` returns (or the set-up fails): a second Trainer on the
+    same run, in any process, stops at once with a UserError naming the holder's pid.
     """
 
     def __init__(self, cfg: TrainConfig, run_dir: str | Path, device: str = "cpu", log=print,
@@ -68,8 +73,27 @@ class Trainer:
         self.stop_signal: str | None = None
         if cfg.tensorboard:  # before the data is prepared, and on every rank, so that all stop
             require_tensorboard()
-        with undone_if_it_fails(self.run_dir, self.dist.is_main):  # bad input leaves no half-made run behind
-            self._set_up()
+        made = not self.run_dir.exists()
+        self._lock: RunLock | None = None
+        self.dist.on_main(self._take_lock)  # one writer per run, before anything in it changes
+        try:
+            with undone_if_it_fails(self.run_dir, self.dist.is_main):  # bad input leaves no half-made run behind
+                self._set_up()
+        except BaseException:
+            self.release()
+            if made and self.dist.is_main:  # the folder the lock made, now empty again
+                with contextlib.suppress(OSError):
+                    self.run_dir.rmdir()
+            raise
+
+    def _take_lock(self) -> None:
+        self._lock = lock_run(self.run_dir, "transformer train")
+
+    def release(self) -> None:
+        """Let another ``transformer train`` write this run (done when :meth:`train` returns)."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def _set_up(self) -> None:
         cfg = self.cfg
@@ -111,23 +135,26 @@ class Trainer:
         batches -> train_step -> schedule, with evaluation, checkpoints and logging at their
         set points."""
         c, reason = self.cfg, "max_steps"
-        batches = self.task.batches(self.model, self.device)
-        with self._signals_stop_the_run(), contextlib.closing(self.monitor):
-            self.monitor.start(self.step, c.max_steps)
-            while self.step < c.max_steps:
-                t0 = time.perf_counter()  # the clock counts making the batches too
-                micro = list(itertools.islice(batches, c.accum_steps))
-                if not micro:  # every rank has the same number of batches an epoch
-                    reason = "max_epochs"
-                    break
-                stats = self.update(micro)
-                self.elapsed += time.perf_counter() - t0
-                early_stop = self._after_update(stats)
-                stop = self._agreed_stop(early_stop)
-                if stop:
-                    reason = stop
-                    break
-        return self._finish(reason)
+        try:
+            batches = self.task.batches(self.model, self.device)
+            with self._signals_stop_the_run(), contextlib.closing(self.monitor):
+                self.monitor.start(self.step, c.max_steps)
+                while self.step < c.max_steps:
+                    t0 = time.perf_counter()  # the clock counts making the batches too
+                    micro = list(itertools.islice(batches, c.accum_steps))
+                    if not micro:  # every rank has the same number of batches an epoch
+                        reason = "max_epochs"
+                        break
+                    stats = self.update(micro)
+                    self.elapsed += time.perf_counter() - t0
+                    early_stop = self._after_update(stats)
+                    stop = self._agreed_stop(early_stop)
+                    if stop:
+                        reason = stop
+                        break
+            return self._finish(reason)
+        finally:
+            self.release()  # after the last file is written
 
     def update(self, micro: list) -> StepStats:
         """One optimizer update over the micro-batches, at the schedule's learning rate (and
