@@ -1,11 +1,20 @@
 """Writing files so that nothing is ever half-written: a temporary file (or folder) beside
 the target, flushed to disk, then renamed over it, so readers see the old or the new
 content and a crash leaves at most a hidden temporary name behind. Every writer of the
-project goes through :func:`atomic_write` or :func:`atomic_dir`."""
+project goes through :func:`atomic_write` or :func:`atomic_dir`.
+
+A full disk, a read-only filesystem or a quota reaches the writers as OSError from Python's
+own files, but libraries wrap it: safetensors raises ``SafetensorError("... (os error 28)")``
+and ``torch.save`` a ``RuntimeError`` that names no cause at all. :func:`storage_error` finds
+the OSError inside the first, :class:`RecordingWriter` catches it for the second, so both
+end as the same one-line error as Python's own."""
 from __future__ import annotations
 
+import errno
 import hashlib
+import io
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -40,11 +49,54 @@ def _fsync_file(path: Path) -> None:
         os.fsync(f.fileno())
 
 
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def storage_error(e: BaseException) -> OSError | None:
+    """The OSError a writer's exception stands for (disk full, read-only, quota, permission),
+    or None when it is not one: OSError itself, or a library's error that carries the
+    system's error number in its message (safetensors: ``I/O error: ... (os error 28)``)."""
+    if isinstance(e, OSError):
+        return e
+    found = _OS_ERROR.search(str(e)) if isinstance(e, Exception) else None
+    if found is None:
+        return None
+    code = int(found.group(1))
+    return OSError(code, os.strerror(code) if code in errno.errorcode else str(e))
+
+
+class RecordingWriter(io.RawIOBase):
+    """A binary file for a library that swallows the OSError of a failed write (``torch.save``
+    turns ENOSPC into ``RuntimeError: unexpected pos``): writes go to ``file``, and the first
+    OSError is kept in :attr:`error` for the caller to raise instead."""
+
+    def __init__(self, file) -> None:
+        super().__init__()
+        self.file, self.error = file, None
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as e:
+            self.error = self.error or e
+            raise
+
+    def flush(self) -> None:
+        try:
+            self.file.flush()
+        except OSError as e:
+            self.error = self.error or e
+            raise
+
+
 def atomic_write(path: str | Path, write: Callable[[str], None], suffix: str = ".tmp") -> Path:
     """Call ``write(tmp_path)`` then move the result to ``path``. On any failure the target
     keeps its earlier content and no temporary file is left (``suffix``: the temporary file's,
-    for writers that want a particular one). Raises UserError when the
-    folder cannot be written."""
+    for writers that want a particular one). Raises UserError when the folder cannot be
+    written, also when ``write`` is a library that wraps the OSError (see :func:`storage_error`)."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -59,12 +111,12 @@ def atomic_write(path: str | Path, write: Callable[[str], None], suffix: str = "
         os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600 files; give the usual permissions
         _fsync_file(Path(tmp))
         os.replace(tmp, path)
-    except OSError as e:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
-        raise UserError(f"{path}: cannot write ({e.strerror or e}); any earlier file there is intact") from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        if (os_error := storage_error(e)) is None:
+            raise
+        raise UserError(f"{path}: cannot write ({os_error.strerror or os_error}); "
+                        "any earlier file there is intact") from None
     return path
 
 
@@ -78,8 +130,9 @@ def atomic_dir(path: str | Path, fill: Callable[[Path], None], make_room: Callab
     ``make_room(path)`` runs just before the rename when ``path`` exists (it must remove or
     move it away; without it, only an empty folder is replaced). Every file is flushed to
     disk first and gets the usual permissions. On any failure nothing is left under
-    ``path`` that was not there before, and the temporary folder is removed. OSError is
-    raised as it comes: the caller names what it was writing."""
+    ``path`` that was not there before, and the temporary folder is removed. A storage
+    failure is raised as OSError (also one a library wrapped, see :func:`storage_error`): the
+    caller names what it was writing."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
@@ -97,9 +150,12 @@ def atomic_dir(path: str | Path, fill: Callable[[Path], None], make_room: Callab
             else:
                 path.rmdir()  # only an empty folder; a rename onto it fails on some systems
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        os_error = storage_error(e)
+        if os_error is None or os_error is e:
+            raise
+        raise os_error from None
     fsync_dir(path.parent)
     return path
 

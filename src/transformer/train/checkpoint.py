@@ -24,7 +24,7 @@ import torch
 
 from ..errors import UserError
 from ..model import Transformer
-from ..run.files import atomic_dir, atomic_write
+from ..run.files import RecordingWriter, atomic_dir, atomic_write
 from ..run.layout import CKPT_DIR, STATE, WEIGHTS, checkpoint_dirs, discard
 from ..run.weights import write_weights_file
 
@@ -36,7 +36,7 @@ def save_checkpoint(run_dir: Path, model: Transformer, state: dict[str, Any], st
 
     def fill(tmp: Path) -> None:
         write_weights_file(model, tmp / WEIGHTS, {"step": str(step), **(extra or {})})
-        torch.save(state, tmp / STATE)
+        save_state(state, tmp / STATE)
 
     final = atomic_dir(root / f"step-{step:07d}", fill, make_room=discard)  # the same step saved again: replaced
     for old in checkpoint_dirs(run_dir)[:-keep_last]:
@@ -44,6 +44,19 @@ def save_checkpoint(run_dir: Path, model: Transformer, state: dict[str, Any], st
     for stale in [*root.glob(".step-*"), *root.glob(".old-*")]:  # leftovers of a crash
         shutil.rmtree(stale, ignore_errors=True)
     return final
+
+
+def save_state(state: dict[str, Any], path: Path) -> None:
+    """``torch.save`` that fails with the OSError of a full disk (read-only filesystem, quota),
+    not torch's ``RuntimeError: unexpected pos``, which does not say what went wrong."""
+    with open(path, "wb") as f:
+        out = RecordingWriter(f)
+        try:
+            torch.save(state, out)
+        except RuntimeError:
+            if out.error is not None:
+                raise out.error from None
+            raise
 
 
 def rng_state(device: torch.device) -> dict[str, Any]:
