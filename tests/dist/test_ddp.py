@@ -188,3 +188,23 @@ def test_sigterm_to_torchrun_saves_once_and_stops(overrides, tmp_path):
     stops = [r for r in recs if r.get("event") == "stop"]
     assert len(stops) == 1 and stops[0]["reason"] == "SIGTERM" and stops[0]["step"] == step
     assert not list((run / "checkpoints").glob(".step-*"))
+
+
+def test_a_run_another_train_holds_is_refused_on_every_rank(overrides, tmp_path):
+    """Rank 0 alone takes the run's lock; when another train holds it, every rank stops with
+    the same one-line error (none left waiting at a collective) and nothing is written."""
+    import os
+
+    from transformer.run.lock import lock_run
+
+    run, dump = tmp_path / "run", tmp_path / "dump"
+    lock = lock_run(run)  # this test process is "the other train"
+    try:
+        done = run_worker(2, run, dump, overrides + ["max_steps=2"])
+    finally:
+        lock.release()
+    assert done.returncode != 0
+    errors = [x for x in done.stderr.splitlines() if ": error: " in x]
+    assert sorted(x.split(":")[0] for x in errors) == ["rank 0", "rank 1"], done.stderr[-3000:]
+    assert all(f"another transformer train (pid {os.getpid()}) is writing this run" in x for x in errors)
+    assert not run.exists() or not any(run.iterdir())
