@@ -89,6 +89,26 @@ def cpu_has_native_bf16() -> bool:
     return cpu_capability().startswith("AVX512") and bool({"avx512_bf16", "amx_bf16"} & flags)
 
 
+def device_problem(name: str) -> str | None:
+    """Why ``name`` (a ``--device`` value) is not a device this process can compute on, in a
+    few words that end with what to do; None when it is one. Checked by every command before
+    anything big is loaded, so a wrong device is a one-line error, not torch's traceback."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError, ValueError):
+        return "not a device; expected cpu, cuda or cuda:N"
+    if device.type == "cpu":
+        return None
+    if device.type != "cuda":
+        return f"{device.type} devices are not supported; expected cpu, cuda or cuda:N"
+    if not torch.cuda.is_available():
+        return "no CUDA GPU is available here (torch.cuda.is_available() is False); use cpu"
+    count = torch.cuda.device_count()
+    if device.index is not None and device.index >= count:
+        return f"this machine has {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}"
+    return None
+
+
 def native_bf16(device: str | torch.device = "cpu") -> bool:
     """Whether ``device`` computes in bfloat16 natively: a CPU by :func:`cpu_has_native_bf16`,
     a CUDA GPU by torch's own check (Ampere and later)."""

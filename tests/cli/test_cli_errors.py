@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
+import yaml
 
 PRECIOUS = "earlier content\n"
 
@@ -17,6 +19,9 @@ def bad(tmp_path, trained) -> dict[str, Path]:
     (d / "invalid.yaml").write_text("max_steps: [1, 2\n", encoding="utf-8")
     (d / "unknown.yaml").write_text(trained.config.read_text() + "max_stepz: 3\n", encoding="utf-8")
     (d / "list.yaml").write_text("- 1\n- 2\n", encoding="utf-8")
+    good = yaml.safe_load(trained.config.read_text(encoding="utf-8"))
+    (d / "model-list.yaml").write_text(yaml.safe_dump({**good, "model": ["toy"]}), encoding="utf-8")
+    (d / "decoding-number.yaml").write_text(yaml.safe_dump({**good, "decoding": 5}), encoding="utf-8")
     (d / "latin1.yaml").write_bytes("# réglages\nmax_steps: 3\n".encode("latin-1"))
     (d / "latin1.txt").write_bytes(b"red dog runs\nsmall bird\nthe caf\xe9 near the park\n")
     (d / "corrupt.safetensors").write_bytes((trained.run / "best.safetensors").read_bytes()[:5000])
@@ -41,6 +46,8 @@ TRAIN_CASES = {
     "invalid-yaml": ("invalid.yaml", [], ["invalid.yaml", "YAML"]),
     "unknown-key": ("unknown.yaml", [], ["unknown.yaml", "max_stepz"]),
     "not-a-mapping": ("list.yaml", [], ["list.yaml"]),
+    "model-not-a-mapping": ("model-list.yaml", [], ["model-list.yaml", "model must be a mapping", "['toy']"]),
+    "decoding-not-a-mapping": ("decoding-number.yaml", [], ["decoding-number.yaml", "decoding must be a mapping"]),
     "config-not-utf8": ("latin1.yaml", [], ["latin1.yaml"]),
     "set-without-equals": (None, ["max_steps"], ["--set", "max_steps"]),
     "set-unknown-key": (None, ["max_stepz=3"], ["max_stepz"]),
@@ -113,8 +120,9 @@ TRANSLATE_CASES = {
     "nbest-0": (["--model", "RUN", "--n-best", "0", "--input", "{in.txt}"], ["--n-best"]),
     "max-tokens-0": (["--model", "RUN", "--max-tokens", "0", "--input", "{in.txt}"], ["--max-tokens"]),
     "precision-unknown": (["--model", "RUN", "--precision", "fp16", "--input", "{in.txt}"], ["--precision"]),
+    # (on a machine without CUDA, --device cuda is refused first: test_device_this_machine_lacks)
     "precision-off-cpu": (["--model", "RUN", "--precision", "int8", "--device", "cuda", "--input", "{in.txt}"],
-                          ["--precision", "cuda"]),
+                          ["--precision" if torch.cuda.is_available() else "--device", "cuda"]),
 }
 
 
@@ -156,6 +164,72 @@ def test_unwritable_output(command, cli, bad, trained, one_line_error):
     _untouched(bad["out"])
 
 
+# ---- a device this machine does not have ------------------------------------------------------
+
+DEVICE_COMMANDS = {
+    "train": ["train", "--config", "CONFIG", "--out", "{out}/run"],
+    "translate": ["translate", "--model", "RUN", "--input", "{in.txt}", "--output", "{out}/out.txt"],
+    "evaluate": ["evaluate", "--model", "RUN", "--src", "{in.txt}", "--ref", "{in.txt}", "--output", "{out}/out.txt"],
+    "generate": ["generate", "--model", "RUN", "--prompt", "red dog"],
+    "serve": ["serve", "--model", "RUN", "--port", "0"],
+}
+NO_CUDA = "no CUDA GPU is available here (torch.cuda.is_available() is False); use cpu"
+BAD_DEVICES = {  # --device value: the message after "--device VALUE: "
+    "bogus": "not a device; expected cpu, cuda or cuda:N",
+    "cuda:x": "not a device; expected cpu, cuda or cuda:N",
+    "mps": "mps devices are not supported; expected cpu, cuda or cuda:N",
+    "cuda": NO_CUDA,
+    "cuda:99": NO_CUDA if not torch.cuda.is_available() else
+    f"this machine has {torch.cuda.device_count()} CUDA GPU(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}",
+}
+
+
+@pytest.mark.parametrize("device", list(BAD_DEVICES))
+@pytest.mark.parametrize("command", list(DEVICE_COMMANDS))
+def test_device_this_machine_lacks(command, device, cli, bad, trained):
+    """Checked before anything is loaded or written: one line, not torch's traceback."""
+    if device == "cuda" and torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU")
+    argv = [a.replace("CONFIG", str(trained.config)).replace("{out}", str(bad["out"]))
+            for a in _argv(DEVICE_COMMANDS[command], bad, trained.run)]
+    r = cli(*argv, "--device", device)
+    assert r.code == 2 and r.out == ""
+    assert r.err.splitlines() == [f"transformer {command}: error: --device {device}: {BAD_DEVICES[device]}"]
+    _untouched(bad["out"])
+
+
+@pytest.mark.parametrize("case", ["model-not-a-mapping", "not-a-mapping", "decoding-not-a-mapping",
+                                  "decoding-device-bogus", "decoding-device-cuda"])
+def test_run_config_sections_of_the_wrong_kind(case, cli, bad, trained, tmp_path, one_line_error):
+    """A run's config.yaml whose model: or decoding: section is not a mapping, or whose
+    decoding.device this machine lacks: one line naming the file (train resuming it, or
+    translate reading its decoding settings)."""
+    import shutil
+
+    if case == "decoding-device-cuda" and torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU")
+    run = tmp_path / "run"
+    shutil.copytree(trained.run, run)
+    config = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
+    broken = {"model-not-a-mapping": {**config, "model": 5}, "not-a-mapping": ["a", "b"],
+              "decoding-not-a-mapping": {**config, "decoding": [1]},
+              "decoding-device-bogus": {**config, "decoding": {"device": "bogus"}},
+              "decoding-device-cuda": {**config, "decoding": {"device": "cuda"}}}[case]
+    (run / "config.yaml").write_text(yaml.safe_dump(broken), encoding="utf-8")
+    before = sorted(p.name for p in (run / "checkpoints").iterdir())
+    if case.startswith("decoding"):
+        r = cli("translate", "--model", run, "--input", bad["in.txt"], "--output", bad["out"] / "out.txt")
+        mentions = {"decoding-not-a-mapping": ["decoding must be a mapping"],
+                    "decoding-device-bogus": ["decoding.device bogus: not a device", "give --device cpu"],
+                    "decoding-device-cuda": ["decoding.device cuda: no CUDA GPU", "give --device cpu"]}[case]
+        one_line_error(r, "translate", str(run / "config.yaml"), *mentions)
+        _untouched(bad["out"])
+    else:
+        r = cli("train", "--config", trained.config, "--out", run)
+        one_line_error(r, "train", str(run / "config.yaml"), "not a run config")
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == before
+
+
 # ---- evaluate and demo ----------------------------------------------------------------------
 
 EVALUATE_CASES = {
@@ -163,7 +237,7 @@ EVALUATE_CASES = {
     "ref-not-utf8": (["--src", "{latin1.txt}", "--ref", "{latin1.txt}"], ["latin1.txt:3:"]),
     "beam-0": (["--src", "{in.txt}", "--ref", "{in.txt}", "--beam", "0"], ["--beam"]),
     "precision-off-cpu": (["--src", "{in.txt}", "--ref", "{in.txt}", "--precision", "int8", "--device", "cuda"],
-                          ["--precision", "cuda"]),
+                          ["--precision" if torch.cuda.is_available() else "--device", "cuda"]),
     "corrupt-weights": (["--src", "{in.txt}", "--ref", "{in.txt}", "--model", "{corrupt.safetensors}"],
                         ["corrupt.safetensors"]),
 }

@@ -44,8 +44,36 @@ def add_decoding_options(p: argparse.ArgumentParser, *names: str) -> None:
 
 
 def decoding_options(args: argparse.Namespace) -> dict:
-    """The decoding options given on the command line (the rest come from the run)."""
+    """The decoding options given on the command line (the rest come from the run). Every
+    decoding command calls this before it loads a model, so the device is checked here
+    (:func:`check_device`)."""
+    check_device(args)
     return {name: getattr(args, name) for name in FIELDS if getattr(args, name, None) is not None}
+
+
+def check_device(args: argparse.Namespace) -> None:
+    """The device a command decodes on (``--device``, else the ``decoding.device`` of the run
+    ``--model`` belongs to) is one this machine has: a one-line error naming where the name
+    came from, instead of torch's traceback once the model is loading."""
+    from ..errors import UserError
+    from ..hardware import device_problem
+
+    name = getattr(args, "device", None)
+    source, remedy = f"--device {name}", ""
+    model = getattr(args, "model", None)
+    model = model[0] if isinstance(model, list) and model else model  # an ensemble: the first model's run
+    if name is None:
+        if not isinstance(model, str):
+            return
+        from ..run.layout import CONFIG, read_run_config, run_file
+
+        section = read_run_config(model).get("decoding")
+        name = section.get("device") if isinstance(section, dict) else None
+        if not isinstance(name, str):  # the default (cpu), or a bad value the decoding config reports
+            return
+        source, remedy = f"{run_file(model, CONFIG)}: decoding.device {name}", " (or give --device cpu)"
+    if problem := device_problem(name):
+        raise UserError(f"{source}: {problem}{remedy}")
 
 
 def prepare_compiled(decoder) -> None:

@@ -303,6 +303,10 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
             raise UserError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
         if not isinstance(data, dict):
             raise UserError(f"{path}: expected a mapping of option: value")
+        for section, example in (("model", "{preset: base, dropout: 0.1}"), ("decoding", "{beam: 5, alpha: 1.0}")):
+            if data.get(section) is not None and not isinstance(data[section], dict):
+                raise UserError(f"{path}: {section} must be a mapping of option: value, e.g. {section}: {example}; "
+                                f"got {data[section]!r}")
         known = {f.name for f in dataclasses.fields(TrainConfig)}
         unknown = sorted(set(data) - known)
         if unknown:

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import UserError
+from ..hardware import device_problem
 
 # Collectives of the training loop: long enough for rank 0 to validate (greedy BLEU on a
 # dev set) while the others wait at the next one.
@@ -91,12 +92,17 @@ def from_env(device: str = "cpu") -> Dist:
     """The process group torchrun describes in the environment (RANK, WORLD_SIZE,
     LOCAL_RANK, MASTER_ADDR, MASTER_PORT), joined with NCCL on GPUs (this rank uses
     ``cuda:LOCAL_RANK``) and gloo on CPUs; a single process when those are not set."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    single = world <= 1 or "RANK" not in os.environ
+    # checked before the data is read; under torchrun cuda:N means cuda:LOCAL_RANK (checked below)
+    problem = device_problem(device if single else device.partition(":")[0])
     try:
         requested = torch.device(device)
-    except RuntimeError:
-        raise UserError(f"--device {device}: expected cpu, cuda or cuda:N") from None
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1 or "RANK" not in os.environ:
+    except (RuntimeError, ValueError):
+        problem = device_problem(device)
+    if problem:
+        raise UserError(f"--device {device}: {problem}")
+    if single:
         return Dist(device=requested)
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     if requested.type == "cuda":

@@ -503,6 +503,9 @@ def check_run_dir(run_dir: Path, cfg: TrainConfig) -> None:
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise UserError(f"{path}: not readable YAML ({str(e).splitlines()[0]}); "
                         "restore it or use another --out") from None
+    if not isinstance(saved, dict) or not isinstance(saved.get("model") or {}, dict):
+        what = "model is not a mapping" if isinstance(saved, dict) else "not a mapping of option: value"
+        raise UserError(f"{path}: not a run config ({what}); restore it or use another --out")
     new, free = cfg.to_dict(), TrainConfig.resumable_fields()
     saved = {**TrainConfig().to_dict(), **_before_it_existed(saved), **saved}  # an option newer than the run
     changed = sorted(k for k, v in new.items() if k not in free and k != "model" and saved.get(k) != v)
