@@ -56,7 +56,8 @@ def test_concurrent_requests_share_one_decode_call_and_keep_their_order():
     assert len(decode.calls) == 1 and len(decode.calls[0][1]) == 10
     stats = batcher.stats.as_dict()
     assert stats.pop("decode_seconds") >= 0
-    assert stats == {"requests": 5, "texts": 10, "decode_calls": 1, "largest_batch": 10, "exclusive_calls": 0}
+    assert stats == {"requests": 5, "texts": 10, "decode_calls": 1, "largest_batch": 10, "exclusive_calls": 0,
+                     "refused": 0, "abandoned": 0}
 
 
 def test_different_keys_are_decoded_apart():

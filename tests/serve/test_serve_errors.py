@@ -153,7 +153,12 @@ def test_port_in_use(serve_cmd, run_dir, server):
     (["--threads", "-1"], ["--threads"]),
     (["--host", "no.such.host.invalid"], ["--host"]),
     (["--precision", "fp8"], ["--precision", "fp8"]),
-], ids=["port", "beam", "max-batch", "max-wait", "max-chars", "threads", "host", "precision"])
+    (["--max-queue", "0"], ["--max-queue must be positive, got 0"]),
+    (["--timeout", "0"], ["--timeout must be a positive number of seconds"]),
+    (["--token", ""], ["--token must be printable ASCII"]),
+    (["--token", "two words"], ["--token must be printable ASCII"]),
+], ids=["port", "beam", "max-batch", "max-wait", "max-chars", "threads", "host", "precision", "max-queue", "timeout",
+        "token-empty", "token-space"])
 def test_bad_options(serve_cmd, run_dir, args, mentions):
     assert_one_line_error(*serve_cmd("--model", run_dir, *args), *mentions)
 

@@ -135,3 +135,87 @@ def test_concurrent_generate_requests_all_complete_with_their_seeds_text(lm_serv
         generator.decoding = generator.decoding.replace(seed=seed)
         assert text == generator.generate([prompt])[0], (prompt, seed)
     assert decode_calls < requests, "concurrent requests were not batched"
+
+
+# ---- admission control: a small queue under more clients than it holds ----------------
+
+ADMISSION_CLIENTS = 16
+ADMISSION_REQUESTS = 6  # per client: 96 requests a round
+ADMISSION_ROUNDS = 3  # measured, after one warm-up round
+ROUND_SECONDS = 60  # a round that takes longer fails the test (a hang)
+RSS_MARGIN_MB = 10
+
+
+async def admission_load(url: str, texts: list[str], expected: list[str]) -> dict:
+    """Every client sends ADMISSION_REQUESTS requests one after another (after a 503 it waits
+    20 ms); returns the count of each status, wrong translations, failures (no answer, a 503
+    without Retry-After)."""
+    statuses: dict[int, int] = {}
+    wrong: list[tuple[str, str]] = []
+    failed: list[str] = []
+
+    async def client(c: int) -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+            for r in range(ADMISSION_REQUESTS):
+                i = (c * ADMISSION_REQUESTS + r) % len(texts)
+                try:
+                    resp = await http.post("/translate", json={"text": texts[i]})
+                except httpx.HTTPError as e:  # a hang (timeout) or a dropped connection
+                    failed.append(f"{texts[i]!r}: {e!r}")
+                    continue
+                statuses[resp.status_code] = statuses.get(resp.status_code, 0) + 1
+                if resp.status_code == 200 and resp.json()["translation"] != expected[i]:
+                    wrong.append((texts[i], resp.json()["translation"]))
+                if resp.status_code == 503:
+                    if not resp.headers.get("Retry-After", "").isdigit():
+                        failed.append(f"503 without Retry-After: {dict(resp.headers)}")
+                    await asyncio.sleep(0.02)
+
+    await asyncio.wait_for(asyncio.gather(*(client(c) for c in range(ADMISSION_CLIENTS))), ROUND_SECONDS)
+    return {"statuses": statuses, "wrong": wrong, "failed": failed}
+
+
+def rss_mb(pid: int) -> float:
+    """The resident memory of a process, in MiB (VmRSS of /proc/PID/status)."""
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for process {pid}")
+
+
+def test_a_small_queue_under_load_answers_every_request_rightly_and_keeps_memory_flat(
+        start_another, translator, sentences, tmp_path):
+    """16 clients against a queue of 2: every request gets 200, 503 (with Retry-After) or 504,
+    none hangs or is lost, every 200 is the Translator's translation, the server's 503s are
+    the ones counted in /stats, and its memory after three rounds is within a small margin of
+    what it was after the warm-up round."""
+    # One text per decode call: each new batch composition (sizes x lengths) grows the
+    # allocator's pools once (measured: +46 MB over 40 rounds at --max-batch 4, levelling
+    # off), which would hide a leak per request; alone, the 12 sentences' shapes are all seen
+    # in the warm-up (+0.2 MB over the next 10 rounds).
+    server = start_another("--max-queue", "2", "--max-batch", "1", "--timeout", "10")
+    expected = translator.translate(sentences)
+    asyncio.run(admission_load(server.url, sentences, expected))  # warm-up: allocator and caches grow here
+    rss_before = rss_mb(server.process.pid)
+    before = server.get("/stats")[1]
+    rounds = [asyncio.run(admission_load(server.url, sentences, expected)) for _ in range(ADMISSION_ROUNDS)]
+    after = server.get("/stats")[1]
+    rss_after = rss_mb(server.process.pid)
+
+    statuses: dict[int, int] = {}
+    for r in rounds:
+        for code, n in r["statuses"].items():
+            statuses[code] = statuses.get(code, 0) + n
+    report = {"statuses": statuses, "rss_mb_before": round(rss_before, 1), "rss_mb_after": round(rss_after, 1),
+              "refused": after["refused"] - before["refused"], "abandoned": after["abandoned"] - before["abandoned"]}
+    (tmp_path / "admission-report.json").write_text(json.dumps(report, indent=2))
+    print("\nadmission load:", json.dumps(report))
+
+    assert not [f for r in rounds for f in r["failed"]], [f for r in rounds for f in r["failed"]][:5]
+    assert not [w for r in rounds for w in r["wrong"]]
+    assert set(statuses) <= {200, 503, 504}, statuses
+    assert sum(statuses.values()) == ADMISSION_ROUNDS * ADMISSION_CLIENTS * ADMISSION_REQUESTS  # none lost
+    assert statuses.get(200, 0) > 0 and statuses.get(503, 0) > 0, statuses  # it served, and it said no
+    assert report["refused"] == statuses[503]
+    assert after["waiting"] == 0
+    assert rss_after - rss_before < RSS_MARGIN_MB, report

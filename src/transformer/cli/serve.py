@@ -3,6 +3,8 @@ explorer page; the run's config says which kind of model it is."""
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import os
 import socket
 import sys
 
@@ -25,6 +27,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-beam", type=int, default=16, help="the largest beam a request may ask for (translation)")
     p.add_argument("--new-tokens-limit", type=int, default=1024, metavar="N",
                    help="the most tokens a /generate request may ask for (language model; default: 1024)")
+    p.add_argument("--max-queue", type=int, default=128, metavar="N",
+                   help="the most requests waiting for the model; beyond it 503 with Retry-After (default: 128)")
+    p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="a request not answered within this many seconds gets 504 and is dropped (default: 60)")
+    p.add_argument("--token", default=None,
+                   help="require 'Authorization: Bearer TOKEN' on every route but /health (default: "
+                        "$TRANSFORMER_SERVE_TOKEN, else none; the variable keeps it out of the process list)")
     add_decoding_options(p, "beam", "alpha", "max_tokens", "max_new_tokens", "temperature", "top_k", "top_p", "seed",
                          "precision", "device", "compile")
     p.add_argument("--access-log", action="store_true", help="log every request")
@@ -46,21 +55,30 @@ they are made, "data: {"text": ..., "token": id}" each, then "event: done" with 
 
     curl -N -H 'Accept: text/event-stream' -H 'Content-Type: application/json' \\
          -d '{"prompt": "ROMEO:", "seed": 1}' http://127.0.0.1:8000/generate
+
+Under load it says no rather than drowning: more than --max-queue waiting requests get 503
+with Retry-After, a request not answered within --timeout seconds gets 504 and is dropped,
+and a request whose client went away is not decoded. It listens on 127.0.0.1 unless --host
+says otherwise; elsewhere, set a token (TRANSFORMER_SERVE_TOKEN=... or --token) and clients
+send "Authorization: Bearer TOKEN" (GET /health stays open).
 """
 
 
 def _settings(args: argparse.Namespace):
     from ..errors import UserError
     from ..serve import ServeConfig
+    from ..serve.config import TOKEN_ENV
 
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port must be between 0 and 65535, got {args.port}")
     if args.threads < 0:
         raise UserError(f"--threads must be at least 0, got {args.threads}")
+    token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
     try:
         return ServeConfig(max_beam=args.max_beam, new_tokens_limit=args.new_tokens_limit, max_batch=args.max_batch,
                            max_wait_ms=args.max_wait_ms, batching=not args.no_batching,
-                           max_chars=args.max_chars, max_texts=args.max_texts)
+                           max_chars=args.max_chars, max_texts=args.max_texts, max_queue=args.max_queue,
+                           timeout=args.timeout, token=token)
     except ValueError as e:  # the message names the setting; give it its option's spelling
         raise UserError("--" + str(e).replace("_", "-")) from None
 
@@ -88,6 +106,14 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _loopback(sock: socket.socket) -> bool:
+    """Whether ``sock`` listens on a loopback address only (not 0.0.0.0, ::, or a LAN address)."""
+    try:
+        return ipaddress.ip_address(sock.getsockname()[0].split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
 def run(args: argparse.Namespace) -> int:
     from ..extras import require
 
@@ -98,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import UserError
     from ..run import read_model_config
     from ..serve import create_app
+    from ..serve.config import TOKEN_ENV
     from ..decode.precision import precision_note, resolve_precision
     from ..translator import run_decoding
 
@@ -115,6 +142,9 @@ def run(args: argparse.Namespace) -> int:
     if note := precision_note(decoding.precision, decoding.device):
         print(f"warning: {note}", file=sys.stderr, flush=True)
     sock = _listen(args.host, args.port)
+    if cfg.token is None and not _loopback(sock):
+        print(f"warning: listening on {args.host} without a token: anyone who can reach this address can use the "
+              f"model; set {TOKEN_ENV} (or --token) to require one", file=sys.stderr, flush=True)
     try:
         app = create_app(_load(args.model, decoding, lm), cfg, model_name=str(args.model))
         host, port = sock.getsockname()[:2]
@@ -124,7 +154,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"transformer serve: http://{shown}:{port}/ (model {args.model}; {how}; {resolve_precision(decoding.precision, decoding.device)}; "
               f"{'batching up to ' + str(cfg.max_batch) if cfg.batching else 'no batching'})",
               file=sys.stderr, flush=True)
+        # limit_concurrency: uvicorn's own 503 for a flood of connections (above the queue's);
+        # timeout_keep_alive: idle connections close, so they do not hold that budget
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=args.access_log,
+                                               limit_concurrency=cfg.connection_limit, timeout_keep_alive=5,
                                                timeout_graceful_shutdown=5))
         server.run(sockets=[sock])
     finally:

@@ -5,7 +5,8 @@ model, and the attention explorer page.
     app = create_app(Generator.from_pretrained("runs/shakespeare"))   # POST /generate
     uvicorn.run(app)                    # or: transformer serve --model runs/demo
 
-``app`` builds the routes (``lm_routes`` those of a language model), ``batching`` collects
+``app`` builds the routes (``lm_routes`` those of a language model), ``guard`` admits each
+request (token, body limits, deadline, a client gone), ``batching`` collects
 concurrent requests into one decoding call, ``generation`` continues prompts in batches and
 streams their tokens, ``attention`` computes the maps the explorer draws, ``static/`` is the
 page itself.

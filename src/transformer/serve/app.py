@@ -16,14 +16,15 @@ run's config says which (``transformer serve`` reads it), and ``/health`` tells 
     GET  /            the explorer (static/: plain HTML, JS and CSS, no external URLs)
     GET  /openapi.json, /docs
 
-Every error is JSON ``{"error": "..."}``: 400 for a body that is not UTF-8, 404 for the other
-kind of model's endpoint (the message names this one's), 413 for a body, text or list over
-the limits, 415 for a body not sent as JSON, 422 for anything else malformed. The model is
-called from one thread only (see :mod:`.batching`).
+Every error is JSON ``{"error": "..."}``: 400 for a body that is not UTF-8, 401 without the
+token (when the server has one; ``/health`` never wants it), 404 for the other kind of model's
+endpoint (the message names this one's), 408 for a body that does not arrive in time, 413 for
+a body, text or list over the limits, 415 for a body not sent as JSON, 422 for anything else
+malformed, 503 with ``Retry-After`` when the queue is full, 504 past the deadline (see
+:mod:`.guard`). The model is called from one thread only (see :mod:`.batching`).
 """
 from __future__ import annotations
 
-import json
 from contextlib import asynccontextmanager
 from importlib.resources import files
 from pathlib import Path
@@ -39,6 +40,7 @@ from .batching import DynamicBatcher
 from .config import ServeConfig
 from .errors import ERRORS, ServeError, add_error_handlers, refuse_elsewhere
 from .generation import LMService
+from .guard import Guard
 from .lm_routes import add_generation_routes
 from .schemas import AttentionRequest, AttentionResponse, Candidate, TranslateRequest, TranslateResponse
 
@@ -48,7 +50,11 @@ STATIC = Path(str(files(__package__) / "static"))
 class Service:
     """The loaded translation model and what the routes need of it: one Translator per beam size
     (sharing the model), and the batcher that feeds them. ``translator``, ``_decode`` and
-    ``attention`` use the model, so they run in the batcher's thread only."""
+    ``attention`` use the model, so they run in the batcher's thread only.
+
+    Only the server's own beam may build a compiled step (``transformer serve`` builds it at
+    start-up, see ``prepare_compiled``); a request for another beam decodes with a step built
+    already or eagerly, never waiting minutes for a build (``compile: on`` -> ``auto``)."""
 
     kind = "translation"
 
@@ -59,11 +65,13 @@ class Service:
             raise ValueError(f"the translator's beam ({translator.decoding.beam}) is larger than max_beam "
                              f"({cfg.max_beam})")
         self._by_beam: dict[int, Translator] = {translator.decoding.beam: translator}
-        self.batcher = DynamicBatcher(self._decode, cfg.max_batch, cfg.max_wait_ms / 1000, cfg.batching)
+        self.batcher = DynamicBatcher(self._decode, cfg.max_batch, cfg.max_wait_ms / 1000, cfg.batching,
+                                      cfg.max_queue)
 
     def translator(self, beam: int) -> Translator:
         if beam not in self._by_beam:
-            self._by_beam[beam] = self.base.with_decoding(beam=beam, n_best=1)
+            compile = "auto" if self.base.decoding.compile == "on" else self.base.decoding.compile
+            self._by_beam[beam] = self.base.with_decoding(beam=beam, n_best=1, compile=compile)
         return self._by_beam[beam]
 
     def _decode(self, key: tuple[int, int], texts: list[str]) -> list[list[Translation]]:
@@ -112,7 +120,7 @@ def create_app(model: Translator | Generator, cfg: ServeConfig | None = None, mo
     app = FastAPI(title="transformer", summary=summary, lifespan=lifespan, redoc_url=None)
     app.state.service = service
     add_error_handlers(app)
-    app.add_middleware(BodyGuard, max_bytes=service.cfg.max_body_bytes)
+    app.add_middleware(Guard, max_bytes=cfg.max_body_bytes, timeout=cfg.timeout, token=cfg.token)
     if service.kind == "language-model":
         add_generation_routes(app, service, model_name)
         refuse_elsewhere(app, ["/translate"], "this server has a language model: it serves POST /generate "
@@ -124,10 +132,13 @@ def create_app(model: Translator | Generator, cfg: ServeConfig | None = None, mo
 
     @app.get("/stats")
     async def stats() -> dict:
-        """Batching counters since start-up: decode_calls < requests means requests shared decodes."""
+        """Batching counters since start-up: decode_calls < requests means requests shared decodes;
+        refused: turned away with 503 (the queue was full); abandoned: dropped before decoding
+        (the client left, or the deadline passed); waiting: in the queue now."""
         c = service.cfg
-        return {**service.batcher.stats.as_dict(), "batching": c.batching, "max_batch": c.max_batch,
-                "max_wait_ms": c.max_wait_ms}
+        return {**service.batcher.stats.as_dict(), "waiting": service.batcher.waiting, "batching": c.batching,
+                "max_batch": c.max_batch, "max_wait_ms": c.max_wait_ms, "max_queue": c.max_queue,
+                "timeout": c.timeout}
 
     @app.get("/", include_in_schema=False)
     async def explorer() -> FileResponse:
@@ -169,57 +180,3 @@ def _add_translation_routes(app: FastAPI, service: Service, model_name: str) -> 
                 "n_heads": mcfg.n_heads, "d_model": mcfg.d_model, "max_len": mcfg.max_len,
                 "beam": service.base.decoding.beam, "max_beam": service.cfg.max_beam,
                 "precision": service.base.decoding.precision}
-
-
-class BodyGuard:
-    """ASGI middleware: a request body over ``max_bytes`` gets 413 and one that is not UTF-8
-    gets 400 (JSON must be UTF-8), both as ``{"error": ...}``, before the app sees them.
-
-    An oversized body is still read (and dropped, up to ``DRAIN_LIMIT`` bytes) before the
-    answer: a client still sending when the server closes often sees a reset, not the 413.
-    """
-
-    DRAIN_LIMIT = 64 << 20
-
-    def __init__(self, app, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
-            return await self.app(scope, receive, send)
-        body, size, more = bytearray(), 0, True
-        while more and size <= self.DRAIN_LIMIT:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size <= self.max_bytes:
-                body += chunk
-            more = message.get("more_body", False)
-        if size > self.max_bytes:
-            return await self._refuse(send, 413, f"request body {'over ' if more else 'of '}{size} bytes; "
-                                                 f"the limit is {self.max_bytes}")
-        try:
-            bytes(body).decode("utf-8")
-        except UnicodeDecodeError as e:
-            return await self._refuse(send, 400, f"request body is not valid UTF-8 (byte 0x{body[e.start]:02x} "
-                                                 f"at offset {e.start}); send JSON encoded as UTF-8")
-        replayed = False
-
-        async def replay():
-            nonlocal replayed
-            if replayed:
-                return await receive()  # after the body: wait for a disconnect
-            replayed = True
-            return {"type": "http.request", "body": bytes(body), "more_body": False}
-
-        await self.app(scope, replay, send)
-
-    @staticmethod
-    async def _refuse(send, status: int, message: str) -> None:
-        payload = json.dumps({"error": message}).encode()
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
-                                (b"connection", b"close")]})
-        await send({"type": "http.response.body", "body": payload})

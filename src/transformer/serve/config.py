@@ -1,7 +1,9 @@
 """The service's settings: one frozen dataclass, checked once."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+TOKEN_ENV = "TRANSFORMER_SERVE_TOKEN"  # where `transformer serve` reads the token when --token is not given
 
 
 @dataclass(frozen=True)
@@ -20,6 +22,13 @@ class ServeConfig:
         max_texts: the most texts in one request (413 beyond).
         max_body_bytes: the largest request body, in bytes (413 beyond).
         attention_decimals: attention weights are rounded to this many decimals.
+        max_queue: the most requests waiting for the model; one more gets 503 with
+            Retry-After at once.
+        timeout: seconds a request may take from its arrival until its answer starts (its
+            body read, its wait in the queue, its decoding); 504 past it, and it is
+            dropped from the queue. A stream that has started is not cut.
+        token: when set, every route but ``/health`` wants ``Authorization: Bearer TOKEN``
+            (401 without it). Kept out of the repr.
     """
 
     max_beam: int = 16
@@ -31,12 +40,30 @@ class ServeConfig:
     max_texts: int = 64
     max_body_bytes: int = 1 << 20
     attention_decimals: int = 3
+    max_queue: int = 128
+    timeout: float = 60.0
+    token: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        for name in ("max_beam", "new_tokens_limit", "max_batch", "max_chars", "max_texts", "max_body_bytes"):
+        for name in ("max_beam", "new_tokens_limit", "max_batch", "max_chars", "max_texts", "max_body_bytes",
+                     "max_queue"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.max_wait_ms < 0:
             raise ValueError(f"max_wait_ms must be at least 0, got {self.max_wait_ms}")
+        if not self.timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {self.timeout}")
+        if self.token is not None and not (self.token.isascii() and self.token.isprintable()
+                                           and " " not in self.token and self.token):
+            raise ValueError("token must be printable ASCII without spaces (it travels in an HTTP header), "
+                             "and not empty")
         if not 0 <= self.attention_decimals <= 8:
             raise ValueError(f"attention_decimals must be between 0 and 8, got {self.attention_decimals}")
+
+    @property
+    def connection_limit(self) -> int:
+        """uvicorn's ``limit_concurrency``: beyond this many open connections (idle keep-alive
+        ones too) or running requests, uvicorn itself answers 503. Above what the queue and one
+        batch hold, so the JSON 503 of a full queue comes first; a backstop against a flood of
+        connections, each of which would cost memory before the queue sees it."""
+        return self.max_queue + self.max_batch + 64

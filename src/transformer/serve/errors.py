@@ -1,5 +1,5 @@
-"""How the service refuses: every error is JSON ``{"error": "..."}`` with a 4xx status (see
-:mod:`.app` for which), one line that says what to change."""
+"""How the service refuses: every error is JSON ``{"error": "..."}`` with a 4xx status, or 503
+(busy) and 504 (too slow) (see :mod:`.app` for which), one line that says what to change."""
 from __future__ import annotations
 
 from fastapi import FastAPI
@@ -8,9 +8,11 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
+from .batching import QueueFull
 from .schemas import ErrorResponse
 
-ERRORS = {code: {"model": ErrorResponse} for code in (400, 413, 415, 422)}  # for the OpenAPI description
+ERRORS = {code: {"model": ErrorResponse}  # for the OpenAPI description
+          for code in (400, 401, 408, 413, 415, 422, 503, 504)}
 
 
 class ServeError(Exception):
@@ -25,6 +27,10 @@ def add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServeError)
     async def _serve_error(request: Request, e: ServeError) -> JSONResponse:
         return JSONResponse({"error": e.message}, status_code=e.status)
+
+    @app.exception_handler(QueueFull)
+    async def _busy(request: Request, e: QueueFull) -> JSONResponse:
+        return JSONResponse({"error": str(e)}, status_code=503, headers={"Retry-After": str(e.retry_after)})
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, e: RequestValidationError) -> JSONResponse:

@@ -66,7 +66,8 @@ class LMService:
         if generator.decoding.max_new_tokens > cfg.new_tokens_limit:
             raise ValueError(f"the generator's max_new_tokens ({generator.decoding.max_new_tokens}) is larger than "
                              f"new_tokens_limit ({cfg.new_tokens_limit})")
-        self.batcher = DynamicBatcher(self._generate, cfg.max_batch, cfg.max_wait_ms / 1000, cfg.batching)
+        self.batcher = DynamicBatcher(self._generate, cfg.max_batch, cfg.max_wait_ms / 1000, cfg.batching,
+                                      cfg.max_queue)
 
     # ---- in the event loop ------------------------------------------------------------
     def request(self, req: GenerateRequest) -> tuple[Sampling, Row]:

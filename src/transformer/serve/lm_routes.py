@@ -7,7 +7,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import Request
 from starlette.responses import Response
 
-from .errors import ERRORS
+from .errors import ERRORS, ServeError
 from .generation import LMService
 from .schemas import GenerateRequest, GenerateResponse, LMAttentionRequest, LMAttentionResponse
 
@@ -28,6 +28,7 @@ def add_generation_routes(app: FastAPI, service: LMService, model_name: str) -> 
         key, row = service.request(req)
         streaming = req.stream if req.stream is not None else EVENT_STREAM in request.headers.get("accept", "")
         if streaming:
+            service.batcher.admit()  # a full queue is a 503 now, not an error event in a 200 stream
             return StreamingResponse(service.events(key, row), media_type=EVENT_STREAM,
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return JSONResponse(await service.complete(key, row))
@@ -36,6 +37,8 @@ def add_generation_routes(app: FastAPI, service: LMService, model_name: str) -> 
     async def attention(req: LMAttentionRequest) -> JSONResponse:
         """The tokens of a text (a prompt and its continuation) and every causal self-attention
         weight (per layer and head), rounded; a text longer than the context: its end."""
+        if len(req.text) > service.cfg.max_chars:
+            raise ServeError(413, f"the text is {len(req.text)} characters long; the limit is {service.cfg.max_chars}")
         # Plain JSON, not validated through the response model: the maps are large.
         return JSONResponse(await service.batcher.run_exclusive(service.attention, req.text))
 

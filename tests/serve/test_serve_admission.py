@@ -1,0 +1,328 @@
+"""Admission control: the service says no instead of drowning. A full queue answers 503 with
+Retry-After, a request past its deadline 504, a request whose client left is never decoded,
+a server with a token wants it on every route but /health, and listening beyond loopback
+without one prints a warning.
+
+The in-process tests hold the decoding thread on a gate (the real decode behind it), so
+"the model is busy" is a fact of the test, not a race with a fast toy model."""
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import threading
+import time
+from contextlib import asynccontextmanager
+
+import httpx
+import pytest
+
+from transformer.serve import ServeConfig, create_app
+from transformer.serve.config import TOKEN_ENV
+
+S = ["the dog runs", "a small cat sits near the tree", "red ball", "green bird"]
+
+
+class Gate:
+    """Stands in for the batcher's decode: records the texts it is given, waits until
+    ``open`` is set, then decodes them for real."""
+
+    def __init__(self, decode) -> None:
+        self.decode, self.seen = decode, []
+        self.open, self.entered = threading.Event(), threading.Event()
+
+    def __call__(self, key, texts):
+        self.seen += texts
+        self.entered.set()
+        self.open.wait(30)
+        return self.decode(key, texts)
+
+
+@asynccontextmanager
+async def serving(translator, gated: bool = True, **settings):
+    """(app, client, gate) of the translation app in-process, its batcher running."""
+    app = create_app(translator, ServeConfig(**settings))
+    batcher = app.state.service.batcher
+    gate = batcher.decode = Gate(batcher.decode)
+    if not gated:
+        gate.open.set()
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test") as http:
+            try:
+                yield app, http, gate
+            finally:
+                gate.open.set()  # else stopping the batcher would wait for the thread
+
+
+async def until(condition, seconds: float = 10.0) -> None:
+    end = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < end, "timed out waiting"
+        await asyncio.sleep(0.005)
+
+
+def translate(http, text: str, **headers):
+    return asyncio.ensure_future(http.post("/translate", json={"text": text}, headers=headers))
+
+
+def test_a_full_queue_answers_503_with_retry_after_and_the_queued_still_get_theirs(translator):
+    async def go():
+        async with serving(translator, max_queue=1, max_batch=1, max_wait_ms=0) as (app, http, gate):
+            first = translate(http, S[0])
+            await until(gate.entered.is_set)  # the model is busy with it
+            second = translate(http, S[1])
+            await until(lambda: app.state.service.batcher.waiting == 1)  # and the queue is full
+            third = await http.post("/translate", json={"text": S[2]})
+            gate.open.set()
+            return third, await first, await second, (await http.get("/stats")).json()
+
+    refused, first, second, stats = asyncio.run(go())
+    assert refused.status_code == 503
+    assert int(refused.headers["Retry-After"]) >= 1
+    assert "busy" in refused.json()["error"]
+    assert [first.status_code, second.status_code] == [200, 200]
+    assert [first.json()["translation"], second.json()["translation"]] == translator.translate(S[:2])
+    assert stats["refused"] == 1 and stats["requests"] == 2 and stats["waiting"] == 0
+
+
+def test_past_the_deadline_504_and_a_queued_request_is_dropped_undecoded(translator):
+    async def go():
+        async with serving(translator, timeout=0.3, max_batch=1, max_wait_ms=0) as (app, http, gate):
+            start = time.perf_counter()
+            first = translate(http, S[0])
+            await until(gate.entered.is_set)
+            second = translate(http, S[1])
+            answers = await asyncio.gather(first, second)
+            elapsed = time.perf_counter() - start
+            gate.open.set()
+            later = await http.post("/translate", json={"text": S[2]})  # the server still serves
+            return answers, elapsed, later, gate.seen, (await http.get("/stats")).json()
+
+    (first, second), elapsed, later, seen, stats = asyncio.run(go())
+    assert [first.status_code, second.status_code] == [504, 504]
+    assert "0.3 s" in first.json()["error"]
+    assert elapsed < 5
+    assert S[1] not in seen  # the one waiting in the queue never reached the model
+    assert stats["abandoned"] == 1 and stats["waiting"] == 0
+    assert later.status_code == 200 and later.json()["translation"] == translator.translate([S[2]])[0]
+
+
+def test_a_translation_whose_client_left_is_not_decoded(translator):
+    """The client of the second request hangs up while it waits: its handler is cancelled and
+    it leaves the queue (Starlette alone would have let it be decoded for nobody)."""
+    body = json.dumps({"text": S[1]}).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": "/translate", "raw_path": b"/translate",
+             "query_string": b"", "root_path": "", "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 80),
+             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]}
+
+    async def go():
+        async with serving(translator, max_batch=1, max_wait_ms=0) as (app, http, gate):
+            batcher = app.state.service.batcher
+            first = translate(http, S[0])
+            await until(gate.entered.is_set)
+            hangup, sent = asyncio.Event(), []
+            messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+            async def receive():
+                if messages:
+                    return messages.pop(0)
+                await hangup.wait()
+                return {"type": "http.disconnect"}
+
+            async def send(message):
+                sent.append(message)
+
+            left = asyncio.ensure_future(app(scope, receive, send))
+            await until(lambda: batcher.waiting == 1)
+            hangup.set()
+            await asyncio.wait_for(left, 5)
+            waiting_after = batcher.waiting
+            gate.open.set()
+            first = await first
+            await http.post("/translate", json={"text": S[2]})
+            return first, sent, waiting_after, gate.seen, batcher.stats
+
+    first, sent, waiting_after, seen, stats = asyncio.run(go())
+    assert first.status_code == 200
+    assert sent == []  # nobody to answer
+    assert waiting_after == 0 and stats.abandoned == 1
+    assert seen == [S[0], S[2]]  # S[1] was never decoded
+
+
+def test_a_token_guards_every_route_but_health(translator):
+    token = "s3cret-token"
+
+    async def go():
+        async with serving(translator, gated=False, token=token) as (app, http, gate):
+            good = {"Authorization": f"Bearer {token}"}
+            return {
+                "health": await http.get("/health"),
+                "translate": await http.post("/translate", json={"text": S[0]}),
+                "wrong": await http.post("/translate", json={"text": S[0]}, headers={"Authorization": "Bearer nope"}),
+                "basic": await http.post("/translate", json={"text": S[0]}, headers={"Authorization": token}),
+                "stats": await http.get("/stats"),
+                "explorer": await http.get("/"),
+                "attention": await http.post("/attention", json={"text": S[0]}),
+                "with": await http.post("/translate", json={"text": S[0]}, headers=good),
+                "stats-with": await http.get("/stats", headers=good),
+            }
+
+    r = asyncio.run(go())
+    assert r["health"].status_code == 200
+    for name in ("translate", "wrong", "basic", "stats", "explorer", "attention"):
+        assert r[name].status_code == 401, name
+        assert "Bearer" in r[name].json()["error"] and r[name].headers["WWW-Authenticate"].startswith("Bearer")
+    assert r["with"].status_code == 200 and r["with"].json()["translation"] == translator.translate([S[0]])[0]
+    assert r["stats-with"].status_code == 200
+    assert token not in repr(ServeConfig(token=token))
+
+
+def test_language_model_attention_refuses_text_over_max_chars(lm_client):
+    r = lm_client.post("/attention", json={"text": "a" * 201})
+    assert r.status_code == 413
+    assert "201 characters" in r.json()["error"] and "200" in r.json()["error"]
+    assert lm_client.post("/attention", json={"text": "a" * 200}).status_code == 200
+
+
+def test_a_full_queue_refuses_a_stream_before_it_starts(lm_run):
+    """A streamed /generate that cannot be queued is a 503, not a 200 whose stream errs."""
+    from transformer.generator import Generator
+
+    app = create_app(Generator.from_pretrained(lm_run, warn=False), ServeConfig(max_queue=1))
+
+    async def go():
+        async with app.router.lifespan_context(app):
+            app.state.service.batcher._exclusive = 1  # as if an attention call were waiting: the queue is full
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test") as http:
+                try:
+                    return await http.post("/generate", json={"prompt": "the cat", "stream": True})
+                finally:
+                    app.state.service.batcher._exclusive = 0
+
+    r = asyncio.run(go())
+    assert r.status_code == 503 and "Retry-After" in r.headers
+
+
+# ---- the command: a warning when anyone may connect ------------------------------------
+
+class FakeSocket:
+    """What ``_listen`` returns, without opening anything: the tests never listen beyond loopback."""
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+
+    def getsockname(self):
+        return (self.host, 8000)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("host, token, env, warned", [
+    ("0.0.0.0", None, None, True),
+    ("::", None, None, True),
+    ("0.0.0.0", "s3cret", None, False),
+    ("0.0.0.0", None, "from-env", False),
+    ("127.0.0.1", None, None, False),
+], ids=["any-v4", "any-v6", "token", "token-from-env", "loopback"])
+def test_warns_when_listening_beyond_loopback_without_a_token(run_dir, monkeypatch, capsys, host, token, env, warned):
+    import uvicorn
+
+    from transformer.cli import main
+
+    serve_cli = importlib.import_module("transformer.cli.serve")
+    seen = {}
+
+    def run(server, sockets=None):  # instead of serving: what uvicorn was given
+        seen["config"] = server.config
+
+    monkeypatch.setattr(uvicorn.Server, "run", run)
+    monkeypatch.setattr(serve_cli, "_listen", lambda h, p: FakeSocket(host))
+    if env is None:
+        monkeypatch.delenv(TOKEN_ENV, raising=False)
+    else:
+        monkeypatch.setenv(TOKEN_ENV, env)
+    assert main(["serve", "--model", str(run_dir), "--host", host, "--max-queue", "7",
+                 *(["--token", token] if token else [])]) == 0
+    err = capsys.readouterr().err
+    assert ("warning: listening on" in err and "without a token" in err and TOKEN_ENV in err) == warned, err
+    config = seen["config"]
+    assert config.limit_concurrency == ServeConfig(max_queue=7).connection_limit
+    assert config.timeout_keep_alive == 5
+    assert config.app.state.service.cfg.token == (token or env)
+
+
+# ---- the real server: a client that hangs up ---------------------------------------------
+
+def test_the_real_server_drops_a_request_whose_client_hung_up(start_another):
+    """uvicorn tells the app of a closed connection: the request waiting behind heavy ones
+    leaves the queue (abandoned) and the model never decodes it."""
+    import socket
+    from urllib.parse import urlsplit
+
+    server = start_another("--max-batch", "1", "--max-texts", "64")
+    heavy = {"texts": [" ".join(["the big red dog runs near the house"] * 12)] * 64, "beam": 16}
+    body = json.dumps({"text": "green bird"}).encode()
+    before = server.get("/stats")[1]
+
+    async def go():
+        async with httpx.AsyncClient(base_url=server.url, timeout=120) as http:
+            async def stats():
+                return (await http.get("/stats")).json()
+
+            async def until_stats(condition):
+                end = time.monotonic() + 30
+                while not condition(await stats()):
+                    assert time.monotonic() < end, await stats()
+                    await asyncio.sleep(0.005)
+
+            heavies = asyncio.gather(*(http.post("/translate", json=heavy) for _ in range(4)))
+            await until_stats(lambda s: s["waiting"] >= 2)  # one decoding, more waiting
+            parts = urlsplit(server.url)
+            sock = socket.create_connection((parts.hostname, parts.port))
+            sock.sendall(b"POST /translate HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            await until_stats(lambda s: s["requests"] - before["requests"] == 5)  # it is queued
+            sock.close()
+            await until_stats(lambda s: s["abandoned"] - before["abandoned"] == 1)
+            return [r.status_code for r in await heavies]
+
+    assert asyncio.run(go()) == [200] * 4
+    after = server.get("/stats")[1]
+    assert after["decode_calls"] - before["decode_calls"] == 4  # the heavy ones only
+    assert after["waiting"] == 0
+
+
+def test_a_body_that_does_not_arrive_in_time_gets_408(translator):
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/translate", "raw_path": b"/translate", "query_string": b"", "root_path": "",
+             "headers": [(b"content-type", b"application/json")], "client": ("127.0.0.1", 5000),
+             "server": ("127.0.0.1", 80)}
+
+    async def go():
+        app = create_app(translator, ServeConfig(timeout=0.2))
+        sent = []
+
+        async def receive():  # a client that sent its headers and then nothing
+            await asyncio.sleep(30)
+
+        async def send(message):
+            sent.append(message)
+
+        await asyncio.wait_for(app(scope, receive, send), 5)
+        return sent
+
+    sent = asyncio.run(go())
+    assert sent[0]["status"] == 408
+    assert "0.2 s" in json.loads(sent[1]["body"])["error"]
+
+
+def test_only_the_servers_own_beam_may_build_a_compiled_step(translator):
+    """With compile: on, a request for another beam must not build a package (minutes) in a
+    request: it uses one built already, or decodes eagerly."""
+    service = create_app(translator.with_decoding(compile="on"), ServeConfig()).state.service
+    own = translator.decoding.beam
+    assert service.translator(own).decoding.compile == "on"  # built at start-up by `transformer serve`
+    assert service.translator(own + 1).decoding.compile == "auto"
+    assert service.translator(1).decoding.compile == "auto"
