@@ -1,12 +1,15 @@
 """Load on ``transformer serve``: requests/s and p50/p99 latency at 1, 8 and 32 concurrent
-clients, with and without dynamic batching, measured in one run.
+clients, with and without dynamic batching, and how many requests the server refused (503,
+its queue full: ``--max-queue``) or gave up on (504, past ``--timeout``), measured in one run.
 
 Two servers run side by side (subprocesses on free loopback ports), one with dynamic
 batching and one with ``--no-batching``; only one is under load at a time. Each cell is
 ``--seconds`` of closed-loop load (every client sends one request of one sentence, waits for
 the answer, sends the next), repeated ``--rounds`` times, the settings interleaved so that
-noise from the rest of the machine falls on both alike. Every answer is checked against the
+noise from the rest of the machine falls on both alike. Every 200 is checked against the
 batching server's answer for the same sentence sent alone (a batching bug shows as "wrong").
+requests/s and the latencies count the 200s only; after a 503 a client waits 50 ms (not the
+whole Retry-After: the cell would mostly measure sleeping) and sends its next request.
 
     .venv/bin/python benchmarks/serve/load.py                 # runs/demo if it holds weights, else a toy model
     .venv/bin/python benchmarks/serve/load.py --model RUN_DIR --seconds 5 --json out.json
@@ -106,28 +109,36 @@ def start_server(model: Path, extra: list[str], log: Path) -> tuple[subprocess.P
     sys.exit(f"server did not start:\n{log.read_text()}")
 
 
+BACKOFF_S = 0.05  # a client's pause after a 503
+
+
 async def closed_loop(url: str, texts: list[str], expected: dict[str, str], clients: int,
-                      seconds: float) -> tuple[list[float], int, float]:
-    """(latencies in s, wrong answers, elapsed s) of ``clients`` closed-loop clients."""
+                      seconds: float) -> tuple[list[float], dict[str, int], float]:
+    """(latencies of the 200s in s, counts of "wrong", 503 and 504 answers, elapsed s) of
+    ``clients`` closed-loop clients."""
     latencies: list[float] = []
-    wrong = 0
+    counts = {"wrong": 0, "503": 0, "504": 0}
     end = time.perf_counter() + seconds
 
     async def client(seed: int) -> None:
-        nonlocal wrong
         rng = random.Random(seed)
         async with httpx.AsyncClient(base_url=url, timeout=120) as http:
             while time.perf_counter() < end:
                 text = rng.choice(texts)
                 start = time.perf_counter()
                 r = await http.post("/translate", json={"text": text})
+                if r.status_code in (503, 504):
+                    counts[str(r.status_code)] += 1
+                    if r.status_code == 503:
+                        await asyncio.sleep(BACKOFF_S)
+                    continue
                 latencies.append(time.perf_counter() - start)
                 if r.status_code != 200 or r.json()["translation"] != expected[text]:
-                    wrong += 1
+                    counts["wrong"] += 1
 
     start = time.perf_counter()
     await asyncio.gather(*(client(1000 * clients + i) for i in range(clients)))
-    return latencies, wrong, time.perf_counter() - start
+    return latencies, counts, time.perf_counter() - start
 
 
 def percentile(ordered: list[float], q: float) -> float:
@@ -148,13 +159,14 @@ def measure(servers: dict[bool, str], levels: list[int], seconds: float, rounds:
         for clients in levels:
             for batching, url in servers.items():
                 before = httpx.get(url + "/stats").json()
-                lat, wrong, elapsed = asyncio.run(closed_loop(url, texts, expected, clients, seconds))
+                lat, counts, elapsed = asyncio.run(closed_loop(url, texts, expected, clients, seconds))
                 after = httpx.get(url + "/stats").json()
-                cell = cells.setdefault((clients, batching),
-                                        {"lat": [], "rates": [], "wrong": 0, "texts": 0, "calls": 0})
+                cell = cells.setdefault((clients, batching), {"lat": [], "rates": [], "wrong": 0, "503": 0, "504": 0,
+                                                              "texts": 0, "calls": 0})
                 cell["lat"] += lat
                 cell["rates"].append(len(lat) / elapsed)
-                cell["wrong"] += wrong
+                for k, n in counts.items():
+                    cell[k] += n
                 cell["texts"] += after["texts"] - before["texts"]
                 cell["calls"] += after["decode_calls"] - before["decode_calls"]
                 cell["busy"] = cell.get("busy", 0.0) + after["decode_seconds"] - before["decode_seconds"]
@@ -168,7 +180,8 @@ def measure(servers: dict[bool, str], levels: list[int], seconds: float, rounds:
                      "requests_per_s": round(statistics.median(c["rates"]), 1),
                      "p50_ms": round(1000 * percentile(lat, 50), 1), "p99_ms": round(1000 * percentile(lat, 99), 1),
                      "texts_per_decode": round(c["texts"] / max(c["calls"], 1), 2),
-                     "model_busy": round(c["busy"] / c["elapsed"], 2), "wrong": c["wrong"]})
+                     "model_busy": round(c["busy"] / c["elapsed"], 2), "wrong": c["wrong"],
+                     "refused_503": c["503"], "timed_out_504": c["504"]})
     return rows
 
 
@@ -182,6 +195,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="the server's torch threads")
     ap.add_argument("--max-batch", type=int, default=32)
     ap.add_argument("--max-wait-ms", type=float, default=5.0)
+    ap.add_argument("--max-queue", type=int, default=128, help="the servers' --max-queue (a 503 beyond it)")
+    ap.add_argument("--timeout", type=float, default=60.0, help="the servers' --timeout in seconds (a 504 past it)")
     ap.add_argument("--sentences", choices=["auto", "english", "toy"], default="auto",
                     help="what to translate (auto: toy sentences for the toy model, else English)")
     ap.add_argument("--json", help="also write the results here")
@@ -202,7 +217,8 @@ def main() -> None:
     texts = [" ".join(rng.choices(TOY_WORDS, k=rng.randint(3, 8))) for _ in range(12)] if toy else ENGLISH
     levels = [int(x) for x in args.levels.split(",")]
     server_args = ["--beam", str(args.beam), "--threads", str(args.threads), "--max-batch", str(args.max_batch),
-                   "--max-wait-ms", str(args.max_wait_ms)]
+                   "--max-wait-ms", str(args.max_wait_ms), "--max-queue", str(args.max_queue),
+                   "--timeout", str(args.timeout)]
 
     load_before = f"{os.getloadavg()[0]:.1f}"  # other work on the machine skews every number
     servers, procs = {}, []
@@ -218,14 +234,17 @@ def main() -> None:
             proc.wait(timeout=30)
 
     print(f"\nmodel: {model} ({kind}); beam {args.beam}; server threads {args.threads}; "
-          f"max batch {args.max_batch}, max wait {args.max_wait_ms} ms; {args.rounds} x {args.seconds} s per cell; "
+          f"max batch {args.max_batch}, max wait {args.max_wait_ms} ms, max queue {args.max_queue}, "
+          f"timeout {args.timeout} s; {args.rounds} x {args.seconds} s per cell; "
           f"{os.cpu_count()} CPUs, torch {torch.__version__}, {platform.python_implementation()} "
           f"{platform.python_version()}; load average {load_before} before, {os.getloadavg()[0]:.1f} after\n")
-    print("| clients | batching | requests/s | p50 ms | p99 ms | texts per decode call | model busy | wrong |")
-    print("|---:|:---|---:|---:|---:|---:|---:|---:|")
+    print("| clients | batching | requests/s (200) | p50 ms | p99 ms | 503 | 504 | texts per decode call | model busy "
+          "| wrong |")
+    print("|---:|:---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in sorted(rows, key=lambda r: (r["clients"], not r["batching"])):
         print(f"| {r['clients']} | {'yes' if r['batching'] else 'no'} | {r['requests_per_s']} | {r['p50_ms']} | "
-              f"{r['p99_ms']} | {r['texts_per_decode']} | {r['model_busy']:.0%} | {r['wrong']} |")
+              f"{r['p99_ms']} | {r['refused_503']} | {r['timed_out_504']} | {r['texts_per_decode']} | "
+              f"{r['model_busy']:.0%} | {r['wrong']} |")
     if args.json:
         Path(args.json).write_text(json.dumps({"model": str(model), "kind": kind, "args": vars(args), "rows": rows,
                                                "machine": hardware.describe()},
