@@ -106,7 +106,9 @@ class TranslationTask:
         rec = {"valid_nll": self.validation_nll(model, device, amp_dtype)}
         rec["valid_ppl"] = math.exp(min(rec["valid_nll"], 50))
         if self.cfg.eval_bleu:
-            translator = Translator(model, self.data.subwords, DecodingConfig(beam=1, device=str(device)))
+            # fp32 whatever the machine: the scores that pick the best checkpoint are the same everywhere
+            decoding = DecodingConfig(beam=1, device=str(device), precision="fp32")
+            translator = Translator(model, self.data.subwords, decoding)
             scores = score(translator.translate([s for s, _ in self.data.valid]), [t for _, t in self.data.valid])
             rec.update(valid_bleu=scores.bleu, valid_chrf=scores.chrf)
         return rec

@@ -1,0 +1,122 @@
+"""`transformer translate`'s work against CTranslate2 on the project's own export, side by side.
+
+The issue's figure: the 1,000 Multi30k test_2016_flickr sentences, beam 4, in the run's batches
+(``max_tokens``), each system on the same subword ids. Ours runs as ``translate`` does
+(:class:`transformer.Translator`: sorted by length, batched, the run's search at the precision
+asked for, ``auto`` by default); CTranslate2 runs ``translate_batch`` on the same ids in the same
+batches, at the compute type asked for (``float32`` matches our fp32). Rounds alternate which
+system goes first; each figure is the median over rounds, and the ratio is taken per round.
+Outputs are compared as text (GNMT's length penalty in both: alpha 0.6 is our default, CTranslate2's
+``length_penalty`` is the same formula). Prints the machine first (``transformer.hardware``).
+
+    TRANSFORMER_DATA=DATA_DIR python benchmarks/decode/translate_vs_ct2.py --run runs/demo [--precision fp32] [--rounds 3]
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from transformer import hardware
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--run", required=True, help="a translation run directory")
+    ap.add_argument("--src", help="source sentences, one a line (default: Multi30k test_2016_flickr of the run's "
+                                  "source language under $TRANSFORMER_DATA)")
+    ap.add_argument("--n", type=int, default=1000)
+    ap.add_argument("--beam", type=int, default=4)
+    ap.add_argument("--precision", default="fp32", help="ours: auto, fp32, bf16 or int8")
+    ap.add_argument("--compute-type", default="float32", help="CTranslate2's compute_type")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=0, help="intra-op threads for both (0: torch's default)")
+    ap.add_argument("--json", help="also write the results here")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"machine: {hardware.describe_line()}", flush=True)
+
+    import ctranslate2
+
+    from transformer.interop.ctranslate2 import save_ctranslate2
+    from transformer.translator import load_translator
+
+    ours = load_translator(args.run, warn=False, beam=args.beam, precision=args.precision, compile="off")
+    if args.src:
+        lines = Path(args.src).read_text(encoding="utf-8").splitlines()
+    else:
+        import yaml
+
+        cfg = yaml.safe_load((Path(args.run) / "config.yaml").read_text(encoding="utf-8"))
+        lang = cfg["src_lang"]  # the run's source language
+        path = Path(os.environ["TRANSFORMER_DATA"]) / "multi30k" / f"test_2016_flickr.{lang}.gz"
+        lines = gzip.open(path, "rt", encoding="utf-8").read().splitlines()
+    lines = lines[: args.n]
+
+    sw = ours.subwords
+    vocab = [sw.id_to_piece(i) for i in range(sw.vocab_size)]
+    index = {p: i for i, p in enumerate(vocab)}
+    ct2_dir = Path(tempfile.mkdtemp(prefix="ct2.")) / "model"
+    save_ctranslate2(ours.model if args.precision == "fp32" else load_translator(args.run, precision="fp32").model,
+                     ct2_dir, vocab)
+    ct2 = ctranslate2.Translator(str(ct2_dir), device="cpu", compute_type=args.compute_type,
+                                 intra_threads=torch.get_num_threads())
+    # the same batches as ours: sorted by length, at most max_tokens padded source tokens
+    encoded = [ours.encode(line) for line in lines]
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
+    batches, start = [], 0
+    while start < len(order):
+        end = start + 1
+        while end < len(order) and (end + 1 - start) * len(encoded[order[end]]) <= ours.decoding.max_tokens:
+            end += 1
+        batches.append(order[start:end])
+        start = end
+    d = ours.decoding
+
+    def run_ours():
+        return ours.translate(lines)
+
+    def run_ct2():
+        out = [""] * len(lines)
+        for batch in batches:
+            res = ct2.translate_batch([[vocab[t] for t in encoded[i]] for i in batch], beam_size=args.beam,
+                                      length_penalty=d.alpha, max_batch_size=0,
+                                      max_decoding_length=int(d.max_len_a * max(len(encoded[i]) for i in batch)
+                                                              + d.max_len_b))
+            for i, r in zip(batch, res):
+                out[i] = sw.decode([index[p] for p in r.hypotheses[0]])
+        return out
+
+    times = {"ours": [], "ct2": []}
+    outputs = {}
+    for r in range(args.rounds):
+        for who in (("ours", "ct2") if r % 2 == 0 else ("ct2", "ours")):
+            t0 = time.perf_counter()
+            outputs[who] = (run_ours if who == "ours" else run_ct2)()
+            times[who].append(time.perf_counter() - t0)
+            print(f"round {r + 1}: {who} {times[who][-1]:.2f} s", file=sys.stderr, flush=True)
+    ratios = [c / o for o, c in zip(times["ours"], times["ct2"])]
+    same = sum(a == b for a, b in zip(outputs["ours"], outputs["ct2"]))
+    result = {"machine": hardware.describe(), "sentences": len(lines), "beam": args.beam, "precision": d.precision,
+              "ct2_compute_type": args.compute_type, "ours_s": statistics.median(times["ours"]),
+              "ct2_s": statistics.median(times["ct2"]), "ct2_over_ours_per_round": ratios,
+              "identical_outputs": same}
+    print(f"{len(lines)} sentences, beam {args.beam}: ours ({d.precision}) {result['ours_s']:.2f} s, "
+          f"CTranslate2 ({args.compute_type}) {result['ct2_s']:.2f} s (medians of {args.rounds}); "
+          f"ours takes {min(1 / x for x in ratios):.2f}-{max(1 / x for x in ratios):.2f}x CTranslate2's time "
+          f"per round; identical outputs {same}/{len(lines)}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
