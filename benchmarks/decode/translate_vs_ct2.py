@@ -6,8 +6,9 @@ The issue's figure: the 1,000 Multi30k test_2016_flickr sentences, beam 4, in th
 asked for, ``auto`` by default); CTranslate2 runs ``translate_batch`` on the same ids in the same
 batches, at the compute type asked for (``float32`` matches our fp32). Rounds alternate which
 system goes first; each figure is the median over rounds, and the ratio is taken per round.
-Outputs are compared as text (GNMT's length penalty in both: alpha 0.6 is our default, CTranslate2's
-``length_penalty`` is the same formula). Prints the machine first (``transformer.hardware``).
+Outputs are compared as text. Both rank by raw log-probability (``--alpha 0``, the default here):
+our length penalty is GNMT's ``((5 + len) / 6) ** alpha``, CTranslate2's ``len ** alpha``, so they
+agree only at 0. Prints the machine first (``transformer.hardware``).
 
     TRANSFORMER_DATA=DATA_DIR python benchmarks/decode/translate_vs_ct2.py --run runs/demo [--precision fp32] [--rounds 3]
 """
@@ -35,6 +36,7 @@ def main() -> None:
                                   "source language under $TRANSFORMER_DATA)")
     ap.add_argument("--n", type=int, default=1000)
     ap.add_argument("--beam", type=int, default=4)
+    ap.add_argument("--alpha", type=float, default=0.0, help="length penalty for both (they agree only at 0)")
     ap.add_argument("--precision", default="fp32", help="ours: auto, fp32, bf16 or int8")
     ap.add_argument("--compute-type", default="float32", help="CTranslate2's compute_type")
     ap.add_argument("--rounds", type=int, default=3)
@@ -50,7 +52,8 @@ def main() -> None:
     from transformer.interop.ctranslate2 import save_ctranslate2
     from transformer.translator import load_translator
 
-    ours = load_translator(args.run, warn=False, beam=args.beam, precision=args.precision, compile="off")
+    ours = load_translator(args.run, warn=False, beam=args.beam, alpha=args.alpha, precision=args.precision,
+                           compile="off")
     if args.src:
         lines = Path(args.src).read_text(encoding="utf-8").splitlines()
     else:
@@ -70,7 +73,8 @@ def main() -> None:
                      ct2_dir, vocab)
     ct2 = ctranslate2.Translator(str(ct2_dir), device="cpu", compute_type=args.compute_type,
                                  intra_threads=torch.get_num_threads())
-    # the same batches as ours: sorted by length, at most max_tokens padded source tokens
+    # the same batches as ours: sorted by length, at most max_tokens padded source tokens (ids end
+    # with EOS; CTranslate2 appends its own: add_source_eos)
     encoded = [ours.encode(line) for line in lines]
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
     batches, start = [], 0
@@ -88,8 +92,8 @@ def main() -> None:
     def run_ct2():
         out = [""] * len(lines)
         for batch in batches:
-            res = ct2.translate_batch([[vocab[t] for t in encoded[i]] for i in batch], beam_size=args.beam,
-                                      length_penalty=d.alpha, max_batch_size=0,
+            res = ct2.translate_batch([[vocab[t] for t in encoded[i][:-1]] for i in batch], beam_size=args.beam,
+                                      length_penalty=args.alpha, max_batch_size=0,
                                       max_decoding_length=int(d.max_len_a * max(len(encoded[i]) for i in batch)
                                                               + d.max_len_b))
             for i, r in zip(batch, res):
