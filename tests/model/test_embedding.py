@@ -6,14 +6,7 @@ import math
 import pytest
 import torch
 
-from transformer.model.embedding import (
-    LearnedPositions,
-    PositionalEncoding,
-    TokenEmbedding,
-    embedding_grad,
-    lookup,
-    sinusoid_table,
-)
+from transformer.model.embedding import PositionalEncoding, TokenEmbedding, sinusoid_table
 
 
 def paper_angle(pos: int, i: int, d_model: int) -> float:
@@ -97,52 +90,3 @@ def test_encode_and_decode_scale_the_embedding_exactly_once(make_model):
     y = model.tgt_embed.weight[tgt] * math.sqrt(16) + pe[:2]
     h, _, _ = model.decoder(y, cache)
     torch.testing.assert_close(model.decode(tgt, cache)[0], h @ model.tgt_embed.weight.T)
-
-
-def _lookup_and_grad(fn, ids, weight, upstream):
-    w = weight.detach().clone().requires_grad_(True)
-    out = fn(ids, w)
-    (out * upstream).sum().backward()
-    return out.detach(), w.grad
-
-
-@pytest.mark.parametrize("rows", [5, 300])
-def test_compiled_lookup_has_torchs_gradient_for_repeated_ids(rows):
-    """Under torch.compile the lookup's gradient comes from torch's own embedding backward
-    (a custom op, not inductor's scatter): the same rows summed per id, rows never looked up
-    zero."""
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, min(rows, 4), (3, 37), generator=g)  # few ids, each many times
-    weight = torch.randn(rows, 16, generator=g)
-    upstream = torch.randn(3, 37, 16, generator=g)
-    eager = _lookup_and_grad(torch.nn.functional.embedding, ids, weight, upstream)
-    with torch.profiler.profile() as prof:
-        compiled = _lookup_and_grad(torch.compile(lookup, fullgraph=True), ids, weight, upstream)
-    assert "transformer::embedding_grad" in {e.key for e in prof.key_averages()}
-    torch.testing.assert_close(compiled[0], eager[0], rtol=0, atol=0)
-    torch.testing.assert_close(compiled[1], eager[1], rtol=1e-6, atol=1e-5)
-    assert compiled[1][4:].abs().sum() == 0  # ids are 0..3
-
-
-def test_compiled_token_embedding_and_learned_positions_train_as_eager():
-    torch.manual_seed(0)
-    embed, pos = TokenEmbedding(11, 8, pad_id=0), LearnedPositions(8, 20)
-    tokens = torch.randint(0, 11, (4, 20))
-    positions = torch.arange(20).expand(4, 20)
-
-    def forward(tokens, positions):
-        return pos.at(embed(tokens), positions).square().sum()
-
-    grads = []
-    for fn in (forward, torch.compile(forward, fullgraph=True)):
-        embed.zero_grad(set_to_none=True)
-        pos.zero_grad(set_to_none=True)
-        fn(tokens, positions).backward()
-        grads.append((embed.weight.grad.clone(), pos.weight.grad.clone()))
-    for eager, compiled in zip(*grads):
-        torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
-
-
-def test_embedding_grad_is_a_well_formed_custom_op():
-    g = torch.Generator().manual_seed(0)
-    torch.library.opcheck(embedding_grad, (torch.randn(6, 4, generator=g), torch.tensor([0, 2, 2, 1, 0, 2]), 3))

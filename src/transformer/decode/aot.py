@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..compiling import traced
 from ..run.files import atomic_write
 from . import fixed
 from .common import next_token_logprobs
@@ -124,7 +125,8 @@ def build(model: nn.Module, group: int, logprobs: bool, path: str | Path) -> Non
         with torch.no_grad(), warnings.catch_warnings():
             # inductor's GEMM timing calls a deprecated storage method of torch's own
             warnings.filterwarnings("ignore", "TypedStorage is deprecated", UserWarning)
-            program = torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
+            with traced():  # the model as a graph needs it (transformer/compiling.py)
+                program = torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
             torch._inductor.aoti_compile_and_package(program, package_path=tmp,
                                                       inductor_configs=dict(INDUCTOR_OPTIONS))  # (it adds to the dict)
 
@@ -181,8 +183,10 @@ def _cpu() -> str:
 
 @cache
 def _source_digest() -> str:
+    """A digest of the code a package is built from: the model, the step (decode/fixed.py),
+    what tracing changes (compiling.py), the log-probabilities and the int8 layers."""
     root = Path(__file__).resolve().parent.parent
-    files = [*sorted((root / "model").glob("*.py")),
+    files = [*sorted((root / "model").glob("*.py")), root / "compiling.py",
              *(root / "decode" / n for n in ("aot.py", "common.py", "fixed.py", "precision.py"))]
     h = hashlib.sha256()
     for f in files:

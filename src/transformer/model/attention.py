@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .dropout import dropout_mask
+from . import dropout, masks
 
 
 def attention(
@@ -48,22 +48,20 @@ def attention(
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
     weights = scores.softmax(dim=-1)
     if mask is not None:  # a fully masked row would otherwise be uniform over padding
-        empty = ~mask.any(dim=-1, keepdim=True)
-        # (never under a causal mask alone: every query sees itself); compiled: no branch on data
-        if torch.compiler.is_compiling() or bool(empty.any()):
-            weights = weights.masked_fill(empty, 0.0)
+        has_keys = mask.any(dim=-1, keepdim=True)
+        if masks.hides_any(has_keys):  # (never under a causal mask alone: every query sees itself)
+            weights = weights.masked_fill(~has_keys, 0.0)
     used = weights
     if dropout_p > 0:
-        used = weights * dropout_mask(weights.shape, dropout_p, weights.device, weights.dtype)
+        used = weights * dropout.dropout_mask(weights.shape, dropout_p, weights.device, weights.dtype)
     return used @ v, (weights if need_weights else None)
 
 
 def _fused_pays(q: Tensor) -> bool:
     """torch's fused CPU kernel is faster in fp32, but 1.5-7x slower than the explicit
     matmul-softmax-matmul in bf16 / fp16, forward + backward, at translation-sized shapes
-    (measured with torch 2.13 on an AVX512-BF16 CPU; see benchmarks/README.md)."""
-    if torch.compiler.is_compiling() and q.device.type == "cpu":
-        return False  # compiled: inductor fuses the mask, softmax and sums into its own loops
+    (measured with torch 2.13 on an AVX512-BF16 CPU; see benchmarks/README.md). A traced
+    graph decides otherwise (``transformer/compiling.py``)."""
     return q.device.type != "cpu" or q.dtype not in (torch.bfloat16, torch.float16)
 
 

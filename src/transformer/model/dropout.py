@@ -16,14 +16,8 @@ _LEVELS = 1 << 15
 
 
 def dropout_mask(shape: torch.Size, p: float, device: torch.device, dtype: torch.dtype) -> Tensor:
-    """0 / (1 / (1 - p)) scale factors, in ``dtype``, with drop probability ~p.
-
-    Under ``torch.compile`` the mask comes from ``torch.rand`` instead (dynamo cannot trace
-    the in-place ``random_``): inductor draws its own random numbers inside the fused
-    kernel, seeded from torch's generator, so a compiled run drops other elements than an
-    eager one with the same seed."""
-    if torch.compiler.is_compiling():
-        return (torch.rand(shape, device=device) >= p).to(dtype) * (1.0 / (1.0 - p))
+    """0 / (1 / (1 - p)) scale factors, in ``dtype``, with drop probability ~p. (A compiled
+    graph draws them otherwise: ``transformer/compiling.py``.)"""
     n = 1
     for s in shape:
         n *= s

@@ -30,45 +30,9 @@ def sinusoid_table(max_len: int, d_model: int, layout: str = "interleaved") -> T
 
 
 def lookup(ids: Tensor, weight: Tensor) -> Tensor:
-    """``weight[ids]``, differentiable in ``weight``: ``nn.functional.embedding``.
-
-    Under ``torch.compile`` the gradient is torch's own embedding backward, kept out of the
-    generated code: inductor writes it as a scatter-add with atomic updates, which on a CPU
-    is 7-14 times slower than torch's kernel when many tokens hit few rows (nanoGPT's
-    recipe: 768 characters into 65 rows, 6% of a compiled update). Without a gradient to
-    take (decoding, an exported step) it is the plain lookup there too."""
-    if torch.compiler.is_compiling() and torch.is_grad_enabled() and weight.requires_grad:
-        return _Lookup.apply(ids, weight)
+    """``weight[ids]``, differentiable in ``weight``. (A compiled graph takes its gradient
+    otherwise: ``transformer/compiling.py``.)"""
     return nn.functional.embedding(ids, weight)
-
-
-@torch.library.custom_op("transformer::embedding_grad", mutates_args=())
-def embedding_grad(grad: Tensor, ids: Tensor, rows: int) -> Tensor:
-    """d(weight[ids]) / d(weight) applied to ``grad``: (rows, C), the sum of ``grad``'s
-    vectors per id."""
-    return torch.ops.aten.embedding_dense_backward(grad, ids, rows, -1, False)
-
-
-@embedding_grad.register_fake
-def _(grad: Tensor, ids: Tensor, rows: int) -> Tensor:
-    return grad.new_empty(rows, grad.shape[-1])
-
-
-class _Lookup(torch.autograd.Function):
-    @staticmethod
-    def forward(ids: Tensor, weight: Tensor) -> Tensor:
-        return nn.functional.embedding(ids, weight)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output) -> None:  # noqa: ARG004
-        ids, weight = inputs
-        ctx.save_for_backward(ids)
-        ctx.rows = weight.shape[0]
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        (ids,) = ctx.saved_tensors
-        return None, embedding_grad(grad.contiguous(), ids, ctx.rows)
 
 
 class PositionalEncoding(nn.Module):
@@ -86,7 +50,7 @@ class PositionalEncoding(nn.Module):
 
     def at(self, x: Tensor, positions: Tensor) -> Tensor:
         """Adds PE[positions] to (B, T, C) inputs; ``positions`` (B, T), one row per sequence."""
-        _check_length(_last_position(positions), self.max_len)
+        _check_length(position_end(positions), self.max_len)
         return x + self.pe[positions].to(x.dtype)
 
 
@@ -100,16 +64,14 @@ class LearnedPositions(nn.Module):
         nn.init.normal_(self.weight, mean=0.0, std=0.02)
 
     def at(self, x: Tensor, positions: Tensor) -> Tensor:
-        _check_length(_last_position(positions), self.max_len)
+        _check_length(position_end(positions), self.max_len)
         return x + lookup(positions, self.weight).to(x.dtype)
 
 
-def _last_position(positions: Tensor) -> int:
-    """The positions' end (largest + 1), for the length check; 0 inside a compiled graph,
-    which cannot branch on data (the eager path checks)."""
-    if torch.compiler.is_compiling() or not positions.numel():
-        return 0
-    return int(positions.max()) + 1
+def position_end(positions: Tensor) -> int:
+    """The positions' end (largest + 1; 0 for none), read on the host for the length check.
+    (A traced graph cannot read it, and leaves the check to eager code: ``transformer/compiling.py``.)"""
+    return int(positions.max()) + 1 if positions.numel() else 0
 
 
 def _check_length(n: int, max_len: int) -> None:

@@ -104,8 +104,7 @@ class LanguageModel(nn.Module):
         key_mask = cache.key_mask
         if padded or key_mask is not None:
             real = tokens != self.cfg.pad_id if real is None else real
-            # (compiled: always masked, since a graph cannot branch on whether there is padding)
-            if key_mask is not None or torch.compiler.is_compiling() or not bool(real.all()):
+            if key_mask is not None or masks.hides_any(real):
                 key_mask = masks.extend_real_keys(key_mask, real, cache.length)
             advance = real.sum(1)
             positions = next_positions(cache.next_position, real)

@@ -65,6 +65,13 @@ def combine(*masks: Tensor | None) -> Tensor | None:
     return out
 
 
+def hides_any(mask: Tensor) -> bool:
+    """Whether ``mask`` (True = may attend) hides anything: read on the host, so that work
+    which would change nothing (applying a mask that hides nothing) is skipped. (A traced
+    graph cannot read it and applies every mask: ``transformer/compiling.py``.)"""
+    return not bool(mask.all())
+
+
 def to_key_padding_mask(mask: Tensor) -> Tensor:
     """(B, 1, 1, S) True = may attend  ->  (B, S) True = padding (torch.nn.MultiheadAttention's meaning)."""
     return ~mask[:, 0, 0, :]

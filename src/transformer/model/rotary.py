@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from . import embedding
+
 
 class Rotary(nn.Module):
     """The cos / sin tables for ``max_len`` positions of heads of size ``d_head``."""
@@ -25,8 +27,9 @@ class Rotary(nn.Module):
 
     def forward(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """(B, T) or (T,) positions -> cos, sin broadcastable to (B, H, T, D)."""
-        if not torch.compiler.is_compiling() and positions.numel() and int(positions.max()) >= self.max_len:
-            raise ValueError(f"position {int(positions.max())} is beyond the model's max_len={self.max_len}; "
+        end = embedding.position_end(positions)
+        if end > self.max_len:
+            raise ValueError(f"position {end - 1} is beyond the model's max_len={self.max_len}; "
                              "shorten the input or build the model with a larger max_len")
         cos, sin = self.cos[positions], self.sin[positions]  # (..., T, D)
         if positions.dim() == 2:

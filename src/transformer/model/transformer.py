@@ -175,7 +175,5 @@ def _has_padding(mask: Tensor) -> bool:
     """Whether a padding mask masks anything. Without padding, attention runs without a mask:
     the same numbers, fewer operations (sorted or bucketed batches are often unpadded).
     Under ``torch.export`` (the ONNX exporter) the answer would depend on the data, so
-    exported graphs always apply the mask, and compiled ones too (no branch on data)."""
-    if torch.compiler.is_exporting() or torch.compiler.is_compiling():
-        return True
-    return not bool(mask.all())
+    exported graphs always apply the mask (a compiled graph too: ``transformer/compiling.py``)."""
+    return torch.compiler.is_exporting() or masks.hides_any(mask)
