@@ -131,3 +131,21 @@ def test_unpadded_batches_skip_the_mask_with_the_same_numbers(make_model, rand_t
         assert torch.equal(model.decode(tgt, cache)[0], model.decode(tgt, masked)[0])
     padded = model.start_cache(model.encode(rand_tokens([6, 3])), rand_tokens([6, 3]))
     assert padded.padded and padded.attend_mask is padded.memory_mask
+
+
+def test_what_a_layer_asks_of_the_cache():
+    """The decoder's cache interface: a layer extends its K, V by the new positions', the
+    new positions' self-attention mask is causal over cached + new keys (None for one new
+    position), padding keys hidden, and the grown cache holds what the layers returned."""
+    c = fake_cache(batch=3, t=4)
+    k, v = torch.ones(3, 2, 2, 5), -torch.ones(3, 2, 2, 5)
+    k_all, v_all = c.layer(1).extend(k, v)
+    assert k_all.shape == (3, 2, 6, 5)
+    assert torch.equal(k_all[:, :, :4], c.self_kv[1][0]) and torch.equal(v_all[:, :, 4:], v)
+    assert KVCache(c.cross_kv, (None, None), c.memory_mask).layer(0).extend(k, v) == (k, v)
+    assert c.self_mask(1) is None
+    assert c.self_mask(2)[0, 0].tolist() == [[True] * 5 + [False], [True] * 6]
+    real = torch.tensor([[False, True, True, True, True, True]]).expand(3, 6)
+    assert c.self_mask(2, real).shape == (3, 1, 2, 6) and not c.self_mask(2, real)[:, :, :, 0].any()
+    grown = c.grown([(k_all, v_all), (k_all, v_all)])
+    assert grown.length == 6 and grown.cross_kv is c.cross_kv
