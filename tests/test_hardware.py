@@ -169,7 +169,7 @@ def test_torchs_switch_gets_an_inductor_cache_of_its_own(tmp_path):
     switch the package points inductor at a folder of its own, unless the user chose one."""
     code = ("import transformer.hardware; from torch._inductor.runtime.cache_dir_utils import cache_dir; "
             "print(cache_dir())")
-    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "ATEN_CPU_CAPABILITY")}
     plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
     switched = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                               env={**env, "ATEN_CPU_CAPABILITY": "avx2"}).stdout
