@@ -45,7 +45,7 @@ def main() -> None:
     sw = Subwords.load(f"{args.run}/subwords.model")
     ids = [sw.encode(src) for src, _ in load_multi30k("test_2016_flickr", "en", "de")[: args.n]]
     systems = {"eager": ours(copy.deepcopy(base), args.precision),
-               "compiled": ours(copy.deepcopy(base), args.precision, compile=True)}
+               "compiled": ours(copy.deepcopy(base), args.precision, compile="on")}
     compiled_model = systems["compiled"].model
     scratch = tempfile.TemporaryDirectory(prefix="compiled-batches-")  # removed at exit
     static.keep_packages_in(compiled_model, args.packages or scratch.name)

@@ -23,16 +23,17 @@ from run import ours  # noqa: E402  (part A's searches: the same settings)
 
 from transformer import hardware
 from transformer.data import Subwords, load_multi30k
-from transformer.decode import beam as beam_module
-from transformer.decode import greedy as greedy_module
 from transformer.decode import static
 from transformer.decode.common import next_token_logprobs
 from transformer.run.weights import load_model
 
 
+COMPILED_STEP = static.compiled_step  # the searches build their step through static.compiled_step
+
+
 def logits_then_eager_logprobs(model, logprobs: bool = False):
     """The earlier searches' step: compiled logits, log-probabilities computed eagerly."""
-    step = static.compiled_step(model)
+    step = COMPILED_STEP(model)
     return (lambda *args: next_token_logprobs(step(*args), model.cfg)) if logprobs else step
 
 
@@ -55,15 +56,15 @@ def main() -> None:
     def search(decode):
         return [out for srcs in batches for out in decode(srcs, args.beam, None)]
 
-    steps = {"logits, eager log-probs": logits_then_eager_logprobs, "log-probs in the graph": static.compiled_step}
-    systems = {name: ours(copy.deepcopy(base), args.precision, compile=True) for name in steps}
+    steps = {"logits, eager log-probs": logits_then_eager_logprobs, "log-probs in the graph": COMPILED_STEP}
+    systems = {name: ours(copy.deepcopy(base), args.precision, compile="on") for name in steps}
 
     def run(name):
-        greedy_module.compiled_step = beam_module.compiled_step = steps[name]
+        static.compiled_step = steps[name]
         try:
             return search(systems[name])
         finally:
-            greedy_module.compiled_step = beam_module.compiled_step = static.compiled_step
+            static.compiled_step = COMPILED_STEP
 
     eager = search(ours(base, args.precision))
     outputs, first = {}, {}

@@ -10,7 +10,7 @@ Systems (all from one model):
     ours-int8   the same after int8 dynamic quantisation of every linear layer and the output
                 projection (transformer.decode.precision, --precision int8)
     ours-fp32-compiled  the same searches through one compiled step on a fixed-shape cache
-                (greedy_search / beam_search with compile=True, --compile on); not in the
+                (greedy_search / beam_search with compile="on", --compile on); not in the
                 default --systems. Its first round includes the compilations.
     ours-bf16-compiled, ours-int8-compiled  the same on bfloat16 / int8 weights
     hf-fp32     transformers MarianMTModel.generate() on to_marian(model)
@@ -74,7 +74,7 @@ Decode = Callable[[list[list[int]], int, int | None], list[list[int]]]
 
 
 # ---- the systems: (source ids without EOS, beam, forced length or None) -> output ids -----------
-def ours(model: Transformer, precision: str = "fp32", compile: bool = False) -> Decode:
+def ours(model: Transformer, precision: str = "fp32", compile: str = "off") -> Decode:
     model = for_inference(model, precision)
     cfg = model.cfg
 
@@ -157,9 +157,9 @@ def build(model: Transformer, vocab: list[str], workdir: Path, threads: int, nam
             "ours-fp32": lambda: ours(model),
             "ours-bf16": lambda: ours(model, "bf16"),
             "ours-int8": lambda: ours(model, "int8"),
-            "ours-fp32-compiled": lambda: ours(model, compile=True),
-            "ours-bf16-compiled": lambda: ours(model, "bf16", compile=True),
-            "ours-int8-compiled": lambda: ours(model, "int8", compile=True),
+            "ours-fp32-compiled": lambda: ours(model, compile="on"),
+            "ours-bf16-compiled": lambda: ours(model, "bf16", compile="on"),
+            "ours-int8-compiled": lambda: ours(model, "int8", compile="on"),
             "hf-fp32": lambda: hf(model),
             "ct2-fp32": lambda: ct2(ct2_dir, vocab, "float32", threads),
             "ct2-int8": lambda: ct2(ct2_dir, vocab, "int8", threads),
