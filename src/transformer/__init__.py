@@ -10,8 +10,9 @@ loads what translation needs and nothing optional (no fastapi, no transformers).
 """
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ._lazy import lazy_names
 
 __version__ = "0.1.0"  # the one place it is written: pyproject.toml reads it from here
 
@@ -33,13 +34,4 @@ if TYPE_CHECKING:  # pragma: no cover
     from .translator import Translator
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
-    globals()[name] = value  # the next access is a plain attribute lookup
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())
