@@ -9,7 +9,8 @@ import argparse
 import sys
 
 from ..decode.config import FIELDS
-from ..decode.precision import PRECISIONS, precision_note
+from ..decode.precision import PRECISIONS
+from ..hardware import slow_precision_warning
 
 _HELP = {
     "beam": ("N", int, "beam size (1 = greedy search)"),
@@ -80,7 +81,7 @@ def prepare_compiled(decoder) -> None:
     """A Translator's or Generator's compiled step loaded, or built (with one line on stderr
     first: it takes a while), when its decoding settings use one; and a line on stderr when
     the precision asked for is one this CPU computes slowly."""
-    if note := precision_note(decoder.requested_precision, decoder.decoding.device):
+    if note := slow_precision_warning(decoder.requested_precision, decoder.decoding.device):
         print(f"warning: {note}", file=sys.stderr, flush=True)
     compiles, build = decoder.compiles()
     if compiles and build:

@@ -125,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
     from ..run import read_model_config
     from ..serve import create_app
     from ..serve.config import TOKEN_ENV
-    from ..decode.precision import precision_note, resolve_precision
+    from ..decode.precision import resolve_precision
+    from ..hardware import slow_precision_warning
     from ..translator import run_decoding
 
     cfg = _settings(args)
@@ -139,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--beam {decoding.beam} is larger than --max-beam {cfg.max_beam}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    if note := precision_note(decoding.precision, decoding.device):
+    if note := slow_precision_warning(decoding.precision, decoding.device):
         print(f"warning: {note}", file=sys.stderr, flush=True)
     sock = _listen(args.host, args.port)
     if cfg.token is None and not _loopback(sock):

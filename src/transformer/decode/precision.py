@@ -51,18 +51,12 @@ def decoding_model(model: nn.Module, decoding, warn: bool = True):
     """What a Translator or Generator decodes with: ``model`` moved to ``decoding.device`` and
     converted to its precision (``auto`` resolved), and ``decoding`` with the precision it
     resolved to. An explicit bf16 where the CPU emulates it runs as asked, with one line
-    saying what it costs (a warning, unless ``warn`` is False; :func:`precision_note` gives
-    the line for a command to print)."""
+    saying what it costs (a warning, unless ``warn`` is False: a command prints
+    :func:`transformer.hardware.slow_precision_warning` itself)."""
     precision = resolve_precision(decoding.precision, decoding.device)
-    if warn and (note := precision_note(decoding.precision, decoding.device)):
+    if warn and (note := hardware.slow_precision_warning(decoding.precision, decoding.device)):
         warnings.warn(note, stacklevel=3)
     return for_inference(model.to(decoding.device), precision), decoding.replace(precision=precision)
-
-
-def precision_note(precision: str, device: str | torch.device = "cpu") -> str | None:
-    """One line for a precision that this device computes slowly (bf16 on a CPU without
-    native bf16), saying what ``auto`` would pick; None for a sound choice."""
-    return hardware.slow_precision_warning(precision, device)
 
 
 def for_inference(model: nn.Module, precision: str = "fp32") -> nn.Module:
