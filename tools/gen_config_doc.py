@@ -99,15 +99,30 @@ def _default(f: dataclasses.Field) -> Any:
 
 
 def class_keys(cls: type) -> list[Key]:
-    """Every field of the dataclass ``cls`` with its meaning and group, in the class's order.
-    Raises UserError naming ``file:line`` for a field without a meaning."""
+    """Every field of the dataclass ``cls`` with its meaning and group, in the class's order
+    (a field a base dataclass declares is read from that base's body). Raises UserError
+    naming ``file:line`` for a field without a meaning."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    keys: dict[str, Key] = {}
+    for owner in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(owner):
+            keys.update({k.name: k for k in _body_keys(owner, fields)})
+    missing = sorted(set(fields) - set(keys))
+    if missing:
+        raise UserError(f"{_shown(inspect.getsourcefile(cls))}: {cls.__name__} fields {missing} are declared in "
+                        "no class body this reader can find")
+    return [keys[name] for name in fields]
+
+
+def _body_keys(cls: type, fields: dict[str, dataclasses.Field]) -> list[Key]:
+    """The fields declared in the body of ``cls`` itself."""
     path = inspect.getsourcefile(cls)
     source = Path(path).read_text(encoding="utf-8")
     trailing, alone = comments(source)
     node = _class_node(ast.parse(source), cls.__name__, path)
     sections = {line: m.group(1) for line, text in alone.items()
                 if node.lineno < line <= node.end_lineno and (m := SECTION.fullmatch(text))}
-    from_doc, fields = docstring_args(cls), {f.name: f for f in dataclasses.fields(cls)}
+    from_doc = docstring_args(cls)
     keys = []
     for stmt in node.body:
         if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
@@ -120,9 +135,6 @@ def class_keys(cls: type) -> list[Key]:
                             "with a comment that says what it does")
         group = max(((line, title) for line, title in sections.items() if line < stmt.lineno), default=(0, ""))[1]
         keys.append(Key(f.name, str(f.type), _default(f), meaning, group, bool(f.metadata.get("resumable"))))
-    missing = sorted(set(fields) - {k.name for k in keys})
-    if missing:  # e.g. inherited: this reader sees one class body only
-        raise UserError(f"{_shown(path)}: {cls.__name__} fields {missing} are not declared in its body")
     return keys
 
 

@@ -48,6 +48,25 @@ def test_defaults_and_integers_for_floats():
     assert isinstance(d.alpha, float) and d.to_dict() == {**FIELDS, "alpha": 1.0, "temperature": 0.0}
 
 
+def test_the_config_is_three_parts_of_one_concern_each():
+    """Search, sampling and runtime settings are parts of their own, each validated alone;
+    the flat config is their union, in that order, and gives each part back."""
+    from transformer.decode.config import RuntimeConfig, SamplingConfig, SearchConfig
+
+    d = DecodingConfig(beam=2, alpha=1, top_k=5, compile="off")
+    assert d.search == SearchConfig(beam=2, alpha=1.0)
+    assert d.sampling == SamplingConfig(top_k=5)
+    assert d.runtime == RuntimeConfig(compile="off")
+    parts = [f for part in (SearchConfig, SamplingConfig, RuntimeConfig) for f in part.__dataclass_fields__]
+    assert list(FIELDS) == parts
+    with pytest.raises(ValueError, match="^n_best "):
+        SearchConfig(beam=2, n_best=3)
+    with pytest.raises(ValueError, match="^top_p "):
+        SamplingConfig(top_p=0.0)
+    with pytest.raises(ValueError, match="^compile "):
+        RuntimeConfig(compile="yes")
+
+
 def test_the_runs_settings_are_used_and_flags_override_them(run_with):
     run = run_with({"beam": 1, "alpha": 1.0})
     assert run_decoding(run) == DecodingConfig(beam=1, alpha=1.0)

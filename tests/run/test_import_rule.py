@@ -222,3 +222,28 @@ def test_every_run_name_still_imports():
     assert set(transformer.run.__all__) <= set(dir(transformer.run))
     with pytest.raises(AttributeError, match="no attribute 'load_modle'"):
         transformer.run.load_modle  # noqa: B018
+
+
+CONFIG_ONLY = """
+import json, sys
+from transformer.decode.config import DecodingConfig
+DecodingConfig(beam=2, precision="int8")
+print(json.dumps(sorted(m for m in sys.modules if m.startswith(("transformer", "torch")))))
+"""
+
+
+def test_the_decoding_config_imports_nothing_heavy():
+    """Reading decoding settings loads no torch, no search and no model: the config is the
+    standard library only (its package serves the searches on first use)."""
+    done = subprocess.run([sys.executable, "-c", CONFIG_ONLY], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == ["transformer", "transformer._lazy", "transformer.decode",
+                                       "transformer.decode.config"]
+
+
+def test_every_decode_name_still_imports():
+    import transformer.decode
+
+    assert all(getattr(transformer.decode, name) is not None for name in transformer.decode.__all__)
+    with pytest.raises(AttributeError, match="no attribute 'beam_serch'"):
+        transformer.decode.beam_serch  # noqa: B018

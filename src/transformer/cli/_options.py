@@ -8,8 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..decode.config import FIELDS
-from ..decode.precision import PRECISIONS
+from ..decode.config import FIELDS, PRECISIONS
 from ..hardware import slow_precision_warning
 
 _HELP = {

@@ -1,5 +1,18 @@
 """How to decode: one frozen config, validated once, shared by the Python API
-(:class:`~transformer.translator.Translator`), every command and the service.
+(:class:`~transformer.translator.Translator`, :class:`~transformer.generator.Generator`),
+every command and the service.
+
+It is made of three parts, each a frozen dataclass of its own concern:
+
+    SearchConfig    translation's search: beam size, length penalty, n-best, output length
+    SamplingConfig  a language model's sampling: new tokens, temperature, top-k, top-p, seed
+    RuntimeConfig   how the work runs: batch size, precision, device, compiled step
+
+:class:`DecodingConfig` has the fields of all three, flat (``decoding.beam``; YAML's
+``decoding:`` section and the command-line options name them the same way), and gives each
+part back as :attr:`~DecodingConfig.search`, :attr:`~DecodingConfig.sampling` and
+:attr:`~DecodingConfig.runtime`. This module imports nothing but the standard library, so
+reading a config loads no model and no search.
 
 A run may store the settings its recipe was tuned with (``decoding:`` in its config.yaml);
 a command without flags decodes that way, and each flag overrides one field. Field names
@@ -11,35 +24,51 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from .precision import check_precision
-from .static import COMPILE_CHOICES
+# Decoding arithmetic (decode/precision.py): auto is bf16 where the device computes it
+# natively, else fp32; int8 is a CPU option.
+PRECISIONS = ("auto", "fp32", "bf16", "int8")
+# Whether a search runs the compiled step (decode/static.py): on builds it if missing, auto
+# uses it when it is built already (or a generation is long enough to pay for building it).
+COMPILE_CHOICES = ("auto", "on", "off")
+
+
+def check_precision(precision: str, device: str = "cpu") -> None:
+    """ValueError unless ``precision`` is one of :data:`PRECISIONS` and suits ``device``
+    (int8 is a CPU decoding option)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision == "int8" and str(device).split(":")[0] != "cpu":
+        raise ValueError(f"precision {precision} is for CPU decoding; use fp32 or bf16 with device {device}")
+
+
+def _need(ok: bool, name: str, what: str, value: Any) -> None:
+    if not ok:
+        raise ValueError(f"{name} {what}, got {value!r}")
+
+
+def _floats(config) -> None:
+    """YAML and JSON give 1 for 1.0: the float fields of ``config`` as floats."""
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if f.type == "float" and isinstance(value, int) and not isinstance(value, bool):
+            object.__setattr__(config, f.name, float(value))
 
 
 @dataclass(frozen=True)
-class DecodingConfig:
+class SearchConfig:
+    """Translation: greedy search (beam 1) or beam search (decode/greedy.py, decode/beam.py)."""
     # ---- search (translation) ----
     beam: int = 4  # beam size; 1 = greedy search
     alpha: float = 0.6  # length penalty exponent (GNMT): score / ((5 + len) / 6) ** alpha
     n_best: int = 1  # hypotheses returned per input, best first (at most beam)
     max_len_a: float = 1.0  # outputs stop at max_len_a * source length + max_len_b tokens
     max_len_b: int = 50  # the output length limit's constant term: max_len_a * source length + max_len_b tokens
-    # ---- sampling (generation; temperature 0 is greedy) ----
-    max_new_tokens: int = 256  # tokens generated after the prompt
-    temperature: float = 1.0  # sampling: logits are divided by it; 0 = greedy (the most probable token)
-    top_k: int = 0  # sample among the k most probable tokens (0 = all)
-    top_p: float = 1.0  # nucleus: the smallest set whose probability reaches top_p
-    seed: int | None = None  # the same seed gives the same text
-    # ---- how the work runs ----
-    max_tokens: int = 4000  # source tokens per batch (padded)
-    precision: str = "auto"  # auto (bf16 where the device computes it natively, else fp32), fp32, bf16 or int8 (CPU); decode/precision.py
-    device: str = "cpu"  # cpu or cuda[:N]
-    compile: str = "auto"  # on, off, auto: a compiled decoding step (on: built if missing; auto: if built); decode/static.py
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):  # YAML and JSON give 1 for 1.0
-            value = getattr(self, f.name)
-            if f.type == "float" and isinstance(value, int) and not isinstance(value, bool):
-                object.__setattr__(self, f.name, float(value))
+        _floats(self)
+        self._check_search()
+
+    def _check_search(self) -> None:
         _need(isinstance(self.beam, int) and self.beam >= 1, "beam", "must be at least 1", self.beam)
         _need(isinstance(self.alpha, float), "alpha", "must be a number", self.alpha)
         _need(isinstance(self.n_best, int) and 1 <= self.n_best <= self.beam, "n_best",
@@ -48,6 +77,23 @@ class DecodingConfig:
               self.max_len_a)
         _need(isinstance(self.max_len_b, int) and self.max_len_b >= 0, "max_len_b", "must not be negative",
               self.max_len_b)
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """A language model's generation (decode/sample.py); temperature 0 is greedy."""
+    # ---- sampling (generation; temperature 0 is greedy) ----
+    max_new_tokens: int = 256  # tokens generated after the prompt
+    temperature: float = 1.0  # sampling: logits are divided by it; 0 = greedy (the most probable token)
+    top_k: int = 0  # sample among the k most probable tokens (0 = all)
+    top_p: float = 1.0  # nucleus: the smallest set whose probability reaches top_p
+    seed: int | None = None  # the same seed gives the same text
+
+    def __post_init__(self) -> None:
+        _floats(self)
+        self._check_sampling()
+
+    def _check_sampling(self) -> None:
         _need(isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1, "max_new_tokens",
               "must be at least 1", self.max_new_tokens)
         _need(isinstance(self.temperature, float) and self.temperature >= 0, "temperature",
@@ -56,12 +102,53 @@ class DecodingConfig:
         _need(isinstance(self.top_p, float) and 0 < self.top_p <= 1, "top_p", "must be in (0, 1]", self.top_p)
         _need(self.seed is None or (isinstance(self.seed, int) and self.seed >= 0), "seed",
               "must be a non-negative integer", self.seed)
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """How the work runs, for either kind of model."""
+    # ---- how the work runs ----
+    max_tokens: int = 4000  # source tokens per batch (padded)
+    precision: str = "auto"  # auto (bf16 where the device computes it natively, else fp32), fp32, bf16 or int8 (CPU); decode/precision.py
+    device: str = "cpu"  # cpu or cuda[:N]
+    compile: str = "auto"  # on, off, auto: a compiled decoding step (on: built if missing; auto: if built); decode/static.py
+
+    def __post_init__(self) -> None:
+        self._check_runtime()
+
+    def _check_runtime(self) -> None:
         _need(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", "must be positive",
               self.max_tokens)
         _need(isinstance(self.device, str), "device", "must be a device name such as cpu or cuda:0", self.device)
         _need(self.compile in COMPILE_CHOICES, "compile", f"must be one of {', '.join(COMPILE_CHOICES)}",
               self.compile)
         check_precision(self.precision, self.device)  # ValueError: "precision ..." names the field too
+
+
+# (the fields come in the order search, sampling, runtime: dataclasses collect them from the
+# last base class to the first)
+@dataclass(frozen=True)
+class DecodingConfig(RuntimeConfig, SamplingConfig, SearchConfig):
+    """Every decoding setting, flat: the fields of :class:`SearchConfig`,
+    :class:`SamplingConfig` and :class:`RuntimeConfig`."""
+
+    def __post_init__(self) -> None:
+        _floats(self)
+        self._check_search()
+        self._check_sampling()
+        self._check_runtime()
+
+    @property
+    def search(self) -> SearchConfig:
+        return _part(SearchConfig, self)
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        return _part(SamplingConfig, self)
+
+    @property
+    def runtime(self) -> RuntimeConfig:
+        return _part(RuntimeConfig, self)
 
     def replace(self, **changes: Any) -> "DecodingConfig":
         return dataclasses.replace(self, **changes)
@@ -77,9 +164,8 @@ class DecodingConfig:
         return cls(**d)
 
 
+def _part(kind, config: DecodingConfig):
+    return kind(**{f.name: getattr(config, f.name) for f in dataclasses.fields(kind)})
+
+
 FIELDS = {f.name: f.default for f in dataclasses.fields(DecodingConfig)}
-
-
-def _need(ok: bool, name: str, what: str, value: Any) -> None:
-    if not ok:
-        raise ValueError(f"{name} {what}, got {value!r}")

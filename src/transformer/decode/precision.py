@@ -26,18 +26,8 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from .. import hardware
+from .config import PRECISIONS, check_precision  # noqa: F401 (PRECISIONS: the choices, named here too)
 from .ensemble import Ensemble
-
-PRECISIONS = ("auto", "fp32", "bf16", "int8")
-
-
-def check_precision(precision: str, device: str | torch.device = "cpu") -> None:
-    """ValueError unless ``precision`` is one of :data:`PRECISIONS` and suits ``device``
-    (int8 is a CPU decoding option)."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-    if precision == "int8" and torch.device(device).type != "cpu":
-        raise ValueError(f"precision {precision} is for CPU decoding; use fp32 or bf16 with device {device}")
 
 
 def resolve_precision(precision: str, device: str | torch.device = "cpu") -> str:
