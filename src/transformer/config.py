@@ -51,8 +51,11 @@ class ModelConfig:
     ffn_activation: str = "relu"  # relu (paper), gelu, gelu_tanh (GPT-2), silu, or swiglu (gated, 3 matrices)
     norm: str = "layer"  # LayerNorm (paper, GPT) or "rms": RMSNorm (Llama)
     bias: bool = True  # biases in the attention and FFN matrices and the norms (Llama and nanoGPT: none)
+    qkv_bias: bool = False  # biases on the query, key and value projections even when bias is off (Qwen2)
     positions: str = "sinusoidal"  # the paper's sinusoids, "learned" (GPT-2) or "rope": rotary (Llama)
     rope_theta: float = 10000.0  # the rotary base frequency
+    rope_scaling: dict[str, float] | None = None  # Llama 3's frequency scaling: factor, low_freq_factor,
+    # high_freq_factor, original_max_position_embeddings (model/rotary.py); None: unscaled
     embed_scale: bool = True  # multiply embeddings by sqrt(d_model) (paper section 3.4; GPT and Llama do not)
     sinusoid_layout: str = "interleaved"  # paper: sin on even dims, cos on odd; concat: [sin | cos]
     output_bias: bool = False  # a bias on the vocabulary projection (Marian has one)
@@ -78,6 +81,12 @@ class ModelConfig:
             need(0 < self.n_kv_heads <= self.n_heads and self.n_heads % self.n_kv_heads == 0,
                  f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads})")
         need(self.positions != "rope" or self.d_head % 2 == 0, "rotary positions need an even head size")
+        if self.rope_scaling is not None:
+            need(self.positions == "rope", "rope_scaling needs positions='rope'")
+            keys = {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
+            need(set(self.rope_scaling) == keys, f"rope_scaling needs exactly the keys {sorted(keys)}")
+            need(self.rope_scaling["high_freq_factor"] > self.rope_scaling["low_freq_factor"],
+                 "rope_scaling: high_freq_factor must exceed low_freq_factor")
         need(self.kind == "decoder-only" or self.positions == "sinusoidal",
              "the encoder-decoder model uses sinusoidal positions (learned and rope are for decoder-only models)")
         need(0.0 <= self.dropout < 1.0 and 0.0 <= self.attn_dropout < 1.0, "dropout must be in [0, 1)")

@@ -10,7 +10,7 @@ head tied to ``wte`` (an untied ``lm_head`` is kept as our ``out_proj``).
 GPT-2 stores its linear layers as ``Conv1D``: the weight is (in, out), the transpose of
 ``nn.Linear``'s (out, in). ``c_attn`` holds W_Q, W_K, W_V side by side along its output axis.
 
-Name map (ours <- HF, HF names under ``transformer.``):
+Name map (ours <- HF, HF names under ``transformer.``; the import's in :mod:`.hf_lm`):
     embed / positions                      <- wte / wpe
     out_proj (absent when tied)            <- lm_head (outside ``transformer.``)
     decoder.layers[i].self_block.norm      <- h[i].ln_1
@@ -52,6 +52,7 @@ from ..extras import require
 from ..model.lm import LanguageModel
 from ._hf import check as _check
 from ._hf import LM_SHAPE, check_lm_export, copy_, hf_special_ids, new_hf_lm, same_head, special_ids
+from .hf_lm import model_from_state
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -160,24 +161,9 @@ def from_gpt2(hf_model: "GPT2LMHeadModel", pad_id: int | None = None) -> Languag
     """
     where = "from_gpt2"
     _check(_is_gpt2(hf_model), where, f"expected a transformers.GPT2LMHeadModel, got {type(hf_model).__name__}")
-    t = hf_model.transformer
-    tie = same_head(t.wte.weight, hf_model.lm_head.weight)
+    tie = same_head(hf_model.transformer.wte.weight, hf_model.lm_head.weight)
     cfg = config_from_gpt2(hf_model.config, tie, pad_id)
-    model = LanguageModel(cfg).to(device=t.wte.weight.device, dtype=t.wte.weight.dtype)
-    copy_(model.embed.weight, t.wte.weight, "embed.weight", where)
-    copy_(model.positions.weight, t.wpe.weight, "positions.weight", where)
-    if model.out_proj is not None:
-        copy_(model.out_proj.weight, hf_model.lm_head.weight, "out_proj.weight", where)
-    for name, ours, theirs in _norm_pairs(model, hf_model):
-        copy_(ours.weight, theirs.weight, f"{name}.weight", where)
-        copy_(ours.bias, theirs.bias, f"{name}.bias", where)
-    for name, linears, conv in _conv_pairs(model, hf_model):
-        sizes = [lin.out_features for lin in linears]
-        _check(conv.weight.size(1) == sum(sizes), where,
-               f"{name}: {conv.weight.size(1)} outputs, expected {sum(sizes)}")
-        for lin, w, b in zip(linears, conv.weight.split(sizes, dim=1), conv.bias.split(sizes)):
-            copy_(lin.weight, w.t(), f"{name}.weight", where)
-            copy_(lin.bias, b, f"{name}.bias", where)
+    model = model_from_state(cfg, "gpt2", hf_model.state_dict(), where)
     model.train(hf_model.training)
     return model
 

@@ -8,7 +8,7 @@ layout, so no permutation of q_proj / k_proj is needed), the gated SwiGLU feed-f
 grouped-query attention (``num_key_value_heads``), unscaled embeddings and, usually, no
 biases and an untied ``lm_head``.
 
-Name map (ours <- HF, HF names under ``model.``):
+Name map (ours <- HF, HF names under ``model.``; written once in :mod:`.hf_lm`):
     embed                                  <- embed_tokens
     out_proj (absent when tied)            <- lm_head (outside ``model.``)
     decoder.layers[i].self_block.norm      <- layers[i].input_layernorm
@@ -28,55 +28,83 @@ that is neither EOS nor BOS (0 for the usual Llama ids bos 1 / eos 2, which is `
 Llama's sentencepiece vocabularies). Whatever id it is, input containing it is read as
 padding: choose one the prompts never contain.
 
-Not expressible in our model (ValueError): rope scaling (any ``rope_type`` but
-"default"), a head_dim other than hidden_size / num_attention_heads, attention biases
-without MLP biases or the reverse (our ``bias`` switches both), an MLP activation other
-than silu, ``pretraining_tp`` > 1. Dropout: ``attention_dropout`` becomes ``attn_dropout``;
+Mistral and Qwen2 are the same model under the same names (:mod:`.hf_lm`); Qwen2 has
+biases on q_proj, k_proj and v_proj only (our ``qkv_bias``). Llama 3's ``rope_type: llama3``
+frequency scaling becomes our ``rope_scaling``.
+
+Not expressible in our model (ValueError): other rope scaling types, a head_dim other
+than hidden_size / num_attention_heads, attention biases without MLP biases or the reverse
+(our ``bias`` switches both), an MLP activation other than silu, ``pretraining_tp`` > 1,
+a sliding attention window shorter than the context. Dropout: ``attention_dropout`` becomes ``attn_dropout``;
 Llama has no residual dropout (ours is set to 0).
 
 ``transformers`` is imported inside the functions: it is an optional dependency.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 import torch
-from torch import Tensor, nn
 
 from ..config import ModelConfig
 from ..extras import require
 from ..model.lm import LanguageModel
 from ._hf import check as _check
-from ._hf import LM_SHAPE, check_lm_export, copy_, hf_special_ids, new_hf_lm, same_head, special_ids
+from ._hf import LM_SHAPE, check_lm_export, hf_special_ids, new_hf_lm, same_head, special_ids
+from .hf_lm import LLAMA_SHAPED, model_from_state, state_to_hf
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import LlamaConfig, LlamaForCausalLM
 
 
-def _rope_theta(c: "LlamaConfig", where: str) -> float:
-    params = getattr(c, "rope_parameters", None) or {}
+def _rope(c, where: str) -> tuple[float, dict[str, float] | None]:
+    """``rope_theta`` and our ``rope_scaling`` (None, or Llama 3's four numbers)."""
+    params = dict(getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {})
     rope_type = params.get("rope_type", params.get("type", "default"))
-    _check(rope_type == "default", where,
-           f"rope scaling ({rope_type!r}) is not supported: our rotary positions are unscaled")
-    legacy = getattr(c, "rope_scaling", None)
-    _check(not legacy or legacy.get("rope_type", legacy.get("type", "default")) == "default", where,
-           f"rope_scaling {legacy} is not supported: our rotary positions are unscaled")
+    _check(rope_type in ("default", "llama3"), where,
+           f"rope scaling {rope_type!r} (rope_type) is not supported: only the default rotary positions "
+           "and llama3 scaling")
     theta = params.get("rope_theta", getattr(c, "rope_theta", None))
-    return 10000.0 if theta is None else float(theta)
+    theta = 10000.0 if theta is None else float(theta)
+    if rope_type == "default":
+        return theta, None
+    keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+    missing = [k for k in keys if params.get(k) is None]
+    _check(not missing, where, f"llama3 rope scaling without {', '.join(missing)}")
+    return theta, {k: float(params[k]) for k in keys}
+
+
+def _sliding_window(c, where: str) -> None:
+    """Mistral and Qwen2 may attend over a window of recent positions only: refused when
+    the window is shorter than the context (our attention sees every earlier position)."""
+    window = getattr(c, "sliding_window", None)
+    used = getattr(c, "use_sliding_window", True)  # Qwen2 has the switch; Mistral uses any window it has
+    _check(not used or window is None or window >= c.max_position_embeddings, where,
+           f"sliding_window={window} (shorter than max_position_embeddings={c.max_position_embeddings}) "
+           "is not supported: our attention sees every earlier position")
 
 
 # ---- the config ---------------------------------------------------------------------------
 def config_from_llama(hf_config: "LlamaConfig", tie_embeddings: bool, pad_id: int | None = None) -> ModelConfig:
-    """Our ModelConfig for a LlamaConfig; ValueError for what our model cannot express."""
+    """Our ModelConfig for a LlamaConfig (or Mistral's, Qwen2's: the same shape); ValueError
+    for what our model cannot express."""
     c, where = hf_config, "from_llama"
+    family = getattr(c, "model_type", "llama")
+    _check(family in LLAMA_SHAPED, where, f"model_type {family!r} is not Llama-shaped")
     n_heads = c.num_attention_heads
-    kv = c.num_key_value_heads if c.num_key_value_heads is not None else n_heads
-    _check(c.hidden_size % n_heads == 0 and c.head_dim == c.hidden_size // n_heads, where,
-           f"head_dim {c.head_dim} != hidden_size / num_attention_heads "
+    kv = c.num_key_value_heads if getattr(c, "num_key_value_heads", None) is not None else n_heads
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // n_heads
+    _check(c.hidden_size % n_heads == 0 and head_dim == c.hidden_size // n_heads, where,
+           f"head_dim {head_dim} != hidden_size / num_attention_heads "
            f"({c.hidden_size} / {n_heads}); our heads are d_model / n_heads wide")
-    _check(bool(c.attention_bias) == bool(c.mlp_bias), where,
-           f"attention_bias={c.attention_bias} but mlp_bias={c.mlp_bias}: our model has biases in both "
+    attention_bias = family == "qwen2" or bool(getattr(c, "attention_bias", False))
+    mlp_bias = bool(getattr(c, "mlp_bias", False))
+    _check(family == "qwen2" or attention_bias == mlp_bias, where,
+           f"attention_bias={attention_bias} but mlp_bias={mlp_bias}: our model has biases in both "
            "attention and feed-forward, or in neither")
+    _check(not (family == "qwen2" and mlp_bias), where, "mlp_bias on a Qwen2 model is not supported")
+    _sliding_window(c, where)
+    theta, scaling = _rope(c, where)
     _check(c.hidden_act == "silu", where,
            f"hidden_act {c.hidden_act!r} is not supported: our gated feed-forward is SwiGLU (silu)")
     _check((getattr(c, "pretraining_tp", 1) or 1) == 1, where, "pretraining_tp > 1 is not supported")
@@ -88,14 +116,16 @@ def config_from_llama(hf_config: "LlamaConfig", tie_embeddings: bool, pad_id: in
         d_ff=c.intermediate_size,
         n_layers=c.num_hidden_layers,
         dropout=0.0,
-        attn_dropout=float(c.attention_dropout),
+        attn_dropout=float(getattr(c, "attention_dropout", 0.0) or 0.0),
         max_len=c.max_position_embeddings,
         tie_embeddings=tie_embeddings,
         ffn_activation="swiglu",
         norm="rms",
-        bias=bool(c.attention_bias),
+        bias=mlp_bias,
+        qkv_bias=family == "qwen2",
         positions="rope",
-        rope_theta=_rope_theta(c, where),
+        rope_theta=theta,
+        rope_scaling=scaling,
         layer_norm_eps=float(c.rms_norm_eps),
         **special_ids(c, c.vocab_size, where, pad_id),
         **LM_SHAPE,
@@ -114,6 +144,10 @@ def config_to_llama(cfg: ModelConfig) -> "LlamaConfig":
            f"HF Llama uses rotary positions: needs positions='rope', the model has {cfg.positions!r}")
     _check(cfg.ffn_activation == "swiglu", where,
            f"HF Llama's feed-forward is SwiGLU: needs ffn_activation='swiglu', the model has {cfg.ffn_activation!r}")
+    _check(not cfg.qkv_bias or cfg.bias, where, "HF Llama has no biases on q/k/v alone (qkv_bias: that is Qwen2)")
+    rope = {"rope_type": "default", "rope_theta": float(cfg.rope_theta)}
+    if cfg.rope_scaling is not None:
+        rope.update(rope_type="llama3", **cfg.rope_scaling)
     return LlamaConfig(
         vocab_size=cfg.vocab_size,
         hidden_size=cfg.d_model,
@@ -125,42 +159,13 @@ def config_to_llama(cfg: ModelConfig) -> "LlamaConfig":
         hidden_act="silu",
         max_position_embeddings=cfg.max_len,
         rms_norm_eps=cfg.layer_norm_eps,
-        rope_parameters={"rope_type": "default", "rope_theta": float(cfg.rope_theta)},
+        rope_parameters=rope,
         attention_bias=cfg.bias,
         mlp_bias=cfg.bias,
         attention_dropout=cfg.attn_dropout,
         tie_word_embeddings=cfg.tie_embeddings,
         **hf_special_ids(cfg),
     )
-
-
-# ---- the weights --------------------------------------------------------------------------
-def _module_pairs(model: LanguageModel, hf: "LlamaForCausalLM") -> Iterator[tuple[str, nn.Module, nn.Module]]:
-    """(our name, our module, HF module) for every Linear and norm of the stack."""
-    for i, (ours, theirs) in enumerate(zip(model.decoder.layers, hf.model.layers)):
-        name = f"decoder.layers.{i}"
-        a, b = ours.self_attn, theirs.self_attn
-        yield f"{name}.self_block.norm", ours.self_block.norm, theirs.input_layernorm
-        yield f"{name}.self_attn.q_proj", a.q_proj, b.q_proj
-        yield f"{name}.self_attn.k_proj", a.k_proj, b.k_proj
-        yield f"{name}.self_attn.v_proj", a.v_proj, b.v_proj
-        yield f"{name}.self_attn.out_proj", a.out_proj, b.o_proj
-        yield f"{name}.ffn_block.norm", ours.ffn_block.norm, theirs.post_attention_layernorm
-        yield f"{name}.ffn.gate", ours.ffn.gate, theirs.mlp.gate_proj
-        yield f"{name}.ffn.fc1", ours.ffn.fc1, theirs.mlp.up_proj
-        yield f"{name}.ffn.fc2", ours.ffn.fc2, theirs.mlp.down_proj
-    yield "decoder.norm", model.decoder.norm, hf.model.norm
-
-
-def _tensor_pairs(model: LanguageModel, hf: "LlamaForCausalLM") -> Iterator[tuple[str, Tensor, Tensor]]:
-    yield "embed.weight", model.embed.weight, hf.model.embed_tokens.weight
-    if model.out_proj is not None:
-        yield "out_proj.weight", model.out_proj.weight, hf.lm_head.weight
-    for name, ours, theirs in _module_pairs(model, hf):
-        yield f"{name}.weight", ours.weight, theirs.weight
-        if getattr(ours, "bias", None) is not None or getattr(theirs, "bias", None) is not None:
-            _check(ours.bias is not None and theirs.bias is not None, "llama interop", f"{name}: one side has no bias")
-            yield f"{name}.bias", ours.bias, theirs.bias
 
 
 # ---- import ---------------------------------------------------------------------------------
@@ -175,21 +180,19 @@ def from_llama(hf_model: "LlamaForCausalLM", pad_id: int | None = None) -> Langu
     device and train/eval mode. ``pad_id``: the id to treat as padding (module docstring).
 
     Raises:
-        ValueError: for what our model cannot express (rope scaling, a different head_dim,
+        ValueError: for what our model cannot express (rope scaling other than llama3, a different head_dim,
             attention biases without MLP biases or the reverse, another MLP activation).
     """
     require("transformers", "interop", __name__)
-    from transformers import LlamaForCausalLM
+    from transformers import PreTrainedModel
 
     where = "from_llama"
-    _check(isinstance(hf_model, LlamaForCausalLM), where,
-           f"expected a transformers.LlamaForCausalLM, got {type(hf_model).__name__}")
-    embed = hf_model.model.embed_tokens.weight
-    tie = same_head(embed, hf_model.lm_head.weight)
+    family = getattr(getattr(hf_model, "config", None), "model_type", None)
+    _check(isinstance(hf_model, PreTrainedModel) and family in LLAMA_SHAPED and hasattr(hf_model, "lm_head"), where,
+           f"expected a transformers.LlamaForCausalLM (or Mistral's, Qwen2's), got {type(hf_model).__name__}")
+    tie = same_head(hf_model.model.embed_tokens.weight, hf_model.lm_head.weight)
     cfg = config_from_llama(hf_model.config, tie, pad_id)
-    model = LanguageModel(cfg).to(device=embed.device, dtype=embed.dtype)
-    for name, ours, theirs in _tensor_pairs(model, hf_model):
-        copy_(ours, theirs, name, where)
+    model = model_from_state(cfg, family, hf_model.state_dict(), where)
     model.train(hf_model.training)
     return model
 
@@ -210,8 +213,7 @@ def to_llama(model: LanguageModel) -> "LlamaForCausalLM":
 
     where = "to_llama"
     hf = new_hf_lm(model, LlamaForCausalLM, config_to_llama, where)
-    for name, ours, theirs in _tensor_pairs(model, hf):
-        copy_(theirs, ours, name, where)
+    state_to_hf(model, "llama", hf.state_dict(), where)
     if model.out_proj is None:
         _check(hf.lm_head.weight is hf.model.embed_tokens.weight, where, "HF did not tie lm_head to embed_tokens")
     hf.train(model.training)

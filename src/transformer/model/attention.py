@@ -73,15 +73,16 @@ class MultiHeadAttention(nn.Module):
     """
 
     def __init__(self, d_model: int, n_heads: int, attn_dropout: float = 0.0, n_kv_heads: int | None = None,
-                 bias: bool = True) -> None:
+                 bias: bool = True, qkv_bias: bool | None = None) -> None:
         super().__init__()
+        qkv_bias = bias if qkv_bias is None else qkv_bias  # Qwen2: biases on q, k, v only
         self.n_heads = n_heads
         self.n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads  # < n_heads: grouped-query attention
         self.d_head = d_model // n_heads
         self.attn_dropout = attn_dropout
-        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
-        self.k_proj = nn.Linear(d_model, self.n_kv_heads * self.d_head, bias=bias)
-        self.v_proj = nn.Linear(d_model, self.n_kv_heads * self.d_head, bias=bias)
+        self.q_proj = nn.Linear(d_model, d_model, bias=qkv_bias)
+        self.k_proj = nn.Linear(d_model, self.n_kv_heads * self.d_head, bias=qkv_bias)
+        self.v_proj = nn.Linear(d_model, self.n_kv_heads * self.d_head, bias=qkv_bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
 
     def split_heads(self, x: Tensor) -> Tensor:

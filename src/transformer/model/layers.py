@@ -25,7 +25,8 @@ def make_norm(cfg: ModelConfig) -> nn.Module:
 
 
 def make_attention(cfg: ModelConfig) -> MultiHeadAttention:
-    return MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attn_dropout, cfg.n_kv_heads, cfg.bias)
+    return MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attn_dropout, cfg.n_kv_heads, cfg.bias,
+                              cfg.bias or cfg.qkv_bias)
 
 
 class FeedForward(nn.Module):

@@ -54,7 +54,9 @@ class LanguageModel(nn.Module):
             self.positions = LearnedPositions(cfg.d_model, cfg.max_len)
         elif cfg.positions == "sinusoidal":
             self.positions = PositionalEncoding(cfg.d_model, cfg.max_len, cfg.sinusoid_layout)
-        self.rotary = Rotary(cfg.d_head, cfg.max_len, cfg.rope_theta) if cfg.positions == "rope" else None
+        self.rotary = None
+        if cfg.positions == "rope":
+            self.rotary = Rotary(cfg.d_head, cfg.max_len, cfg.rope_theta, cfg.rope_scaling)
         self.dropout = Dropout(cfg.dropout)
         self.decoder = Decoder(cfg)
         self.out_proj = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
