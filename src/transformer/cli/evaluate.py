@@ -1,15 +1,19 @@
-"""``transformer evaluate``: translate a test set and score it with sacreBLEU and chrF."""
+"""``transformer evaluate``: translate a test set and score it with sacreBLEU and chrF; or,
+with ``--text``, score a language model on a text (cross-entropy, perplexity, bits per byte;
+see transformer/evaluate_lm.py)."""
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 from ._options import add_decoding_options, decoding_options, prepare_compiled
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("evaluate", help="translate --src and score against --ref (sacreBLEU, chrF)")
+    p = sub.add_parser("evaluate", help="translate --src and score against --ref (sacreBLEU, chrF); or score a "
+                                        "language model on --text (cross-entropy, perplexity, bits per byte)")
     p.add_argument("--model", required=True, nargs="+",
                    help="run directory or .safetensors file; several: an ensemble (the run's config is the first one's)")
     p.add_argument("--src", help="source file, one sentence a line (.gz allowed)")
@@ -21,6 +25,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data-dir", help="folder holding multi30k/ (default: $TRANSFORMER_DATA)")
     p.add_argument("--limit", type=int, default=0, help="score only the first N sentences (0 = all)")
     p.add_argument("--output", help="also write the translations here")
+    p.add_argument("--text", metavar="FILE",
+                   help="a language model: score this UTF-8 text (cross-entropy in nats per token, perplexity, "
+                        "bits per byte), in windows of the model's context; fp32 unless --precision is given; "
+                        "--max-tokens counts window tokens per forward pass")
+    p.add_argument("--stride", type=int, metavar="N",
+                   help="with --text: each window after the first scores the next N tokens, seeing at least "
+                        "context - N tokens before each (1 .. context-1; default: half the context; "
+                        "context-1: windows that share one token, the fastest)")
     p.add_argument("--json", action="store_true", help="print the scores as JSON")
     add_decoding_options(p, "beam", "alpha", "max_tokens", "precision", "device", "compile")
     p.set_defaults(func=run)
@@ -35,6 +47,10 @@ def run(args: argparse.Namespace) -> int:
     from ._progress import line_progress
     from .translate import report_truncated
 
+    if args.text is not None:
+        return run_text(args)
+    if args.stride is not None:
+        raise UserError("--stride applies to --text (scoring a language model)")
     decoding = run_decoding(args.model[0], decoding_options(args))  # before the slow part: fail fast
     run_config = None  # the run's config.yaml, read once when something needs it
     if args.split:
@@ -82,6 +98,61 @@ def run(args: argparse.Namespace) -> int:
         print(f"beam {decoding.beam}, alpha {decoding.alpha}, {decoding.precision}, "
               f"{len(src)} sentences in {seconds:.1f}s")
     return 0
+
+
+def run_text(args: argparse.Namespace) -> int:
+    """``--text``: a language model's cross-entropy, perplexity and bits per byte on a text."""
+    from ..data.text import load_tokenizer
+    from ..decode.precision import decoding_model
+    from ..errors import UserError
+    from ..evaluate_lm import score_text
+    from ..hardware import slow_precision_warning
+    from ..run import load_model
+    from ..translator import run_decoding
+
+    given = [f"--{name.replace('_', '-')}" for name in ("src", "ref", "split", "tgt_lang", "limit", "output")
+             if getattr(args, name)]
+    if given:
+        raise UserError(f"--text scores a language model on a text; {', '.join(given)} are for translation")
+    if len(args.model) > 1:
+        raise UserError("--text scores one model; give one --model")
+    options = decoding_options(args)
+    decoding = run_decoding(args.model[0], {**options, "precision": options.get("precision", "fp32")})
+    text = _read_text(args.text)  # before the slow part: fail fast
+    model, _ = load_model(args.model[0], decoding.device)
+    if not model.cfg.decoder_only:
+        raise UserError(f"{args.model[0]}: a translation model; --text scores a language model "
+                        "(score a translation model with --src and --ref, or --split)")
+    tokenizer = load_tokenizer(args.model[0])
+    if tokenizer.vocab_size > model.cfg.vocab_size:
+        raise UserError(f"{args.model[0]}: the tokenizer has {tokenizer.vocab_size} tokens but the model only "
+                        f"{model.cfg.vocab_size}; these files belong to different runs")
+    if note := slow_precision_warning(decoding.precision, decoding.device):
+        print(f"warning: {note}", file=sys.stderr, flush=True)
+    model, decoding = decoding_model(model, decoding, warn=False)
+    t0 = time.perf_counter()
+    scores = score_text(model, tokenizer, text, args.stride, decoding.max_tokens)
+    seconds = time.perf_counter() - t0
+    if args.json:
+        print(json.dumps({**scores.to_dict(), "precision": decoding.precision, "seconds": seconds,
+                          "model": args.model[0], "text": args.text}))
+    else:
+        print(scores.summary())
+        print(f"{decoding.precision}, {seconds:.1f}s")
+    return 0
+
+
+def _read_text(path: str) -> str:
+    """The text to score: a one-line error for a missing, empty or non-UTF-8 file."""
+    from pathlib import Path
+
+    from ..data.text import read_text
+    from ..errors import UserError
+
+    file = Path(path)
+    if file.is_file() and not file.read_bytes().decode("utf-8", errors="replace").removeprefix("\ufeff").strip():
+        raise UserError(f"{file}: the file holds no text; give a text to score")
+    return read_text(file)
 
 
 def _split_pairs(args) -> tuple[list[str], list[str], dict]:
