@@ -30,6 +30,13 @@ def load_tokenizer(path: str | Path):
     return load(path)
 
 
+def _pretrained(tokenizer) -> bool:
+    """A pretrained model's own tokenizer (``transformer import``), as opposed to one trained here."""
+    from .data.hf_tokenizer import PretrainedTokenizer, SentencePieceTokenizer
+
+    return isinstance(tokenizer, (PretrainedTokenizer, SentencePieceTokenizer))
+
+
 class TextPieces:
     """One row's text as its tokens come: ``add(token)`` gives the text the token adds
     (possibly "" while a multi-byte character or a subword is incomplete), ``finish()``
@@ -70,6 +77,9 @@ class Generator:
         self.tokenizer = tokenizer
         self.warn = warn
         self.truncated = 0
+        # a pretrained model ends its text with EOS; a model trained here has none (characters) or
+        # uses it for a newline (subwords)
+        self.stop_id = self.model.cfg.eos_id if _pretrained(tokenizer) else None
 
     @classmethod
     def from_pretrained(cls, path: str | Path, *, warn: bool = True, **options) -> "Generator":
@@ -82,7 +92,10 @@ class Generator:
         if run_file(path, "config.yaml") is None:
             raise UserError(f"{path}: no config.yaml beside the weights; give the run directory")
         tokenizer = load_tokenizer(path)
-        if tokenizer.vocab_size != model.cfg.vocab_size:
+        # an imported model's embedding may have more rows than its tokenizer has tokens (Qwen pads it)
+        fits = tokenizer.vocab_size <= model.cfg.vocab_size if _pretrained(tokenizer) else \
+            tokenizer.vocab_size == model.cfg.vocab_size
+        if not fits:
             raise UserError(f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model was built for "
                             f"{model.cfg.vocab_size}; these files belong to different runs")
         generator = cls(model, tokenizer, decoding, warn=warn)
@@ -121,6 +134,7 @@ class Generator:
         seed = None if d.seed is None else d.seed + seed_offset
         rows = [TextPieces(self.tokenizer) for _ in prompts]
         for token in generate_stream(self.model, encoded, d.max_new_tokens, d.temperature, d.top_k, d.top_p, seed,
+                                     stop_id=self.stop_id,
                                      compile=d.compile):
             yield [row.add(t) for row, t in zip(rows, token.tolist())]
         rest = [row.finish() for row in rows]

@@ -133,11 +133,13 @@ def test_weights_beside_another_vocabulary_are_refused(source_run, corpus, write
     assert not (tmp_path / "ft").exists()
 
 
-def test_a_language_model_does_not_take_them(tmp_path):
+@pytest.mark.parametrize("option", ["subwords_from", "embedding_init"])
+def test_a_language_model_does_not_take_them(tmp_path, option):
+    """(init_from it does take: tests/train/test_init_from_text.py)"""
     text = tmp_path / "t.txt"
     text.write_text("some text\n" * 50)
-    with pytest.raises(UserError, match="init_from apply to translation"):
-        load_config(None, ["dataset=text", f"text_files={text}", "model.preset=nanogpt-char", "init_from=x"])
+    with pytest.raises(UserError, match=f"{option} apply to translation"):
+        load_config(None, ["dataset=text", f"text_files={text}", "model.preset=nanogpt-char", f"{option}=x"])
 
 
 # ---- subwords_from ---------------------------------------------------------------------------

@@ -89,6 +89,19 @@ class MultiHeadAttention(nn.Module):
         b, t, _ = x.shape
         return x.view(b, t, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, D)
 
+    def merge_heads(self, x: Tensor) -> Tensor:
+        """Concat(head_1, ..., head_h): (B, H, T, D) -> (B, T, H * D), split_heads undone."""
+        b, _, t, _ = x.shape
+        return x.transpose(1, 2).reshape(b, t, self.n_heads * self.d_head)
+
+    def expand_kv(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """K, V (B, H_kv, T_k, D) -> (B, H, T_k, D): under grouped-query attention each K/V
+        head serves n_heads / n_kv_heads query heads."""
+        if self.n_kv_heads == self.n_heads:
+            return k, v
+        group = self.n_heads // self.n_kv_heads
+        return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+
     def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(B, T, C) -> Q (B, H, T, D), K and V (B, H_kv, T, D), for self-attention: one
         matmul with the three weight matrices side by side, which runs faster than three."""
@@ -98,38 +111,22 @@ class MultiHeadAttention(nn.Module):
         """(B, T_k, C) -> K, V each (B, H_kv, T_k, D). Used for caching."""
         return tuple(fused_projection(x, (self.k_proj, self.v_proj), self.d_head))
 
-    def forward(
-        self,
-        x: Tensor,
-        k: Tensor,
-        v: Tensor,
-        mask: Tensor | None = None,
-        need_weights: bool = False,
-    ) -> tuple[Tensor, Tensor | None]:
+    def forward(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         """Attend from queries ``x`` (B, T_q, C) to projected ``k``, ``v`` (B, H, T_k, D).
 
         Returns (B, T_q, C) and, on request, the weights (B, H, T_q, T_k).
         """
         return self.attend(self.split_heads(self.q_proj(x)), k, v, mask, need_weights)
 
-    def attend(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        mask: Tensor | None = None,
-        need_weights: bool = False,
-    ) -> tuple[Tensor, Tensor | None]:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+               need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         """Attention of projected ``q`` (B, H, T_q, D) over ``k``, ``v``, then the heads
         concatenated and projected by W^O: (B, T_q, C) and the weights or None."""
         p = self.attn_dropout if self.training else 0.0
-        if self.n_kv_heads != self.n_heads:  # each K/V head serves n_heads / n_kv_heads query heads
-            k = k.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
-            v = v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
-        out, weights = attention(q, k, v, mask, p, need_weights)
-        b, _, t, _ = out.shape
-        out = out.transpose(1, 2).reshape(b, t, self.n_heads * self.d_head)  # (B, T_q, C): concat heads
-        return self.out_proj(out), weights
+        k, v = self.expand_kv(k, v)  # (B, H, T_k, D)
+        out, weights = attention(q, k, v, mask, p, need_weights)  # (B, H, T_q, D)
+        return self.out_proj(self.merge_heads(out)), weights  # (B, T_q, C)
 
 
 def fused_projection(x: Tensor, linears, d_head: int) -> list[Tensor]:

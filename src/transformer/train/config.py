@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,11 +47,11 @@ class TrainConfig:
     vocab_size: int = 8000  # the size of the joint sentencepiece BPE vocabulary learned at the first start (not used with init_from / subwords_from: theirs is reused)
     # ---- a language model's text (dataset text / tinyshakespeare) ----
     text_files: list[str] = field(default_factory=list)  # dataset text: UTF-8 files read as one stream, in order
-    tokenizer: str = "bpe"  # "bpe": sentencepiece of vocab_size learned on the training text; "chars": nanoGPT's
+    tokenizer: str = "bpe"  # "bpe": sentencepiece of vocab_size learned on the training text; "chars": nanoGPT's (not used with init_from: the source run's tokenizer is copied)
     valid_fraction: float = 0.1  # the last part of the text validates (nanoGPT: 10%); 0 = no validation
     lowercase: bool = False  # the subword model lower-cases all text (as published Multi30k systems were trained)
-    # ---- a new translation run built on earlier work (a resumed run does not read these again) ----
-    init_from: str | None = None  # fine-tune: a run directory or weights file whose weights, subwords.model and architecture start this run (a fresh optimizer and schedule); the model section: left out, or agreeing
+    # ---- a new run built on earlier work (a resumed run does not read these again) ----
+    init_from: str | None = None  # fine-tune: a run directory or weights file whose weights, vocabulary (a translation run's subwords.model; a language model's tokenizer files) and architecture start this run (a fresh optimizer and schedule); the model section: left out, or agreeing
     subwords_from: str | None = None  # reuse a subword model (a run directory, or a sentencepiece .model file) instead of learning one; vocab_size and lowercase must match it
     embedding_init: str | None = None  # word vectors (word2vec text or binary, GloVe text) that start the embedding rows of the pieces they hold (see data/word_vectors.py)
     # ---- model: a preset plus overrides of any ModelConfig field ----
@@ -142,13 +143,15 @@ class TrainConfig:
         need(isinstance(self.model, dict) and self.model.get("preset", "tiny") in PRESETS,
              f"model.preset must be one of {sorted(PRESETS)}")
         kind = self.model.get("kind", PRESETS[self.model.get("preset", "tiny")].get("kind", "encoder-decoder"))
+        # a fine-tune without a model section takes its source's model (checked in train/reuse.py)
+        source_model = bool(self.init_from) and not {"kind", "preset"} & set(self.model)
         lm_presets = sorted(k for k, v in PRESETS.items() if v.get("kind") == "decoder-only")
         if self.is_language_model:
-            need(kind == "decoder-only", f"dataset {self.dataset!r} trains a language model: choose a decoder-only "
-                                         f"model.preset ({', '.join(lm_presets)})")
+            need(source_model or kind == "decoder-only", f"dataset {self.dataset!r} trains a language model: choose "
+                                                          f"a decoder-only model.preset ({', '.join(lm_presets)})")
             need(not self.max_epochs, "max_epochs does not apply to a language model (random windows have no "
                                       "epochs); use max_steps")
-            max_len = self.model_config(vocab_size=max(self.vocab_size, 8)).max_len
+            max_len = math.inf if source_model else self.model_config(vocab_size=max(self.vocab_size, 8)).max_len
             need(self.context <= max_len, f"context {self.context} is longer than the positions allow "
                                           f"(model.max_len {max_len}); lower context or raise model.max_len")
         else:
@@ -183,7 +186,7 @@ class TrainConfig:
              f"valid_size must be a whole number of pairs (>= 1) or a fraction in [0, 1), got {self.valid_size}")
 
     def _check_reuse(self, need) -> None:
-        given = [k for k in ("init_from", "subwords_from", "embedding_init") if getattr(self, k)]
+        given = [k for k in ("subwords_from", "embedding_init") if getattr(self, k)]
         need(not (given and self.is_language_model),
              f"{', '.join(given)} apply to translation (dataset multi30k or files), not {self.dataset!r}")
         need(not (self.init_from and self.embedding_init),

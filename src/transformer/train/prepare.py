@@ -2,7 +2,9 @@
 and the run directory's own files before the first update (subwords or chars.json, config.yaml).
 
 A language model's text (:func:`prepare_text`) becomes two token streams: the first
-``1 - valid_fraction`` of the text for training, the rest for validation."""
+``1 - valid_fraction`` of the text for training, the rest for validation. A language model
+fine-tuned with ``init_from`` encodes it with its source's tokenizer, whose files
+(:func:`copy_tokenizer`) the run directory holds instead of a vocabulary of its own."""
 from __future__ import annotations
 
 import math
@@ -19,11 +21,18 @@ from ..data import (Subwords, clean_pairs, filter_long, hold_out, load_multi30k,
 from ..data.chars import CHARS_FILE as CHARS
 from ..data.chars import Chars
 from ..data.registry import load_multi30k_text, tinyshakespeare_path
-from ..data.text import LineSubwords, read_texts, split_text
+from ..data.text import LineSubwords, load_tokenizer, read_texts, split_text
 from ..errors import UserError
 from ..run.files import atomic_write, file_sha256, write_text_atomic
 from ..run.layout import CONFIG, SUBWORDS, remove_stale_files
 from .config import TrainConfig
+
+
+# A language model's tokenizer files, as a run (of ours, or imported) holds them: a fine-tune
+# copies whichever its source has. MAIN_TOKENIZER_FILES: the one that stands for the
+# tokenizer (its checksum is in each checkpoint), in the order load_tokenizer looks.
+MAIN_TOKENIZER_FILES = (CHARS, SUBWORDS, "tokenizer.json", "tokenizer.model")
+TOKENIZER_FILES = (*MAIN_TOKENIZER_FILES, "subwords.vocab", "tokenizer_config.json", "special_tokens_map.json")
 
 
 @dataclass
@@ -43,8 +52,27 @@ class PreparedText:
 
 
 def tokenizer_file(cfg: TrainConfig, run_dir: Path) -> Path:
-    """The run's vocabulary file: chars.json for tokenizer chars, else subwords.model."""
-    return Path(run_dir) / (CHARS if cfg.is_language_model and cfg.tokenizer == "chars" else SUBWORDS)
+    """The run's vocabulary file: chars.json for tokenizer chars, else subwords.model; a
+    fine-tuned language model's: the main file of the tokenizer copied from its source (the
+    first of :data:`MAIN_TOKENIZER_FILES` it holds; chars.json before the copy)."""
+    run_dir = Path(run_dir)
+    if cfg.is_language_model and cfg.init_from:
+        return next((run_dir / n for n in MAIN_TOKENIZER_FILES if (run_dir / n).is_file()), run_dir / CHARS)
+    return run_dir / (CHARS if cfg.is_language_model and cfg.tokenizer == "chars" else SUBWORDS)
+
+
+def copy_tokenizer(found: dict[str, Path], run_dir: Path, log=print) -> None:
+    """A fine-tuned language model's tokenizer: the source's files (name -> path) copied into
+    ``run_dir``, the main one last (its presence means complete). A file already there must be
+    the same (a run directory of another tokenizer is refused)."""
+    names = sorted(found, key=lambda name: name in MAIN_TOKENIZER_FILES)
+    for name in names:
+        source, target = found[name], Path(run_dir) / name
+        if not target.is_file():
+            atomic_write(target, lambda tmp, f=source: shutil.copyfile(f, tmp))
+        elif file_sha256(target) != file_sha256(source):
+            raise UserError(f"{target} is not the {name} of init_from ({source}); use another --out directory")
+    log(f"init_from: the tokenizer of {found[names[-1]].parent} ({', '.join(sorted(found))}) -> {run_dir}")
 
 
 def text_paths(cfg: TrainConfig, download: bool = True) -> list[Path]:
@@ -71,7 +99,9 @@ def prepare_text(cfg: TrainConfig, run_dir: Path, context: int, log=print, downl
     train_text, valid_text, names = read_lm_text(cfg, download)
     text = train_text + valid_text
     path = tokenizer_file(cfg, run_dir)
-    if cfg.tokenizer == "chars":
+    if cfg.init_from:  # the source's, copied in by prepare_run
+        tokenizer = load_tokenizer(path)
+    elif cfg.tokenizer == "chars":
         tokenizer = Chars.load(path) if path.is_file() else Chars.learn(text)
         if tokenizer.path is None:
             tokenizer.save(path)
@@ -86,8 +116,9 @@ def prepare_text(cfg: TrainConfig, run_dir: Path, context: int, log=print, downl
         if len(stream) < 2 * context + 1 and (part == "training part" or valid_text):
             raise UserError(f"{names}: the {part} of the text holds {len(stream)} tokens, fewer than two context "
                             f"windows ({2 * context} + 1); give a longer text or a shorter context")
+    kind = f"the tokenizer of init_from ({path.name})" if cfg.init_from else cfg.tokenizer
     log(f"text: {len(text):,} characters; {len(train):,} training and {len(valid):,} validation tokens "
-        f"({cfg.tokenizer}, vocabulary {tokenizer.vocab_size})")
+        f"({kind}, vocabulary {tokenizer.vocab_size})")
     return PreparedText(tokenizer, train, valid)
 
 
@@ -180,12 +211,16 @@ def prepare_data(cfg: TrainConfig, run_dir: Path, max_len: int | None = None,
 
 
 def prepare_run(cfg: TrainConfig, run_dir: Path, max_len: int | None, log=print,
-                subwords_from: Path | None = None) -> PreparedData | PreparedText:
+                subwords_from: Path | None = None,
+                tokenizer_from: dict[str, Path] | None = None) -> PreparedData | PreparedText:
     """Rank 0 before training: tidy the leftovers of a crash, read the corpus, learn or
-    reload the subwords, write config.yaml. The subwords are learned in a private folder
+    reload the subwords (or copy in ``tokenizer_from``, a fine-tuned language model's source
+    tokenizer files), write config.yaml. The subwords are learned in a private folder
     and moved in complete (the model last: its presence means complete), so a crash while
     sentencepiece writes never leaves a truncated subwords.model to be reused."""
     remove_stale_files(run_dir)
+    if tokenizer_from:
+        copy_tokenizer(tokenizer_from, run_dir, log)
     if tokenizer_file(cfg, run_dir).is_file():
         data = prepare_data(cfg, run_dir, max_len, log, subwords_from)
     else:

@@ -1,10 +1,15 @@
-"""What a new translation run takes from earlier work: a trained run's weights, subword model
-and architecture (``init_from``: fine-tuning, with a fresh optimizer and schedule), a subword
-model (``subwords_from``), pretrained word vectors (``embedding_init``).
+"""What a new run takes from earlier work: a trained run's weights, vocabulary and
+architecture (``init_from``: fine-tuning, with a fresh optimizer and schedule), and for
+translation a subword model (``subwords_from``) or pretrained word vectors (``embedding_init``).
+
+A language model's fine-tune (``init_from`` on dataset text, tinyshakespeare or
+multi30k-mono) starts from a decoder-only run of ours or an imported one, and trains on the
+new text with the source's tokenizer: every tokenizer file of the source run
+(:data:`TOKENIZER_FILES`) is copied into the new run, and no vocabulary is learned.
 
 Everything but the word vectors is read and checked before the run directory is written to.
 A resumed run reads none of it again: its checkpoint holds the weights (and, in their
-metadata, the model config), its directory the copied subwords.model; so resuming cannot
+metadata, the model config), its directory the copied vocabulary; so resuming cannot
 re-apply init_from over the resumed weights, stays exact, and needs no source any more.
 """
 from __future__ import annotations
@@ -17,14 +22,16 @@ import torch
 
 from ..config import PRESETS, ModelConfig
 from ..data import Subwords
+from ..data.text import load_tokenizer
 from ..data.word_vectors import init_from_word_vectors
 from ..errors import UserError
 from ..model import Transformer
 from ..run import files, layout, weights
 from .config import TrainConfig
+from .prepare import MAIN_TOKENIZER_FILES, TOKENIZER_FILES
 
 # ModelConfig fields a fine-tune may change: the weights fit either way (the positional
-# table is computed, not trained).
+# table is computed, not trained; learned positions keep max_len, see finetune_model_config).
 FREE = ("dropout", "attn_dropout", "max_len")
 
 
@@ -36,7 +43,8 @@ class Source:
     weights: Path
     model: ModelConfig
     tensors: dict[str, torch.Tensor]
-    subwords: Path
+    subwords: Path | None  # a translation run's
+    tokenizer: dict[str, Path] = dataclasses.field(default_factory=dict)  # a language model's files, by name
 
 
 @dataclass(frozen=True)
@@ -50,15 +58,28 @@ class Start:
     subwords: Path | None = None  # the subword model to copy in, on a new run
     base_model: ModelConfig | None = None
 
+    @property
+    def tokenizer_files(self) -> dict[str, Path]:
+        """A new language-model fine-tune: its source's tokenizer files to copy in, by name."""
+        return self.source.tokenizer if self.source is not None and not self.resuming else {}
+
     @classmethod
     def resolve(cls, cfg: TrainConfig, run_dir: Path) -> "Start":
         """Read and check init_from and subwords_from (a new run) or the checkpoint's model
         config (a resumed fine-tune). Raises UserError naming the option."""
         resuming = layout.latest_checkpoint(run_dir) is not None
-        if cfg.is_language_model:
+        if cfg.is_language_model and not cfg.init_from:
             return cls(cfg, resuming)
         if resuming:
             return cls(cfg, True, base_model=checkpoint_model(run_dir) if cfg.init_from else None)
+        if cfg.is_language_model:
+            source = read_lm_source(cfg.init_from)
+            start = cls(cfg, False, source, None, source.model)
+            model = start.model_config(source.model.vocab_size)  # a conflicting architecture is refused now
+            if cfg.context > model.max_len:
+                raise UserError(f"config: context {cfg.context} is longer than the positions of init_from "
+                                f"{cfg.init_from} allow (max_len {model.max_len}); lower context")
+            return start
         source = read_source(cfg.init_from) if cfg.init_from else None
         subwords = subwords_file(cfg, source)
         if subwords is not None:
@@ -101,6 +122,39 @@ def read_source(given: str) -> Source:
         raise UserError(f"init_from: {path} was trained with another subword model than {subwords}; "
                         "restore the run's own subwords.model")
     return Source(given, path, model, tensors, subwords)
+
+
+def read_lm_source(given: str) -> Source:
+    """init_from's weights for a language model (a run of ours or an imported one) and the
+    tokenizer files of their run, checked against each other."""
+    try:
+        path = layout.resolve_weights(given)
+        model, tensors, meta = weights.read_weights(path)
+        if not model.decoder_only:
+            raise UserError(f"{path} is a translation model; a language model (dataset text, tinyshakespeare, "
+                            "multi30k-mono) fine-tunes a decoder-only one")
+        tokenizer = load_tokenizer(path)
+    except UserError as e:
+        raise UserError(f"init_from: {e}") from None
+    found = tokenizer_files(path)
+    main = next(found[name] for name in MAIN_TOKENIZER_FILES if name in found)
+    sha = meta.get(f"{main.stem}_sha256")
+    if sha is not None and sha != files.file_sha256(main):
+        raise UserError(f"init_from: {path} was trained with another {main.name} than {main}; "
+                        f"restore the run's own {main.name}")
+    if tokenizer.vocab_size > model.vocab_size:
+        raise UserError(f"init_from: {main} holds {tokenizer.vocab_size} tokens but {path} has embedding rows for "
+                        f"{model.vocab_size}; the weights and the tokenizer are of different runs")
+    return Source(given, path, model, tensors, None, found)
+
+
+def tokenizer_files(path: Path) -> dict[str, Path]:
+    """The tokenizer files of the run that ``path`` belongs to, by name: those of
+    :data:`TOKENIZER_FILES` in the folder of its main one (chars.json, subwords.model, ...)."""
+    main = next((found for name in MAIN_TOKENIZER_FILES if (found := layout.run_file(path, name))), None)
+    if main is None:
+        raise UserError(f"init_from: {path}: no tokenizer ({', '.join(MAIN_TOKENIZER_FILES)}) beside the weights")
+    return {name: main.parent / name for name in TOKENIZER_FILES if (main.parent / name).is_file()}
 
 
 def subwords_file(cfg: TrainConfig, source: Source | None) -> Path | None:
@@ -154,15 +208,16 @@ def finetune_model_config(cfg: TrainConfig, base: ModelConfig) -> ModelConfig:
     if unknown:
         raise UserError(f"config: model: unknown keys {unknown}")
     wanted = {**(PRESETS[preset] if preset else {}), **section}
+    free = FREE if base.positions != "learned" else tuple(k for k in FREE if k != "max_len")  # a table of max_len rows
     for key, value in wanted.items():
-        if key in FREE or key == "vocab_size" or getattr(base, key) == value:
+        if key in free or key == "vocab_size" or getattr(base, key) == value:
             continue
         named = f"model.{key} is {value!r}" if key in section else f"model.preset {preset!r} has {key} {value!r}"
         raise UserError(f"config: {named} but init_from {cfg.init_from} was trained with {key} "
                         f"{getattr(base, key)!r}; leave the model section out to take init_from's architecture "
-                        f"(only {', '.join(FREE)} may change)")
+                        f"(only {', '.join(free)} may change)")
     try:
-        return base.replace(**{k: v for k, v in wanted.items() if k in FREE})
+        return base.replace(**{k: v for k, v in wanted.items() if k in free})
     except (TypeError, ValueError) as e:
         raise UserError(f"config: model: {e}") from None
 

@@ -124,9 +124,11 @@ class LanguageModelTask:
     score_name = "valid_score"  # -valid_nll: best.safetensors keeps the lowest validation loss
     eval_windows = 64  # windows per forward pass in validation
 
-    def __init__(self, cfg: TrainConfig, data: PreparedText, dist: Dist) -> None:
+    def __init__(self, cfg: TrainConfig, data: PreparedText, dist: Dist,
+                 model_config: Callable[[int], ModelConfig] | None = None) -> None:
         self.cfg, self.data = cfg, data
-        self.context = cfg.context or cfg.model_config(data.tokenizer.vocab_size).max_len
+        self.model_config = model_config or cfg.model_config
+        self.context = cfg.context or self.model_config(data.tokenizer.vocab_size).max_len
         self.sampler = WindowSampler(len(data.train), self.context, cfg.batch_size, cfg.seed,
                                      num_shards=dist.world_size, shard_index=dist.rank)
         self._valid_chars: int | None = None
@@ -150,7 +152,7 @@ class LanguageModelTask:
         return f"validation loss {-score:.4f} nats/token"
 
     def build_model(self) -> LanguageModel:
-        return build_model(self.cfg.model_config(self.data.tokenizer.vocab_size))
+        return build_model(self.model_config(self.data.tokenizer.vocab_size))
 
     def batches(self, model: LanguageModel, device: torch.device) -> Iterator[TextBatch]:  # noqa: ARG002
         """Micro-batches without end (max_steps, max_minutes or a signal ends the run)."""
@@ -188,7 +190,7 @@ def make_task(cfg: TrainConfig, data: PreparedData | PreparedText, dist: Dist,
               model_config: Callable[[int], ModelConfig] | None = None):
     """The task the prepared data is for: a language model's text or translation pairs.
     ``model_config`` (vocab_size -> ModelConfig; default the config's own) says what
-    translation model to build: a fine-tune's is its source's (see train/reuse.py)."""
+    model to build: a fine-tune's is its source's (see train/reuse.py)."""
     if isinstance(data, PreparedText):
-        return LanguageModelTask(cfg, data, dist)
+        return LanguageModelTask(cfg, data, dist, model_config)
     return TranslationTask(cfg, data, dist, model_config)

@@ -428,7 +428,8 @@ class Trainer:
         return self.start.model_config(vocab_size=max(self.cfg.vocab_size, 8)).max_len
 
     def _prepare_run_dir(self) -> None:
-        self.data = prepare_run(self.cfg, self.run_dir, self._max_len(), self.log, self.start.subwords)
+        self.data = prepare_run(self.cfg, self.run_dir, self._max_len(), self.log, self.start.subwords,
+                                self.start.tokenizer_files)
 
     def _loss_kernels(self):
         if not (self.cfg.compile_loss and self.device.type == "cpu"):

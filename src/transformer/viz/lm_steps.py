@@ -17,7 +17,7 @@ from torch import Tensor
 
 from ..decode.sample import filter_logits
 from ..model.rotary import apply_rotary
-from .steps import MODEL, Step, _r, clip, dims, strongest_links
+from .steps import MODEL, Step, _r, above_diagonal, clip, dims, row_norm, row_sum_error, strongest_links
 
 D_MODEL = "d_model"
 
@@ -35,7 +35,7 @@ def embedding_step(cfg, scale: float, looked_up: Tensor, x: Tensor, pieces: list
               MODEL + "embedding.py: TokenEmbedding.forward; lm.py: LanguageModel.hidden")
     st.shapes = [f"We: {dims(('V', cfg.vocab_size, 'tokens'), (D_MODEL, C, None))}",
                  f"X: {dims(t_dims, (D_MODEL, C, None))}"]
-    st.numbers = {"pieces": pieces, "ids": ids, "scale": _r(scale), "row_norm": _r(looked_up[0].norm(dim=-1).mean()),
+    st.numbers = {"pieces": pieces, "ids": ids, "scale": _r(scale), "row_norm": row_norm(looked_up),
                   "first_row_first4": _vec(x[0, 0])}
     st.lines = [f"tokens: {clip(pieces, ' ')}", f"ids:    {clip([str(i) for i in ids], ' ')}",
                 f"We[{ids[0]}][:4] = {st.numbers['first_row_first4']} (the row of '{pieces[0]}'); mean row norm "
@@ -51,7 +51,7 @@ def learned_positions_step(cfg, wpos: Tensor, x_embed: Tensor, t_dims) -> Step:
               MODEL + "embedding.py: LearnedPositions.at")
     st.shapes = [f"Wpos: {dims(('max_len', cfg.max_len, 'positions'), (D_MODEL, cfg.d_model, None))}",
                  f"Wpos[:T]: {dims(t_dims, (D_MODEL, cfg.d_model, None))}"]
-    st.numbers = {"wpos_row_norm": _r(wpos.norm(dim=-1).mean()), "we_row_norm": _r(x_embed[0].norm(dim=-1).mean())}
+    st.numbers = {"wpos_row_norm": _r(wpos.norm(dim=-1).mean()), "we_row_norm": row_norm(x_embed)}
     st.lines = [f"mean row norm: Wpos[p] {st.numbers['wpos_row_norm']:.3f} against We[x] {st.numbers['we_row_norm']:.3f}"]
     if T > 2:
         st.numbers["cos_wpos0_wpos1"] = _r(F.cosine_similarity(wpos[0], wpos[1], dim=0))
@@ -61,9 +61,9 @@ def learned_positions_step(cfg, wpos: Tensor, x_embed: Tensor, t_dims) -> Step:
     return st
 
 
-def rotary_step(cfg, rotary, q: Tensor, k: Tensor, q_rot: Tensor, k_rot: Tensor, t_dims) -> Step:
+def rotary_step(cfg, rotary, q: Tensor, k: Tensor, q_rot: Tensor, t_dims) -> Step:
     """(2), Llama: nothing is added to X; layer l's queries and keys are rotated instead.
-    q, k: layer 1's (1, H, T, D) before the rotation, q_rot, k_rot after it."""
+    q (1, H, T, D), k (1, H_kv, T, D): layer 1's before the rotation, q_rot after it."""
     D, T = cfg.d_head, q.size(2)
     p, half = T - 1, D // 2
     st = Step("2", "Rotary positions (RoPE)", "位置编码（旋转位置编码 RoPE）",
@@ -103,11 +103,10 @@ def relative_shift(rotary, q: Tensor, k: Tensor, m: int, n: int, s: int) -> tupl
 
 
 def scores_step(cfg, a, pieces: list[str], t_dims) -> Step:
-    """(3a): a is layer 1's opened-up attention (``lm_walkthrough.CausalAttention``)."""
+    """(3a): a is layer 1's opened-up attention (``engine.AttentionParts``)."""
     H, D, C = cfg.n_heads, cfg.d_head, cfg.d_model
     h_dims = ("H", H, "heads")
     raw = a.raw_scores[0]  # (H, T, T)
-    T = raw.size(-1)
     st = Step("3a", "Masked self-attention: Q, K, V and the scores", "掩码多头自注意力：Q、K、V 与分数",
               "Q = X WQ, K = X WK, V = X WV (split into H heads of d_k);  Score = Q K^T / sqrt(d_k)",
               MODEL + "attention.py: MultiHeadAttention.project_qkv, attention")
@@ -124,7 +123,7 @@ def scores_step(cfg, a, pieces: list[str], t_dims) -> Step:
                 f"(divided by sqrt(d_k) = {math.sqrt(D):.2f})",
                 f"head 1, the last token '{pieces[-1]}' against each key: "
                 + clip([f"{p}:{v:.2f}" for p, v in zip(pieces, last)], " ", 24)]
-    if T > 1:
+    if raw.size(-1) > 1:
         st.lines.append(f"head 1, row 1 ('{pieces[0]}') has keys beyond it too: Score[1, 2] = "
                         f"{float(raw[0, 0, 1]) / math.sqrt(D):.2f}, which the mask removes in the next step")
     return st
@@ -139,9 +138,9 @@ def mask_softmax_step(cfg, a, pieces: list[str], t_dims) -> Step:
               MODEL + "masks.py: causal_mask; attention.py: attention")
     st.shapes = [f"M: {dims(('T', T, None), ('T', T, None))}",
                  f"weights: {dims(('H', cfg.n_heads, 'heads'), t_dims, t_dims)}"]
-    above = float(torch.triu(w, diagonal=1).abs().max()) if T > 1 else 0.0
+    above = above_diagonal(w)
     last = w[0, -1].tolist()
-    st.numbers = {"max_weight_above_diagonal": above, "row_sum_max_abs_err": _r((w.sum(-1) - 1).abs().max(), 8),
+    st.numbers = {"max_weight_above_diagonal": above, "row_sum_max_abs_err": row_sum_error(w),
                   "first_row_self_weight": _r(w[:, 0, 0].mean()), "head1_last_row": [_r(v, 3) for v in last],
                   "strongest_links": strongest_links(w, pieces, pieces, skip_diagonal=True)}
     n = min(T, 4)
@@ -163,7 +162,7 @@ def concat_step(cfg, a, t_dims) -> Step:
     st.shapes = [f"Concat: {dims(t_dims, ('H*d_k', cfg.n_heads * cfg.d_head, None))}",
                  f"WO: {dims(('H*d_k', cfg.n_heads * cfg.d_head, None), (D_MODEL, C, None))}",
                  f"output: {dims(t_dims, (D_MODEL, C, None))}"]
-    st.numbers = {"concat_norm": _r(a.concat[0].norm(dim=-1).mean()), "output_norm": _r(a.out[0].norm(dim=-1).mean())}
+    st.numbers = {"concat_norm": row_norm(a.concat), "output_norm": row_norm(a.out)}
     st.lines = [f"mean row norm: concat {st.numbers['concat_norm']:.3f} -> after WO {st.numbers['output_norm']:.3f}"]
     return st
 
@@ -229,8 +228,8 @@ def ffn_step(cfg, parts: dict[str, Tensor], t_dims) -> Step:
         top = max(1, energy.numel() // 100)
         st.numbers = {"gate_negative": _r((gate < 0).float().mean()), "silu_gate_max": _r(F.silu(gate).max()),
                       "h_top1pct_share": _r(energy[:top].sum() / energy.sum()),
-                      "up_norm": _r(parts["up"][0].norm(dim=-1).mean()), "h_norm": _r(h[0].norm(dim=-1).mean()),
-                      "out_norm": _r(parts["out"][0].norm(dim=-1).mean())}
+                      "up_norm": row_norm(parts["up"]), "h_norm": row_norm(h),
+                      "out_norm": row_norm(parts["out"])}
         n = st.numbers
         st.lines = [f"{n['gate_negative']:.1%} of the gate values are negative, where SiLU(gate) lies in (-0.278, 0): "
                     f"those units pass at most 0.278 x up; the largest SiLU(gate) is {n['silu_gate_max']:.2f}",
@@ -244,7 +243,7 @@ def ffn_step(cfg, parts: dict[str, Tensor], t_dims) -> Step:
     st.shapes = [f"W_up: {dims((D_MODEL, C, None), ff)}", f"W_down: {dims(ff, (D_MODEL, C, None))}",
                  f"h: {dims(t_dims, ff)}"]
     zero = float((parts["hidden"] <= 0).float().mean())
-    st.numbers = {"activation": act, "fraction_not_positive": _r(zero), "out_norm": _r(parts["out"][0].norm(dim=-1).mean())}
+    st.numbers = {"activation": act, "fraction_not_positive": _r(zero), "out_norm": row_norm(parts["out"])}
     st.lines = [f"{act}: {zero:.1%} of the {d_ff} hidden units are 0 or below (averaged over the {t_dims[1]} tokens)"]
     return st
 
@@ -287,7 +286,7 @@ def softmax_step(logits: Tensor, ids: list[int], show, t_dims, V: int) -> Step:
     st.shapes = [f"P: {dims(t_dims, ('V', V, 'tokens'))}"]
     T = probs.size(0)
     top = [(show(int(j)), q) for q, j in zip(*[x.tolist() for x in probs[-1].topk(min(5, V))])]
-    st.numbers = {"row_sum_max_abs_err": _r((probs.sum(-1) - 1).abs().max(), 8),
+    st.numbers = {"row_sum_max_abs_err": row_sum_error(probs),
                   "top5_last": [[p, _r(q)] for p, q in top]}
     st.lines = [f"rows sum to 1 (largest error {st.numbers['row_sum_max_abs_err']:.1e})",
                 "after the last token: top-5 " + ", ".join(f"{p} {q:.3f}" for p, q in top)]

@@ -3,9 +3,10 @@ embedding We, positions (learned, sinusoidal, or the rotation of q and k), maske
 self-attention (Q, K, V, scores, causal mask, softmax, WO), Add & Norm, the FFN (gated:
 W_gate, W_up, W_down), the final norm, Whead, softmax and the next token.
 
-Every step calls the model's own sub-modules (``embed``, ``positions`` / ``rotary``,
-``project_qkv``, ``out_proj``, the norms, ``fc1`` / ``gate`` / ``fc2``, ``project``) and repeats
-only the glue between them, in the order of :meth:`LanguageModel.hidden` and
+Every step calls the model's own sub-modules (``embed``, ``positions`` / ``rotary``, the
+projections and the pure ``attention()`` asked for its weights, the norms, the FFN,
+``project``) through the walkthrough engine (:mod:`.engine`, shared with the translation
+model's walkthrough), in the order of :meth:`LanguageModel.hidden` and
 :class:`~transformer.model.layers.DecoderLayer`, so the recomputed logits equal
 ``model.decode(..., return_weights=True)`` (the explicit-attention path) bit for bit; the
 result records that check and the tests assert it.
@@ -14,7 +15,6 @@ Shape legend: T prompt tokens, H heads, d_k = d_model / H, V vocabulary.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -24,10 +24,9 @@ from torch import Tensor
 
 from ..model import masks
 from ..model.embedding import LearnedPositions
-from ..model.rotary import apply_rotary
 from . import lm_steps as rec
+from .engine import format_steps, run_stack, step_dicts
 from .steps import positions_step
-from .walkthrough import format_steps, step_dicts, sublayer
 
 STEPS = ["1", "2", "3a", "3b", "3c", "4", "5", "6", "7", "8", "9"]
 
@@ -50,51 +49,11 @@ def token_shower(tokenizer) -> Callable[[int], str]:
 
 
 @dataclass
-class CausalAttention:
-    """One layer's masked self-attention, opened up (batch of one prompt)."""
-
-    q: Tensor  # (1, H, T, D) the queries (rotated, with RoPE)
-    k: Tensor  # (1, H, T, D) the keys (rotated; repeated for each query head under grouped-query attention)
-    v: Tensor  # (1, H, T, D)
-    raw_scores: Tensor  # (1, H, T, T) Q K^T, before the scaling and the mask
-    weights: Tensor  # (1, H, T, T) softmax(Q K^T / sqrt(d_k) + M)
-    concat: Tensor  # (1, T, H * d_k) the heads side by side
-    out: Tensor  # (1, T, d_model) concat WO
-
-
-@dataclass
 class LMWalkthrough:
     pieces: list[str]
     steps: list
     logits: Tensor  # (1, T, V) recomputed logits
     checks: dict[str, float | bool]
-
-
-def open_causal_attention(mha, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> CausalAttention:
-    """MultiHeadAttention.attend and attention() (explicit path) on projected (and, with
-    RoPE, rotated) q (1, H, T, D), k, v (1, H_kv, T, D)."""
-    if mha.n_kv_heads != mha.n_heads:  # grouped-query attention: each K/V head serves several query heads
-        k = k.repeat_interleave(mha.n_heads // mha.n_kv_heads, dim=1)
-        v = v.repeat_interleave(mha.n_heads // mha.n_kv_heads, dim=1)
-    raw = q @ k.transpose(-2, -1)  # (1, H, T, T)
-    scores = raw / math.sqrt(q.size(-1))
-    if mask is not None:
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    weights = scores.softmax(dim=-1)
-    heads = weights @ v  # (1, H, T, D)
-    b, _, t, _ = heads.shape
-    concat = heads.transpose(1, 2).reshape(b, t, mha.n_heads * mha.d_head)
-    return CausalAttention(q, k, v, raw, weights, concat, mha.out_proj(concat))
-
-
-def ffn_parts(ffn, x: Tensor) -> dict[str, Tensor]:
-    """FeedForward.forward, keeping x W_up, x W_gate (gated only), the hidden layer and the output."""
-    if ffn.gate is not None:
-        up, gate = ffn.fc1(x), ffn.gate(x)
-        hidden = up * F.silu(gate)  # FeedForward.hidden's order of operations
-        return {"up": up, "gate": gate, "hidden": hidden, "out": ffn.fc2(hidden)}
-    hidden = ffn.hidden(x)
-    return {"hidden": hidden, "out": ffn.fc2(hidden)}
 
 
 @torch.inference_mode()
@@ -128,9 +87,9 @@ def walk_lm(model, ids: list[int], show: Callable[[int], str], decoding) -> LMWa
         x = x + pe.to(x.dtype)
     rotary = model.rotary(positions) if model.rotary is not None else None
 
-    x, layer_steps, rotated = _layers(model, x, rotary, pieces, t_dims)
+    x, layer_steps, first = _layers(model, x, rotary, pieces, t_dims)
     if rotary is not None:
-        steps.append(rec.rotary_step(cfg, model.rotary, *rotated, t_dims))
+        steps.append(rec.rotary_step(cfg, model.rotary, *first.unrotated, first.q, t_dims))
     steps += layer_steps
 
     logits = model.project(x)  # (1, T, V)
@@ -147,44 +106,23 @@ def walk_lm(model, ids: list[int], show: Callable[[int], str], decoding) -> LMWa
 def _layers(model, x: Tensor, rotary, pieces: list[str], t_dims):
     """Decoder.forward: every layer; steps (3a)-(5) recorded for layer 1, a line for each of
     the others, (6) for the stack and the final norm. Returns the final hidden states
-    (1, T, C), the steps and layer 1's (q, k, q rotated, k rotated)."""
+    (1, T, C), the steps and layer 1's attention (``engine.AttentionParts``)."""
     cfg = model.cfg
     T = x.size(1)
     mask = None if T == 1 else masks.causal_mask(T, T, x.device)  # (1, 1, T, T), as Decoder.forward
-    steps, later, rotated = [], [], None
-    for n, layer in enumerate(model.decoder.layers):
-        parts = {}
-
-        def masked_self_attention(h, layer=layer, parts=parts):
-            q, k, v = layer.self_attn.project_qkv(h)  # (1, H, T, D), (1, H_kv, T, D)
-            parts["qk"] = (q, k)
-            if rotary is not None:
-                q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
-                parts["qk"] += (q, k)
-            parts["attn"] = open_causal_attention(layer.self_attn, q, k, v, mask)
-            return parts["attn"].out
-
-        def feed_forward(h, layer=layer, parts=parts):
-            parts["ffn"] = ffn_parts(layer.ffn, h)
-            return parts["ffn"]["out"]
-
-        x_in = x
-        x, s_attn, y = sublayer(layer.self_block, x, masked_self_attention)
-        x, _, _ = sublayer(layer.ffn_block, x, feed_forward)
-        a: CausalAttention = parts["attn"]
-        if n == 0:
-            rotated = parts["qk"] if rotary is not None else None
-            steps += [rec.scores_step(cfg, a, pieces, t_dims), rec.mask_softmax_step(cfg, a, pieces, t_dims),
-                      rec.concat_step(cfg, a, t_dims), rec.add_norm_step(cfg, layer.self_block, x_in, y, s_attn, t_dims),
-                      rec.ffn_step(cfg, parts["ffn"], t_dims)]
-        else:
-            later.append(f"layer {n + 1}: mean largest attention weight {float(a.weights.amax(-1).mean()):.2f}, "
-                         f"|FFN(x)| / |x| {float(parts['ffn']['out'].norm() / x.norm()):.2f}")
-    before = x
-    if model.decoder.norm is not None:
-        x = model.decoder.norm(x)
+    before, layers = run_stack(model.decoder.layers, x, mask, rotary)
+    first, a = layers[0], layers[0]["self"]
+    steps = [rec.scores_step(cfg, a, pieces, t_dims), rec.mask_softmax_step(cfg, a, pieces, t_dims),
+             rec.concat_step(cfg, a, t_dims),
+             rec.add_norm_step(cfg, model.decoder.layers[0].self_block, first["x_in"], first["self_out"],
+                               first["self_sum"], t_dims),
+             rec.ffn_step(cfg, first["ffn"], t_dims)]
+    later = [f"layer {n + 1}: mean largest attention weight {float(p['self'].weights.amax(-1).mean()):.2f}, "
+             f"|FFN(x)| / |x| {float(p['ffn']['out'].norm() / p['x_out'].norm()):.2f}"
+             for n, p in enumerate(layers) if n > 0]
+    x = before if model.decoder.norm is None else model.decoder.norm(before)
     steps.append(rec.layers_step(cfg, model.decoder.norm, before, later, t_dims))
-    return x, steps, rotated
+    return x, steps, a
 
 
 # ---- text and JSON -------------------------------------------------------------------------

@@ -44,6 +44,21 @@ def _r(x: float, n: int = 4) -> float:
     return round(float(x), n)
 
 
+def row_sum_error(w: Tensor) -> float:
+    """The largest |sum of a row - 1| of weights or probabilities (..., N): softmax's check."""
+    return _r((w.sum(-1) - 1).abs().max(), 8)
+
+
+def above_diagonal(w: Tensor) -> float:
+    """The largest of the weights (H, T, T) on a later position: 0.0 under a causal mask."""
+    return float(torch.triu(w, diagonal=1).abs().max()) if w.size(-1) > 1 else 0.0
+
+
+def row_norm(x: Tensor) -> float:
+    """The mean norm of the rows of x (1, T, C)."""
+    return _r(x[0].norm(dim=-1).mean())
+
+
 def norm_stats(norm, s: Tensor) -> dict[str, float]:
     """LayerNorm's effect on the residual sum ``s`` (1, T, C), averaged over positions."""
     mean, std = s.mean(-1), s.std(-1, unbiased=False)
@@ -105,7 +120,7 @@ def positions_step(cfg, pe: Tensor, s_dims) -> Step:
 
 
 def attention_steps(cfg, a, rows, cols, q_dims, k_dims, where: str) -> list[Step]:
-    """(3a)-(3c) from one opened-up attention (``walkthrough.AttentionParts``)."""
+    """(3a)-(3c) from one opened-up attention (``engine.AttentionParts``)."""
     H, D, C = cfg.n_heads, cfg.d_head, cfg.d_model
     h_dims, d_dims = ("H", H, "heads"), ("d_k", D, None)
     w = a.weights[0]  # (H, S, S)
@@ -123,7 +138,7 @@ def attention_steps(cfg, a, rows, cols, q_dims, k_dims, where: str) -> list[Step
                 "Attention_Weights = softmax(Q K^T / sqrt(d_k)), each row sums to 1", MODEL + "attention.py: attention")
     st_b.shapes = [f"weights: {dims(h_dims, q_dims, k_dims)}"]
     st_b.numbers = {"sqrt_d_k": _r(math.sqrt(D)), "scaled_score_std": _r((raw / math.sqrt(D)).std()),
-                    "row_sum_max_abs_err": _r((w.sum(-1) - 1).abs().max(), 8),
+                    "row_sum_max_abs_err": row_sum_error(w),
                     "mean_max_weight": _r(w.amax(-1).mean()), "mean_max_weight_unscaled": _r(unscaled.amax(-1).mean()),
                     "strongest_links": strongest_links(w, rows, cols, skip_diagonal=True)}
     st_b.lines = [f"divide by sqrt(d_k) = {math.sqrt(D):.2f}: score std {raw.std():.2f} -> {st_b.numbers['scaled_score_std']:.2f}",
@@ -135,7 +150,7 @@ def attention_steps(cfg, a, rows, cols, q_dims, k_dims, where: str) -> list[Step
                 MODEL + "attention.py: MultiHeadAttention.attend (out_proj is W_O)")
     st_c.shapes = [f"head_i: {dims(q_dims, d_dims)} x {H}", f"Concat: {dims(q_dims, ('H*d_k', H * D, None))}",
                    f"W_O: {dims(('d_model', C, None), ('d_model', C, None))}", f"output: {dims(q_dims, ('d_model', C, None))}"]
-    st_c.numbers = {"concat_norm": _r(a.concat[0].norm(dim=-1).mean()), "output_norm": _r(a.out[0].norm(dim=-1).mean())}
+    st_c.numbers = {"concat_norm": row_norm(a.concat), "output_norm": row_norm(a.out)}
     st_c.lines = [f"mean row norm: concat {st_c.numbers['concat_norm']:.3f} -> after W_O {st_c.numbers['output_norm']:.3f}"]
     return [st_a, st_b, st_c]
 
@@ -161,14 +176,18 @@ FFN_FORMULA = {"relu": "FFN(x) = max(0, x W1 + b1) W2 + b2", "gelu": "FFN(x) = G
                "silu": "FFN(x) = SiLU(x W1 + b1) W2 + b2", "swiglu": "FFN(x) = ((x W1) * SiLU(x W_gate)) W2"}
 
 
-def ffn_step(cfg, layer, ffn: tuple[Tensor, Tensor], s: Tensor, s_dims) -> Step:
-    """(5): ffn = (hidden after the activation, output), s the residual sum."""
-    hidden, _ = ffn
+def zeroed(ffn: dict[str, Tensor]) -> float:
+    """The fraction of an FFN's hidden units (``engine.ffn_parts``) that are exactly 0."""
+    return float((ffn["hidden"] == 0).float().mean())
+
+
+def ffn_step(cfg, layer, ffn: dict[str, Tensor], s: Tensor, s_dims) -> Step:
+    """(5): ffn = the FFN's parts (``engine.ffn_parts``), s the residual sum."""
     act = cfg.ffn_activation
     st = Step("5", "Feed-forward network (then Add & Norm again)", "前馈神经网络", FFN_FORMULA[act] + ";  then Add & Norm",
               MODEL + "layers.py: FeedForward.forward, EncoderLayer.forward")
     st.shapes = [f"x W1 + b1: {dims(s_dims, ('d_ff', cfg.d_ff, None))}", f"FFN(x): {dims(s_dims, ('d_model', cfg.d_model, None))}"]
-    zero = float((hidden == 0).float().mean())
+    zero = zeroed(ffn)
     st.numbers = {"activation": act, "fraction_zeroed": _r(zero)}
     if not cfg.norm_first:
         st.numbers.update({f"norm_{k}": v for k, v in norm_stats(layer.ffn_block.norm, s).items()})
@@ -178,16 +197,15 @@ def ffn_step(cfg, layer, ffn: tuple[Tensor, Tensor], s: Tensor, s_dims) -> Step:
 
 def masked_step(cfg, a, tgt_p, t_dims) -> Step:
     w = a.weights[0]  # (H, T, T)
-    T = w.size(-1)
+    above = above_diagonal(w)
     st = Step("6", "Masked multi-head self-attention", "掩码多头注意力",
               "softmax(Q K^T / sqrt(d_k) + M) V, M[i, j] = -inf for j > i (a position sees itself and earlier ones)",
               MODEL + "masks.py: causal_mask; layers.py: DecoderLayer.forward")
     h_dims = ("H", cfg.n_heads, "heads")
     st.shapes = [f"target input (<s> + translation): {dims(t_dims, ('d_model', cfg.d_model, None))}",
-                 f"mask: {dims(('T', T, None), ('T', T, None))}", f"weights: {dims(h_dims, t_dims, t_dims)}"]
-    above = float(torch.triu(w, diagonal=1).abs().max()) if T > 1 else 0.0
+                 f"mask: {dims(('T', t_dims[1], None), ('T', t_dims[1], None))}", f"weights: {dims(h_dims, t_dims, t_dims)}"]
     st.numbers = {"pieces": tgt_p, "max_weight_above_diagonal": above,
-                  "row_sum_max_abs_err": _r((w.sum(-1) - 1).abs().max(), 8),
+                  "row_sum_max_abs_err": row_sum_error(w),
                   "first_row_self_weight": _r(w[:, 0, 0].mean()),
                   "strongest_links": strongest_links(w, tgt_p, tgt_p, skip_diagonal=True)}
     st.lines = [f"decoder reads: {clip(tgt_p, ' ')}",
@@ -205,15 +223,15 @@ def cross_step(cfg, a, tgt_p, src_p, t_dims, s_dims) -> Step:
               MODEL + "transformer.py: Transformer.start_cache; layers.py: DecoderLayer.forward")
     st.shapes = [f"Q: {dims(h_dims, t_dims, d_dims)}", f"K, V (computed once, cached): {dims(h_dims, s_dims, d_dims)}",
                  f"weights: {dims(h_dims, t_dims, s_dims)}"]
-    st.numbers = {"row_sum_max_abs_err": _r((w.sum(-1) - 1).abs().max(), 8),
+    st.numbers = {"row_sum_max_abs_err": row_sum_error(w),
                   "strongest_links": strongest_links(w, tgt_p, src_p, skip_diagonal=False)}
     st.lines = [f"rows sum to 1 (largest error {st.numbers['row_sum_max_abs_err']:.1e})",
                 "layer 1, strongest target -> source link per head: " + "; ".join(st.numbers["strongest_links"])]
     return st
 
 
-def decoder_ffn_step(cfg, ffn: tuple[Tensor, Tensor], t_dims) -> Step:
-    zero = float((ffn[0] == 0).float().mean())
+def decoder_ffn_step(cfg, ffn: dict[str, Tensor], t_dims) -> Step:
+    zero = zeroed(ffn)
     st = Step("8", "FFN and Add & Norm again (decoder)", "重复前馈神经网络与残差连接、归一化",
               FFN_FORMULA[cfg.ffn_activation] + ";  then Add & Norm",
               MODEL + "layers.py: DecoderLayer.forward; transformer.py: Decoder.forward")
@@ -255,7 +273,7 @@ def softmax_step(cfg, logits, tgt_p, tgt_ids, id_to_piece, t_dims, V) -> Step:
     wanted = [*tgt_ids, cfg.eos_id]
     agree = sum(int(probs[t].argmax()) == wanted[t] for t in range(len(wanted)))
     last = len(wanted) - 1
-    st.numbers = {"row_sum_max_abs_err": _r((probs.sum(-1) - 1).abs().max(), 8),
+    st.numbers = {"row_sum_max_abs_err": row_sum_error(probs),
                   "top5_first": top5(0), "top5_last": top5(last), "argmax_agrees": agree, "positions": len(wanted)}
     fmt = lambda rows: ", ".join(f"{p} {q:.3f}" for p, q in rows)  # noqa: E731
     st.lines = [f"rows sum to 1 (largest error {st.numbers['row_sum_max_abs_err']:.1e})",
