@@ -61,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
     elif args.src and args.ref:
         src, ref = read_lines(args.src), read_lines(args.ref)
     else:
-        raise UserError("give --src and --ref files, or --split (e.g. --split test_2016_flickr)")
+        raise UserError("give --src and --ref files, or --split (e.g. --split test_2016_flickr); "
+                        "a language model: --text FILE")
     if args.limit < 0:
         raise UserError(f"--limit must not be negative, got {args.limit}")
     if len(src) != len(ref):

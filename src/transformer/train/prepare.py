@@ -31,7 +31,7 @@ from .config import TrainConfig
 # A language model's tokenizer files, as a run (of ours, or imported) holds them: a fine-tune
 # copies whichever its source has. MAIN_TOKENIZER_FILES: the one that stands for the
 # tokenizer (its checksum is in each checkpoint), in the order load_tokenizer looks.
-MAIN_TOKENIZER_FILES = (CHARS, SUBWORDS, "tokenizer.json", "tokenizer.model")
+MAIN_TOKENIZER_FILES = (CHARS, "tokenizer.json", "tokenizer.model", SUBWORDS)
 TOKENIZER_FILES = (*MAIN_TOKENIZER_FILES, "subwords.vocab", "tokenizer_config.json", "special_tokens_map.json")
 
 
