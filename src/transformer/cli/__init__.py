@@ -12,7 +12,8 @@ from .. import __version__
 from ..errors import UserError
 
 # The order in `transformer --help`; any other command module follows alphabetically.
-ORDER = ["demo", "train", "translate", "generate", "evaluate", "average", "attention", "explain", "serve", "export"]
+ORDER = ["demo", "train", "translate", "generate", "evaluate", "average", "attention", "explain", "serve", "export",
+         "import_"]
 
 
 def command_modules() -> list[str]:

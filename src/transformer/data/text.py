@@ -23,6 +23,8 @@ from ..errors import UserError
 from ..run.layout import SUBWORDS, run_file
 from .chars import CHARS_FILE, Chars
 from .corpus import decode_lines
+from .hf_tokenizer import (HF_TOKENIZER, SP_TOKENIZER, PretrainedTokenizer, SentencePieceTokenizer,
+                           load_pretrained_tokenizer)
 from .subwords import PAD_ID, Subwords
 
 __all__ = ["read_text", "read_texts", "split_text", "LineSubwords", "load_tokenizer", "WindowSampler", "TextBatch",
@@ -105,15 +107,22 @@ class LineSubwords:
         return "\n".join([*lines, self.subwords.decode(line)])
 
 
-def load_tokenizer(path: str | Path) -> Chars | LineSubwords:
+def load_tokenizer(path: str | Path) -> Chars | LineSubwords | PretrainedTokenizer | SentencePieceTokenizer:
     """The tokenizer of the language-model run that ``path`` belongs to (the run directory, a
-    checkpoint or a weights file in it): its chars.json, else its subwords.model."""
+    checkpoint or a weights file in it): its chars.json, else the pretrained model's
+    tokenizer.json or tokenizer.model (``transformer import``; :mod:`.hf_tokenizer`), else its
+    subwords.model."""
     found = run_file(path, CHARS_FILE)
     if found is not None:
         return Chars.load(found)
+    for name in (HF_TOKENIZER, SP_TOKENIZER):
+        found = run_file(path, name)
+        if found is not None:
+            return load_pretrained_tokenizer(found.parent)
     found = run_file(path, SUBWORDS)
     if found is None:
-        raise UserError(f"{path}: no {CHARS_FILE} or {SUBWORDS} found beside the weights; give the run directory")
+        raise UserError(f"{path}: no {CHARS_FILE}, {HF_TOKENIZER} or {SUBWORDS} found beside the weights; "
+                        "give the run directory")
     return LineSubwords(Subwords.load(found))
 
 

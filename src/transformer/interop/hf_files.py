@@ -1,0 +1,166 @@
+"""The weights of a Hugging Face model folder, read one tensor at a time, and a safetensors
+file written one tensor at a time: an import holds little more than its largest tensor.
+
+    weights = HFWeights(folder)          # model.safetensors, its shards, or pytorch_model.bin
+    t = weights.get("model.embed_tokens.weight")
+    write_safetensors(path, shapes, tensors, metadata)   # shapes first (the header), then the data
+
+``pytorch_model.bin`` is read with ``torch.load(weights_only=True)``: a file that asks to
+run code when unpickled is refused, not run.
+"""
+from __future__ import annotations
+
+import json
+import pickle
+import struct
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from ..errors import UserError
+
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+BIN_INDEX = "pytorch_model.bin.index.json"
+DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.float64: "F64",
+          torch.int64: "I64", torch.int32: "I32", torch.uint8: "U8", torch.bool: "BOOL"}
+
+
+def _read_index(path: Path) -> dict[str, str]:
+    try:
+        weight_map = json.loads(path.read_text(encoding="utf-8"))["weight_map"]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise UserError(f"{path}: not a readable shard index ({type(e).__name__}: {e})") from None
+    if not isinstance(weight_map, dict):
+        raise UserError(f"{path}: weight_map is not a mapping of tensor name: file")
+    return {str(k): str(v) for k, v in weight_map.items()}
+
+
+class HFWeights:
+    """The tensors of one HF model folder by name, loaded on demand (safetensors: one tensor at
+    a time, the file mapped only while it is read). GPT-2 checkpoints saved without the
+    ``transformer.`` prefix are found under the prefixed names too."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+        self.files: dict[str, Path] = {}  # tensor name -> file
+        self._bin: dict[str, torch.Tensor] = {}
+        if (self.folder / SAFETENSORS_INDEX).is_file():
+            index = _read_index(self.folder / SAFETENSORS_INDEX)
+            self.files = {name: self.folder / f for name, f in index.items()}
+            for f in set(self.files.values()):
+                self._keys(f)  # every shard readable, before anything is written
+        elif sorted(self.folder.glob("*.safetensors")):
+            for f in sorted(self.folder.glob("*.safetensors")):
+                self.files.update({name: f for name in self._keys(f)})
+        elif (self.folder / "pytorch_model.bin").is_file() or (self.folder / BIN_INDEX).is_file():
+            shards = ([self.folder / "pytorch_model.bin"] if (self.folder / "pytorch_model.bin").is_file()
+                      else sorted({self.folder / f for f in _read_index(self.folder / BIN_INDEX).values()}))
+            for f in shards:
+                self._bin.update(_load_bin(f))
+        else:
+            raise UserError(f"{self.folder}: no weights (model.safetensors, its shards, or pytorch_model.bin)")
+
+    def _keys(self, path: Path) -> list[str]:
+        if not path.is_file():
+            raise UserError(f"{path}: weights file not found (named by {SAFETENSORS_INDEX})")
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                return list(f.keys())
+        except (SafetensorError, OSError, ValueError) as e:
+            raise UserError(f"{path}: not a readable safetensors file, truncated or corrupt ({e})") from None
+
+    def names(self) -> set[str]:
+        return set(self.files) | set(self._bin)
+
+    def _name(self, name: str) -> str | None:
+        for candidate in (name, name.removeprefix("transformer.")):
+            if candidate in self.files or candidate in self._bin:
+                return candidate
+        return None
+
+    def __contains__(self, name: str) -> bool:
+        return self._name(name) is not None
+
+    def dtype(self, name: str) -> torch.dtype:
+        """The dtype of a tensor, read from the file's header (no data loaded)."""
+        found = self._name(name)
+        if found is None:
+            raise UserError(f"{self.folder}: the checkpoint has no tensor {name}")
+        if found in self._bin:
+            return self._bin[found].dtype
+        with safe_open(str(self.files[found]), framework="pt") as f:
+            code = f.get_slice(found).get_dtype()
+        dtype = next((d for d, c in DTYPES.items() if c == code), None)
+        if dtype is None:
+            raise UserError(f"{self.files[found]}: {found} has dtype {code}, not one a model is stored in")
+        return dtype
+
+    def get(self, name: str) -> torch.Tensor:
+        found = self._name(name)
+        if found is None:
+            raise UserError(f"{self.folder}: the checkpoint has no tensor {name}")
+        if found in self._bin:
+            return self._bin[found]
+        try:
+            with safe_open(str(self.files[found]), framework="pt") as f:
+                return f.get_tensor(found)
+        except (SafetensorError, OSError, ValueError) as e:
+            raise UserError(f"{self.files[found]}: cannot read {found}, truncated or corrupt ({e})") from None
+
+
+def _load_bin(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError:  # an old (non-zip) file cannot be mapped
+        state = _load_bin_unmapped(path)
+    except pickle.UnpicklingError as e:
+        raise UserError(f"{path}: refused: the file asks to run code or build objects when unpickled, which "
+                        f"weights_only loading does not do ({str(e).splitlines()[0]})") from None
+    except (OSError, EOFError, ValueError) as e:
+        raise UserError(f"{path}: not a readable PyTorch weights file ({e})") from None
+    if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
+        raise UserError(f"{path}: not a state dict of tensors")
+    return state
+
+
+def _load_bin_unmapped(path: Path) -> dict:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise UserError(f"{path}: refused: the file asks to run code or build objects when unpickled, which "
+                        f"weights_only loading does not do ({str(e).splitlines()[0]})") from None
+    except (OSError, EOFError, ValueError, RuntimeError) as e:
+        raise UserError(f"{path}: not a readable PyTorch weights file ({e})") from None
+
+
+def write_safetensors(path: str | Path, shapes: list[tuple[str, tuple[int, ...], torch.dtype]],
+                      tensors: Iterable[tuple[str, torch.Tensor]], metadata: dict[str, str]) -> None:
+    """Write a safetensors file from ``shapes`` (name, shape, dtype), in that order, and
+    ``tensors``, which yields the same names in the same order: the header goes first, then
+    each tensor's bytes as it comes, so only one tensor is in memory at a time."""
+    header: dict[str, object] = {"__metadata__": metadata}
+    offset = 0
+    for name, shape, dtype in shapes:
+        size = dtype.itemsize
+        for n in shape:
+            size *= n
+        header[name] = {"dtype": DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
+    expected: Iterator[tuple[str, tuple[int, ...], torch.dtype]] = iter(shapes)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for name, t in tensors:
+            want = next(expected)
+            if (name, tuple(t.shape), t.dtype) != (want[0], tuple(want[1]), want[2]):
+                raise UserError(f"{name}: shape {tuple(t.shape)} {t.dtype} does not fit the model's "
+                                f"{tuple(want[1])} {want[2]}; the checkpoint does not match its config.json")
+            data = t.detach().contiguous().cpu()
+            if data.numel():
+                f.write(memoryview(data.reshape(-1).view(torch.uint8).numpy()))
+        if next(expected, None) is not None:
+            raise UserError(f"{path}: fewer tensors than the model has")

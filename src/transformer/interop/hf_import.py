@@ -1,0 +1,249 @@
+"""A Hugging Face model folder (or hub id) as an ordinary run directory: ``transformer import``.
+
+    RUN/best.safetensors        our weights with their model config (what every command reads)
+    RUN/config.yaml             ``model:`` that config; ``decoding:`` from generation_config.json
+    RUN/tokenizer.json          the model's own tokenizer (:mod:`transformer.data.hf_tokenizer`),
+    RUN/tokenizer_config.json   or tokenizer.model (sentencepiece, Llama 2 without a tokenizer.json)
+    RUN/import.json             where it came from: source, family, files
+
+Families: GPT-2, Llama (2 and 3, with llama3 rope scaling), Mistral (no sliding window),
+Qwen2 / Qwen2.5 (:mod:`.hf_lm`); ``model_type: marian`` becomes a translation run
+(:mod:`.marian_run`). Anything else is refused in one line naming what is not supported.
+
+The weights are converted one tensor at a time and streamed into the new file, so an import
+holds about one tensor in memory, not the model; they keep the checkpoint's dtype. The run is
+built in a folder beside RUN and renamed at the end: an import that fails leaves no RUN.
+
+Padding: our model reads the id ``pad_id`` as padding wherever it occurs (generation marks
+its padding itself, so there any id works). The import chooses an id that text does not
+encode to: the first embedding row beyond the tokenizer's (Qwen pads its vocabulary), else a
+special token that is neither BOS nor EOS (Llama 3's reserved ones); else the config's
+``pad_token_id`` or the rule of :func:`~transformer.interop._hf.special_ids`. GPT-2 has no
+such id: its ``pad_id`` is a real token (import.json names it), read as padding by a plain
+forward pass over text that contains it.
+"""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..config import ModelConfig
+from ..data.hf_tokenizer import HF_TOKENIZER, SP_TOKENIZER, TOKENIZER_CONFIG, load_pretrained_tokenizer
+from ..errors import UserError
+from ..extras import require
+from ..model.lm import LanguageModel
+from ..run.files import atomic_dir
+from ..run.layout import BEST, CONFIG
+from ..run.weights import FORMAT
+from .hf_files import HFWeights, write_safetensors
+from .hf_lm import FAMILIES, LLAMA_SHAPED, name_map, tensors_from_hf
+
+IMPORT_RECORD = "import.json"
+HUB_FILES = ["*.json", "*.safetensors", "tokenizer.model", "*.txt"]  # what a hub download fetches
+SAMPLING_DEFAULTS = dict(temperature=1.0, top_k=50, top_p=1.0)  # HF's when do_sample is on
+
+
+@dataclass(frozen=True)
+class Imported:
+    """What :func:`import_pretrained` wrote."""
+
+    run: Path
+    family: str
+    cfg: ModelConfig | None  # None for a translation run (Marian)
+    tokenizer: str
+    parameters: int
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{path}: not readable JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a JSON object")
+    return data
+
+
+def fetch(source: str) -> tuple[Path, str]:
+    """The local folder for ``source`` (a folder, or a hub id downloaded with
+    ``huggingface_hub.snapshot_download``) and how to name it in import.json."""
+    path = Path(source)
+    if path.is_dir():
+        return path, str(path.resolve())
+    if path.exists() or source.count("/") != 1 or source.startswith((".", "/")):
+        raise UserError(f"{source}: not a model folder (one with config.json) or a hub id (owner/name)")
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise UserError(f"{source}: not a folder here; downloading it from the hub needs huggingface_hub "
+                        "(pip install huggingface_hub)") from None
+    try:
+        return Path(snapshot_download(repo_id=source, allow_patterns=HUB_FILES)), f"hf://{source}"
+    except Exception as e:  # network, authentication, a missing repository: all one line
+        raise UserError(f"{source}: cannot download from the hub ({type(e).__name__}: {str(e).splitlines()[0]})") \
+            from None
+
+
+def decoding_defaults(folder: Path) -> dict:
+    """The ``decoding`` section for generation_config.json: greedy unless it samples (as HF's
+    ``generate``), its temperature / top_k / top_p when it does, and max_new_tokens."""
+    path = folder / "generation_config.json"
+    g = _read_json(path) if path.is_file() else {}
+    out: dict = {"temperature": 0.0}
+    if g.get("do_sample"):
+        for key, default in SAMPLING_DEFAULTS.items():
+            value = g.get(key)
+            out[key] = type(default)(default if value is None else value)
+    if isinstance(g.get("max_new_tokens"), int):
+        out["max_new_tokens"] = g["max_new_tokens"]
+    return out
+
+
+def _model_type(folder: Path) -> str:
+    if not (folder / "config.json").is_file():
+        raise UserError(f"{folder}: no config.json; give a Hugging Face model folder")
+    model_type = _read_json(folder / "config.json").get("model_type")
+    if model_type != "marian" and model_type not in FAMILIES:
+        raise UserError(f"{folder}: model_type {model_type!r} is not supported; transformer import reads "
+                        f"{', '.join(FAMILIES)} language models and marian translation models")
+    return model_type
+
+
+def _hf_config(folder: Path):
+    require("transformers", "interop", __name__)
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(folder)
+    except (ValueError, OSError, KeyError, TypeError) as e:
+        raise UserError(f"{folder / 'config.json'}: {str(e).splitlines()[0]}") from None
+
+
+def _save_tokenizer(folder: Path, into: Path) -> str:
+    """Copy the model's tokenizer into the run: tokenizer.json as HF's AutoTokenizer sets it
+    up (its post-processor adds what the tokenizer config asks, e.g. Llama's BOS), else the
+    sentencepiece tokenizer.model; with tokenizer_config.json. Returns the file's name."""
+    if (folder / TOKENIZER_CONFIG).is_file():
+        shutil.copyfile(folder / TOKENIZER_CONFIG, into / TOKENIZER_CONFIG)
+    if (folder / HF_TOKENIZER).is_file():
+        backend = None
+        try:
+            from transformers import AutoTokenizer
+
+            backend = getattr(AutoTokenizer.from_pretrained(folder), "backend_tokenizer", None)
+        except Exception:  # noqa: BLE001 (any failure there: the file as it is is the tokenizer)
+            backend = None
+        if backend is not None:
+            backend.save(str(into / HF_TOKENIZER))
+        else:
+            shutil.copyfile(folder / HF_TOKENIZER, into / HF_TOKENIZER)
+        return HF_TOKENIZER
+    if (folder / SP_TOKENIZER).is_file():
+        shutil.copyfile(folder / SP_TOKENIZER, into / SP_TOKENIZER)
+        return SP_TOKENIZER
+    raise UserError(f"{folder}: no tokenizer ({HF_TOKENIZER} or {SP_TOKENIZER}); the model cannot be used without "
+                    "the tokenizer it was trained with")
+
+
+def _padding_id(tokenizer, vocab: int, hf_config) -> int | None:
+    """An id no text encodes to, for our ``pad_id``: the first embedding row beyond the
+    tokenizer's, else a special token that is neither BOS nor EOS; None when there is none
+    (then :func:`~transformer.interop._hf.special_ids` chooses)."""
+    if tokenizer.vocab_size < vocab:
+        return tokenizer.vocab_size
+    eos = getattr(hf_config, "eos_token_id", None)
+    eos = set(eos) if isinstance(eos, (list, tuple)) else {eos}
+    pad = getattr(hf_config, "pad_token_id", None)
+    if pad is not None and pad not in eos:
+        return int(pad)  # the model's own padding token
+    taken = eos | {getattr(hf_config, "bos_token_id", None)}
+    free = [i for i in getattr(tokenizer, "special_ids", list)() if i not in taken]
+    return free[0] if free else None
+
+
+def _tied(hf_config, weights: HFWeights) -> bool:
+    """Whether the head is the embedding: as the config says, or when the checkpoint has no
+    lm_head (HF drops a tied one)."""
+    return bool(getattr(hf_config, "tie_word_embeddings", False)) or "lm_head.weight" not in weights
+
+
+def _config(family: str, hf_config, tie: bool, pad_id: int | None) -> ModelConfig:
+    from .gpt2 import config_from_gpt2
+    from .llama import config_from_llama
+
+    try:
+        if family in LLAMA_SHAPED:
+            return config_from_llama(hf_config, tie, pad_id)
+        return config_from_gpt2(hf_config, tie, pad_id)
+    except ValueError as e:
+        raise UserError(str(e).replace("from_llama: ", "").replace("from_gpt2: ", "")) from None
+
+
+def _write_config(run: Path, cfg: ModelConfig, decoding: dict, source: str, family: str) -> None:
+    import yaml
+
+    head = (f"# A {family} model imported from {source} by `transformer import`: the model's config, and\n"
+            "# decoding defaults from its generation_config.json (greedy unless it samples).\n")
+    body = yaml.safe_dump({"model": cfg.to_dict(), "decoding": decoding}, sort_keys=False, allow_unicode=True)
+    (run / CONFIG).write_text(head + body, encoding="utf-8")
+
+
+def import_pretrained(source: str, out: str | Path) -> Imported:
+    """Write the run directory ``out`` for the HF model ``source`` (module docstring).
+
+    Raises:
+        UserError: ``out`` exists and is not empty; the source is missing, unsupported,
+            truncated, without a tokenizer, or its pytorch_model.bin asks to run code.
+    """
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"{out}: already exists and is not empty; give a new run directory")
+    folder, where = fetch(source)
+    family = _model_type(folder)
+    if family == "marian":
+        from .marian_run import import_marian_run
+
+        import_marian_run(folder, out)
+        return Imported(out, family, None, "", 0)
+    hf_config = _hf_config(folder)
+    weights = HFWeights(folder)
+    tie = _tied(hf_config, weights)
+    decoding = decoding_defaults(folder)
+
+    def fill(tmp: Path) -> None:
+        tokenizer_file = _save_tokenizer(folder, tmp)
+        tokenizer = load_pretrained_tokenizer(tmp)
+        vocab = int(hf_config.vocab_size)
+        if tokenizer.vocab_size > vocab:
+            raise UserError(f"{folder}: the tokenizer has {tokenizer.vocab_size} tokens but the model only "
+                            f"{vocab}; they do not belong together")
+        pad_id = _padding_id(tokenizer, vocab, hf_config)
+        cfg = _config(family, hf_config, tie, pad_id)
+        with torch.device("meta"):
+            shapes = {n: tuple(t.shape) for n, t in LanguageModel(cfg).state_dict().items()}
+        entries = name_map(cfg, family)
+        assert sorted(shapes) == sorted(ours for ours, _, _ in entries), "the name map misses a tensor"
+        header = [(ours, shapes[ours], weights.dtype(theirs)) for ours, theirs, _ in entries]
+        converted = tensors_from_hf(cfg, family, weights.get)
+        meta = {"model_config": json.dumps(cfg.to_dict()), "format": FORMAT, "imported_from": where}
+        write_safetensors(tmp / BEST, header, converted, meta)
+        _write_config(tmp, cfg, decoding, where, family)
+        record = {"source": where, "family": family, "model_type": family, "tokenizer": tokenizer_file,
+                  "weights": sorted({p.name for p in weights.files.values()}) or ["pytorch_model.bin"],
+                  "pad_id": cfg.pad_id, "tie_embeddings": cfg.tie_embeddings}
+        (tmp / IMPORT_RECORD).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        nonlocal result
+        result = Imported(out, family, cfg, tokenizer_file, sum(math.prod(s) for s in shapes.values()))
+
+    result: Imported | None = None
+    try:
+        atomic_dir(out, fill)
+    except OSError as e:
+        raise UserError(f"{out}: cannot write the run ({e.strerror or e})") from None
+    assert result is not None
+    return result

@@ -1,0 +1,275 @@
+"""``transformer import`` on tiny Hugging Face checkpoints built in the test: the run computes
+HF's logits, continues a prompt as HF's ``generate`` does, and tokenizes as ``AutoTokenizer``
+does; bad input is refused in one line and leaves no run behind."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from hf_checkpoints import FAMILIES, PROMPT, TEXT, build_checkpoint
+from transformer.cli import main
+from transformer.data.text import load_tokenizer
+from transformer.generator import Generator, TextPieces
+from transformer.run import load_model
+
+pytest.importorskip("transformers")
+
+
+def import_run(source: Path, out: Path) -> int:
+    return main(["import", str(source), "--out", str(out)])
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def imported(request, tmp_path_factory):
+    """(family, HF folder, HF model, run directory) for each family, imported once."""
+    root = tmp_path_factory.mktemp(request.param)
+    folder, hf = build_checkpoint(request.param, root / "hf")
+    assert import_run(folder, root / "run") == 0
+    return request.param, folder, hf, root / "run"
+
+
+def test_logits_equal_hf(imported):
+    family, _, hf, run = imported
+    model, _ = load_model(run)
+    ids = torch.tensor([load_tokenizer(run).encode(TEXT)])
+    real = None if family != "gpt2" else torch.ones_like(ids, dtype=torch.bool)  # GPT-2: pad_id is a real token
+    with torch.no_grad():
+        diff = (model(ids, real=real) - hf(ids).logits).abs().max().item()
+    assert diff <= 1e-5, f"{family}: max abs logit difference {diff}"
+
+
+def test_padding_id_is_no_text(imported):
+    """Where the vocabulary has an id no text encodes to, padding is that id."""
+    family, _, _, run = imported
+    pad = load_model(run)[0].cfg.pad_id
+    assert (pad in load_tokenizer(run).encode(TEXT + "!\"#$%&'()*+,-./0123456789")) == (family == "gpt2")
+
+
+def test_the_family_is_what_the_model_says(imported):
+    family, _, _, run = imported
+    cfg = load_model(run)[0].cfg
+    assert cfg.tie_embeddings == (family in ("gpt2", "llama2-sp", "qwen2"))
+    assert (cfg.rope_scaling is not None) == (family == "llama3")
+    assert cfg.qkv_bias == (family == "qwen2") and not cfg.bias == (family != "gpt2")
+    assert (cfg.n_kv_heads == 2) == (family != "gpt2")
+
+
+def test_greedy_continuation_equals_hf_generate(imported):
+    family, _, hf, run = imported
+    generator = Generator.from_pretrained(run, precision="fp32", compile="off", temperature=0.0,
+                                          max_new_tokens=16)
+    ids = generator.encode(PROMPT)
+    out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                      max_new_tokens=16, do_sample=False, pad_token_id=generator.model.cfg.eos_id)
+    expected = generator.tokenizer.decode(out[0, len(ids):].tolist())
+    assert generator.generate([PROMPT]) == [expected], family
+
+
+def test_generation_stops_at_eos_as_hf(imported):
+    """With EOS set to the token HF's greedy run produces third, both stop there."""
+    family, _, hf, run = imported
+    generator = Generator.from_pretrained(run, precision="fp32", compile="off", temperature=0.0,
+                                          max_new_tokens=12)
+    ids = generator.encode(PROMPT)
+    free = hf.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False, eos_token_id=None,
+                       pad_token_id=0)[0, len(ids):].tolist()
+    stop = free[2]
+    if stop == generator.model.cfg.pad_id:
+        pytest.skip(f"{family}: the third token is the padding id")
+    generator.model.cfg = generator.model.cfg.replace(eos_id=stop)
+    generator.stop_id = stop
+    end = free.index(stop) + 1
+    steps = list(generator.stream([PROMPT]))  # one step a token, then what finish() held back
+    assert end <= len(steps) <= end + 1 < len(free)
+    assert "".join(p[0] for p in steps) == generator.tokenizer.decode(free[:end])
+
+
+def test_tokenizer_equals_autotokenizer(imported):
+    from transformers import AutoTokenizer
+
+    family, folder, _, run = imported
+    theirs, ours = AutoTokenizer.from_pretrained(folder), load_tokenizer(run)
+    for text in (TEXT, PROMPT, " leading space", "🙂"):
+        if family == "llama2-sp" and text.startswith(" "):
+            continue  # HF converts a bare tokenizer.model with a Metaspace that drops a leading space (below)
+        ids = theirs(text)["input_ids"]
+        assert ours.encode(text) == ids, (family, text)
+        assert ours.decode(ids) == theirs.decode(ids, skip_special_tokens=True), (family, text)
+    assert ours.decode(ours.encode(TEXT)).strip() == TEXT.strip()
+
+
+@pytest.mark.parametrize("imported", ["llama2-sp"], indirect=True)
+def test_sentencepiece_is_used_as_trained(imported):
+    """A bare tokenizer.model is sentencepiece itself, BOS first (Meta's Llama 2 tokenizer, and
+    what HF's own tokenizer.json for Llama 2 computes, a leading space included)."""
+    import sentencepiece as spm
+
+    _, folder, _, run = imported
+    sp = spm.SentencePieceProcessor(model_file=str(folder / "tokenizer.model"))
+    for text in (TEXT, " leading space"):
+        assert load_tokenizer(run).encode(text) == [sp.bos_id(), *sp.encode(text)]
+
+
+def test_streamed_pieces_hold_back_partial_characters(imported):
+    """Byte-level BPE splits an emoji across tokens: the pieces never show U+FFFD and join to the text."""
+    _, _, _, run = imported
+    tokenizer = load_tokenizer(run)
+    ids = tokenizer.encode(TEXT)
+    pieces = TextPieces(tokenizer)
+    shown = [pieces.add(i) for i in ids] + [pieces.finish()]
+    assert "".join(shown) == tokenizer.decode(ids)
+    assert not any("\ufffd" in p for p in shown)
+
+
+def test_run_directory(imported):
+    family, folder, _, run = imported
+    model, meta = load_model(run)
+    assert Path(meta["path"]).name == "best.safetensors"
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    assert config["model"] == model.cfg.to_dict()
+    assert config["decoding"]["temperature"] == 0.0  # HF generates greedily unless do_sample
+    record = json.loads((run / "import.json").read_text())
+    assert record["family"] == {"llama3": "llama", "llama2-sp": "llama"}.get(family, family)
+    assert record["source"] == str(folder.resolve())
+    tokenizer_file = "tokenizer.model" if family == "llama2-sp" else "tokenizer.json"
+    assert (run / tokenizer_file).is_file()
+
+
+def test_info_shows_the_matrices(imported, capsys):
+    _, _, _, run = imported
+    assert main(["info", "--model", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "decoder-only language model" in out and "layer 2 WQ" in out and "Whead" in out
+
+
+# ---- refusals ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def gpt2_folder(tmp_path_factory):
+    folder, _ = build_checkpoint("gpt2", tmp_path_factory.mktemp("bad") / "hf")
+    return folder
+
+
+def _copy(folder: Path, to: Path) -> Path:
+    import shutil
+
+    shutil.copytree(folder, to)
+    return to
+
+
+def _refused(source: Path, out: Path, capsys, *words: str) -> str:
+    capsys.readouterr()
+    assert import_run(source, out) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("transformer import: error:"), err
+    for word in words:
+        assert word in err, err
+    assert not out.exists()
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")]  # no temporary folder
+    return err
+
+
+def test_unsupported_architecture(gpt2_folder, tmp_path, capsys):
+    folder = _copy(gpt2_folder, tmp_path / "bert")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "bert"}))
+    _refused(folder, tmp_path / "run", capsys, "bert", "not supported")
+
+
+def test_missing_tokenizer(gpt2_folder, tmp_path, capsys):
+    folder = _copy(gpt2_folder, tmp_path / "hf")
+    (folder / "tokenizer.json").unlink()
+    _refused(folder, tmp_path / "run", capsys, "no tokenizer")
+
+
+def test_truncated_safetensors(gpt2_folder, tmp_path, capsys):
+    folder = _copy(gpt2_folder, tmp_path / "hf")
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[: len(data) // 2])
+    _refused(folder, tmp_path / "run", capsys, "truncated")
+
+
+class RunsCode:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_pickle_that_runs_code_is_refused(gpt2_folder, tmp_path, capsys):
+    folder = _copy(gpt2_folder, tmp_path / "hf")
+    (folder / "model.safetensors").unlink()
+    marker = tmp_path / "ran"
+    torch.save({"transformer.wte.weight": RunsCode(marker)}, folder / "pytorch_model.bin")
+    _refused(folder, tmp_path / "run", capsys, "pytorch_model.bin", "refused")
+    assert not marker.exists()
+
+
+def test_pytorch_model_bin(gpt2_folder, tmp_path):
+    """A plain state dict in pytorch_model.bin imports as the safetensors file does."""
+    from safetensors.torch import load_file
+
+    folder = _copy(gpt2_folder, tmp_path / "hf")
+    torch.save(load_file(folder / "model.safetensors"), folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+    assert import_run(folder, tmp_path / "run") == 0
+    assert import_run(gpt2_folder, tmp_path / "reference") == 0
+    ours, reference = load_model(tmp_path / "run")[0], load_model(tmp_path / "reference")[0]
+    assert all(torch.equal(a, b) for a, b in zip(ours.state_dict().values(), reference.state_dict().values()))
+
+
+def test_sharded_safetensors(tmp_path):
+    folder, hf = build_checkpoint("qwen2", tmp_path / "hf")
+    hf.save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
+    for f in folder.glob("tokenizer*"):
+        (tmp_path / "sharded" / f.name).write_bytes(f.read_bytes())
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    assert import_run(tmp_path / "sharded", tmp_path / "run") == 0
+    ids = torch.tensor([load_tokenizer(tmp_path / "run").encode(TEXT)])
+    with torch.no_grad():
+        assert (load_model(tmp_path / "run")[0](ids) - hf(ids).logits).abs().max() <= 1e-5
+
+
+def test_existing_run_is_refused(gpt2_folder, tmp_path, capsys):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "keep.txt").write_text("mine")
+    assert import_run(gpt2_folder, tmp_path / "run") == 2
+    assert "not empty" in capsys.readouterr().err
+    assert (tmp_path / "run" / "keep.txt").read_text() == "mine"
+
+
+def test_sliding_window_is_refused(tmp_path, capsys):
+    folder, _ = build_checkpoint("mistral", tmp_path / "hf", sliding_window=8)
+    _refused(folder, tmp_path / "run", capsys, "sliding_window")
+
+
+def test_other_rope_types_are_refused(tmp_path, capsys):
+    rope = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
+    folder = _with_config(build_checkpoint("llama3", tmp_path / "hf")[0], rope_parameters=rope)
+    _refused(folder, tmp_path / "run", capsys, "linear", "not supported")
+
+
+def _with_config(folder: Path, **changes) -> Path:
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **changes}))
+    return folder
+
+
+def test_hub_id_is_fetched_with_snapshot_download(gpt2_folder, tmp_path, monkeypatch):
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    asked = {}
+
+    def snapshot_download(repo_id, allow_patterns=None, **_):
+        asked.update(repo_id=repo_id, patterns=allow_patterns)
+        return str(gpt2_folder)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    monkeypatch.chdir(tmp_path)
+    assert import_run(Path("someone/tiny-gpt2"), tmp_path / "run") == 0
+    assert asked["repo_id"] == "someone/tiny-gpt2" and "*.safetensors" in asked["patterns"]
+    assert json.loads((tmp_path / "run" / "import.json").read_text())["source"] == "hf://someone/tiny-gpt2"
