@@ -4,8 +4,8 @@
     Hugging Face Marian    import and export (marian.py; needs ``transformers``)
     Hugging Face Llama     import and export of the language model (llama.py; ``transformers``)
     Hugging Face GPT-2     import and export of the language model (gpt2.py; ``transformers``)
-    CTranslate2            export (ctranslate2.py; needs ``ctranslate2``); the language
-                           model to its decoder-only Generator (ctranslate2_lm.py)
+    CTranslate2            export (ctranslate2.py; needs ``ctranslate2``): the translation
+                           model to its Translator, the language model to its Generator
     ONNX                   export of the encoder and one decoder step with its KV cache, and
                            a check and greedy loop on onnxruntime (onnx.py; needs ``onnx``,
                            ``onnxscript`` and ``onnxruntime``)
@@ -14,8 +14,7 @@ The optional packages (the ``export`` extra) are imported only when a function t
 them is called.
 """
 from .marian import config_from_marian, config_to_marian, from_marian, load_marian, save_marian, to_marian
-from .ctranslate2 import save_ctranslate2, to_ctranslate2_spec
-from .ctranslate2_lm import save_ctranslate2_lm, to_ctranslate2_lm_spec
+from .ctranslate2 import save_ctranslate2, save_ctranslate2_lm, to_ctranslate2_lm_spec, to_ctranslate2_spec
 from .gpt2 import from_gpt2, to_gpt2
 from .llama import from_llama, to_llama
 from .layout import to_concat_layout

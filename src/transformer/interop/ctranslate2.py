@@ -1,15 +1,21 @@
-"""Export to CTranslate2, built directly from our weights with ``ctranslate2.specs``.
+"""Export to CTranslate2, built directly from our weights with ``ctranslate2.specs``: one
+writer, two model specs. The translation model becomes a ``TransformerSpec`` for
+``ctranslate2.Translator`` (:func:`save_ctranslate2`); the decoder-only language model a
+``TransformerDecoderModelSpec`` for ``ctranslate2.Generator`` (:func:`save_ctranslate2_lm`),
+what CTranslate2's own Llama and GPT-2 converters build.
 
 CTranslate2 runs the same post-norm (or pre-norm) Transformer in C++, with its own beam
 search and optional int8 weights. The spec is filled from our modules:
 
-    encoder.embeddings[0] / decoder.embeddings  <- src_embed / tgt_embed (scaled by sqrt(d_model))
-    */position_encodings.encodings              <- our sinusoid table, registered explicitly
+    encoder.embeddings[0] / decoder.embeddings  <- src_embed / tgt_embed, or a language model's
+                                                   embed (scaled by sqrt(d_model) when ours is)
+    */position_encodings.encodings              <- our sinusoid table, registered explicitly, or a
+                                                   language model's learned table (none: rotary)
     decoder.projection (weight, bias)           <- out_proj (or the tied embedding), out_bias
     self_attention.linear[0] / linear[1]        <- [q_proj; k_proj; v_proj] fused / out_proj
     attention.linear[0] / [1] / [2]             <- cross_attn q_proj / [k_proj; v_proj] / out_proj
     ffn.linear_0 / linear_1 (/ linear_0_noact)  <- fc1 / fc2 (swiglu: gate / fc2 / fc1)
-    *.layer_norm                                <- the LayerNorm of that sub-layer's block
+    *.layer_norm, */layer_norm                  <- each sub-layer's norm, the final norms
 
 Positions. CTranslate2 builds its own sinusoid table ([sin | cos], our ``"concat"``)
 only when a spec gives none. We register ours, so a model with the paper's interleaved
@@ -33,6 +39,28 @@ Decoding differences to know (see ``tests/export/test_export_ctranslate2.py``):
     without it the searches agree token for token (a trained model does not pick PAD/BOS).
   * ``min_decoding_length=m`` there is ``min_length=m + 1`` here (ours counts EOS).
 
+The language model. Rotary positions are CTranslate2's non-interleaved ("rotate half")
+rotation over the whole head (``rotary_dim=0, rotary_interleave=False``) with our
+``rope_theta``: the layout of :mod:`~transformer.model.rotary`, so q_proj / k_proj are
+written as they are. Use::
+
+    save_ctranslate2_lm(model, "ct2", vocab)
+    gen = ctranslate2.Generator("ct2")
+    gen.generate_batch([[vocab[i] for i in prompt]], max_length=N, sampling_topk=1,
+                       include_prompt_in_result=False)
+
+CTranslate2 takes tokens as strings (``vocab[i]`` for id ``i``) and does not add BOS to
+the prompt; it stops on the string of ``eos_id`` (``end_token`` to change that; the end
+token is left out of the result unless ``return_end_token=True``). A batch of prompts of
+different lengths is handled by CTranslate2 itself (no PAD is fed to it). Everything the
+model's config offers exports: pre- or post-norm, LayerNorm with or without biases or
+RMSNorm, learned / sinusoidal / rotary positions, scaled embeddings, relu / gelu /
+gelu_tanh / silu / swiglu, grouped-query attention, a tied or untied head and an output bias.
+
+Refused (ValueError), for both kinds: a post-norm model with a final norm (CTranslate2 has
+a final norm only in pre-norm models), and a vocabulary that is not one distinct string
+per id.
+
 Quantisation. ``quantization="int8"`` stores int8 weights (a quarter of the size);
 CTranslate2 can also quantise an fp32 model when loading it:
 ``ctranslate2.Translator(path, compute_type="int8")``.
@@ -51,20 +79,31 @@ from torch import Tensor, nn
 
 from ..extras import require
 from ..model import Transformer
+from ..model.lm import LanguageModel
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ctranslate2.specs import TransformerSpec
+    from ctranslate2.specs import TransformerDecoderModelSpec, TransformerSpec
 
 SPECIALS = ("pad_id", "bos_id", "eos_id")
 QUANTIZATIONS = ("int8", "int8_float32", "int16", "float16", "bfloat16", "float32")
 
 
-def _check(cond: bool, msg: str, where: str = "to_ctranslate2") -> None:
+def _check(cond: bool, msg: str, where: str) -> None:
     if not cond:
         raise ValueError(f"{where}: {msg}")
 
 
-# ---- filling the spec (these helpers serve ctranslate2_lm too) --------------------------------
+def _check_model(cfg, vocab: list[str], where: str, norm: str, ids: str) -> None:
+    """What CTranslate2 cannot express, and a vocabulary that does not fit the model's ids
+    (``norm`` and ``ids``: their words in the messages)."""
+    _check(not (cfg.use_final_norm and not cfg.norm_first),
+           f"CTranslate2 has a final {norm} only in pre-norm models; this post-norm model has one", where)
+    _check(len(vocab) == cfg.vocab_size == cfg.target_vocab_size,
+           f"{len(vocab)} vocabulary entries, but the model has {ids}", where)
+    _check(len(set(vocab)) == len(vocab), "the vocabulary has duplicate entries", where)
+
+
+# ---- filling the spec -----------------------------------------------------------------------
 
 def _np(t: Tensor) -> np.ndarray:
     return t.detach().to(device="cpu", dtype=torch.float32).numpy().copy()
@@ -101,6 +140,27 @@ def _ffn(spec, block, ffn) -> None:
     _linear(spec.linear_1, ffn.fc2)
 
 
+def _stack(spec, stack) -> None:
+    """Fill an encoder or decoder spec's layers and final norm from our Encoder or Decoder."""
+    if stack.norm is not None:
+        _norm(spec.layer_norm, stack.norm)
+    for ls, layer in zip(spec.layer, stack.layers):
+        _self_attention(ls.self_attention, getattr(layer, "attn_block", None) or layer.self_block, layer.self_attn)
+        cross = getattr(layer, "cross_attn", None)
+        if cross is not None:  # the translation decoder
+            _linear(ls.attention.linear[0], cross.q_proj)
+            _linear(ls.attention.linear[1], cross.k_proj, cross.v_proj)
+            _linear(ls.attention.linear[2], cross.out_proj)
+            _norm(ls.attention.layer_norm, layer.cross_block.norm)
+        _ffn(ls.ffn, layer.ffn_block, layer.ffn)
+
+
+def _spec_options(cfg) -> dict:
+    """The encoder / decoder spec options both model kinds share."""
+    return dict(pre_norm=cfg.norm_first, no_final_norm=not cfg.use_final_norm,
+                activation=_activation(cfg.ffn_activation), ffn_glu=cfg.ffn_activation == "swiglu")
+
+
 def _activation(name: str):
     require("ctranslate2", "export", __name__)
     from ctranslate2.specs import common_spec
@@ -124,6 +184,13 @@ def _tokens(c, cfg, vocab: list[str]) -> None:
     c.bos_token = vocab[cfg.bos_id]
     c.eos_token = vocab[cfg.eos_id]
     c.layer_norm_epsilon = float(cfg.layer_norm_eps)
+
+
+def _finish(spec, cfg, vocab: list[str]):
+    """Set the special tokens, then validate and return ``spec``."""
+    _tokens(spec.config, cfg, vocab)
+    spec.validate()
+    return spec
 
 
 def _save_spec(build: Callable[[], Any], out_dir: str | Path, quantization: str | None) -> Path:
@@ -161,58 +228,64 @@ def to_ctranslate2_spec(model: Transformer, vocab: list[str]) -> "TransformerSpe
     from ctranslate2.specs import transformer_spec
 
     cfg = model.cfg
-    _check(not (cfg.use_final_norm and not cfg.norm_first),
-           "CTranslate2 has a final LayerNorm only in pre-norm models; this post-norm model has one")
-    _check(len(vocab) == cfg.vocab_size == cfg.target_vocab_size,
-           f"{len(vocab)} vocabulary entries, but the model has {cfg.vocab_size} source and "
-           f"{cfg.target_vocab_size} target ids; one joint vocabulary is needed")
-    _check(len(set(vocab)) == len(vocab), "the vocabulary has duplicate entries")
+    _check_model(cfg, vocab, "to_ctranslate2", "LayerNorm",
+                 f"{cfg.vocab_size} source and {cfg.target_vocab_size} target ids; one joint vocabulary is needed")
     for name in SPECIALS:
-        _check(getattr(cfg, name) < len(vocab), f"{name} is outside the vocabulary")
+        _check(getattr(cfg, name) < len(vocab), f"{name} is outside the vocabulary", "to_ctranslate2")
 
-    common = dict(pre_norm=cfg.norm_first, no_final_norm=not cfg.use_final_norm,
-                  activation=_activation(cfg.ffn_activation), ffn_glu=cfg.ffn_activation == "swiglu")
-    spec = transformer_spec.TransformerSpec(
-        transformer_spec.TransformerEncoderSpec(cfg.n_layers, cfg.n_heads, **common),
-        transformer_spec.TransformerDecoderSpec(cfg.n_layers, cfg.n_heads, **common))
+    options = _spec_options(cfg)
+    spec = transformer_spec.TransformerSpec(transformer_spec.TransformerEncoderSpec(cfg.n_layers, cfg.n_heads, **options),
+                                            transformer_spec.TransformerDecoderSpec(cfg.n_layers, cfg.n_heads, **options))
     positions = _np(model.positions.pe)  # (max_len, C), whatever the layout
-
-    enc = spec.encoder
+    enc, dec = spec.encoder, spec.decoder
     enc.embeddings[0].weight = _np(model.src_embed.weight)
-    enc.scale_embeddings = True  # x sqrt(d_model), as TokenEmbedding does
-    enc.position_encodings.encodings = positions
-    if model.encoder.norm is not None:
-        _norm(enc.layer_norm, model.encoder.norm)
-    for ls, layer in zip(enc.layer, model.encoder.layers):
-        _self_attention(ls.self_attention, layer.attn_block, layer.self_attn)
-        _ffn(ls.ffn, layer.ffn_block, layer.ffn)
-
-    dec = spec.decoder
     dec.embeddings.weight = _np(model.tgt_embed.weight)
-    dec.scale_embeddings = True
-    dec.position_encodings.encodings = positions
+    enc.scale_embeddings = dec.scale_embeddings = True  # x sqrt(d_model), as TokenEmbedding does
+    enc.position_encodings.encodings = dec.position_encodings.encodings = positions
     dec.start_from_zero_embedding = False  # the decoder starts from BOS's embedding
-    if model.decoder.norm is not None:
-        _norm(dec.layer_norm, model.decoder.norm)
-    for ls, layer in zip(dec.layer, model.decoder.layers):
-        cross = layer.cross_attn
-        _self_attention(ls.self_attention, layer.self_block, layer.self_attn)
-        _linear(ls.attention.linear[0], cross.q_proj)
-        _linear(ls.attention.linear[1], cross.k_proj, cross.v_proj)
-        _linear(ls.attention.linear[2], cross.out_proj)
-        _norm(ls.attention.layer_norm, layer.cross_block.norm)
-        _ffn(ls.ffn, layer.ffn_block, layer.ffn)
+    _stack(enc, model.encoder)
+    _stack(dec, model.decoder)
     _projection(dec.projection, model)
 
     c = spec.config
-    _tokens(c, cfg, vocab)
     c.decoder_start_token = vocab[cfg.bos_id]
     c.add_source_bos = False
     c.add_source_eos = True  # the Translator feeds `ids + [eos]`
     spec.register_source_vocabulary(list(vocab))
     spec.register_target_vocabulary(list(vocab))
-    spec.validate()
-    return spec
+    return _finish(spec, cfg, vocab)
+
+
+@torch.no_grad()
+def to_ctranslate2_lm_spec(model: LanguageModel, vocab: list[str]) -> "TransformerDecoderModelSpec":
+    """A validated ``ctranslate2.specs.TransformerDecoderModelSpec`` computing what
+    ``model`` computes. ``vocab``: one distinct string per id, in id order."""
+    require("ctranslate2", "export", __name__)
+    from ctranslate2.specs import transformer_spec
+
+    where = "to_ctranslate2_lm"
+    _check(isinstance(model, LanguageModel), f"expected a LanguageModel, got {type(model).__name__}", where)
+    cfg = model.cfg
+    _check_model(cfg, vocab, where, "norm", f"{cfg.vocab_size} ids")
+    rope = cfg.positions == "rope"
+    spec = transformer_spec.TransformerDecoderModelSpec.from_config(
+        cfg.n_layers, cfg.n_heads, **_spec_options(cfg),
+        rms_norm=cfg.norm == "rms",
+        rotary_dim=0 if rope else None,  # 0: the whole head
+        rotary_interleave=False,  # "rotate half", as ours and HF's
+        rotary_base=float(cfg.rope_theta),
+        num_heads_kv=None if cfg.kv_heads == cfg.n_heads else cfg.kv_heads,
+    )
+    dec = spec.decoder
+    dec.embeddings.weight = _np(model.embed.weight)
+    dec.scale_embeddings = bool(cfg.embed_scale)
+    if not rope:
+        table = model.positions.weight if cfg.positions == "learned" else model.positions.pe
+        dec.position_encodings.encodings = _np(table)
+    _stack(dec, model.decoder)
+    _projection(dec.projection, model)
+    spec.register_vocabulary(list(vocab))
+    return _finish(spec, cfg, vocab)
 
 
 def save_ctranslate2(model: Transformer, out_dir: str | Path, vocab: list[str],
@@ -227,3 +300,11 @@ def save_ctranslate2(model: Transformer, out_dir: str | Path, vocab: list[str],
     if subwords_model is not None:
         shutil.copyfile(subwords_model, out_dir / "subwords.model")
     return out_dir
+
+
+def save_ctranslate2_lm(model: LanguageModel, out_dir: str | Path, vocab: list[str],
+                        quantization: str | None = None) -> Path:
+    """Write a CTranslate2 model directory for ``ctranslate2.Generator`` (``model.bin``,
+    ``config.json``, ``vocabulary.json``). ``out_dir`` must not exist or be empty;
+    ``quantization`` is one of :data:`QUANTIZATIONS` or None (float32). Returns the directory."""
+    return _save_spec(lambda: to_ctranslate2_lm_spec(model, vocab), out_dir, quantization)
