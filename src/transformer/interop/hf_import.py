@@ -214,6 +214,7 @@ def import_pretrained(source: str, out: str | Path) -> Imported:
     weights = HFWeights(folder)
     tie = _tied(hf_config, weights)
     decoding = decoding_defaults(folder)
+    result: Imported | None = None  # set by fill, once the run is complete
 
     def fill(tmp: Path) -> None:
         tokenizer_file = _save_tokenizer(folder, tmp)
@@ -240,7 +241,6 @@ def import_pretrained(source: str, out: str | Path) -> Imported:
         nonlocal result
         result = Imported(out, family, cfg, tokenizer_file, sum(math.prod(s) for s in shapes.values()))
 
-    result: Imported | None = None
     try:
         atomic_dir(out, fill)
     except OSError as e:
