@@ -273,3 +273,31 @@ def test_hub_id_is_fetched_with_snapshot_download(gpt2_folder, tmp_path, monkeyp
     assert import_run(Path("someone/tiny-gpt2"), tmp_path / "run") == 0
     assert asked["repo_id"] == "someone/tiny-gpt2" and "*.safetensors" in asked["patterns"]
     assert json.loads((tmp_path / "run" / "import.json").read_text())["source"] == "hf://someone/tiny-gpt2"
+
+
+# ---- the other commands on an imported run ---------------------------------------------------
+@pytest.mark.parametrize("imported", ["llama3", "gpt2"], indirect=True)
+def test_commands_read_the_run(imported, tmp_path, capsys):
+    """generate prints HF's greedy continuation, evaluate --text HF's loss; attention and
+    explain run."""
+    family, _, hf, run = imported
+    tokenizer = load_tokenizer(run)
+    ids = tokenizer.encode(PROMPT)
+    out = hf.generate(torch.tensor([ids]), max_new_tokens=5, do_sample=False, pad_token_id=0)
+    capsys.readouterr()
+    assert main(["generate", "--model", str(run), "--prompt", PROMPT, "--max-new-tokens", "5",
+                 "--temperature", "0", "--precision", "fp32"]) == 0
+    assert capsys.readouterr().out.rstrip("\n") == PROMPT + tokenizer.decode(out[0, len(ids):].tolist())
+
+    (tmp_path / "text.txt").write_text(TEXT, encoding="utf-8")
+    assert main(["evaluate", "--model", str(run), "--text", str(tmp_path / "text.txt"), "--json"]) == 0
+    scored = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    ids = torch.tensor([tokenizer.encode(TEXT)])
+    with torch.no_grad():
+        loss = hf(ids, labels=ids).loss.item()
+    assert scored["cross_entropy"] == pytest.approx(loss, abs=1e-4), family
+
+    assert main(["attention", "--model", str(run), "--out", str(tmp_path / "attention.png"), PROMPT]) == 0
+    assert (tmp_path / "attention.png").stat().st_size > 0
+    assert main(["explain", "--model", str(run), PROMPT]) == 0
+    assert "bit-identical" in capsys.readouterr().out
