@@ -6,6 +6,7 @@ CPU; dropout is 0 so that eval and train outputs are deterministic unless a test
 from __future__ import annotations
 
 import io
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -46,6 +47,23 @@ def build_model(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: 
             if p.dim() == 1:
                 p.add_(0.1 * torch.randn_like(p))
     return model.eval()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def compiled_steps_cache(tmp_path_factory):
+    """The user's cache of compiled decoding steps (decode/packages.py) is a temporary folder
+    of this session's (of each xdist worker's): no test writes to ~/.cache or sees another's
+    packages; and a TRANSFORMER_COMPILE in the developer's environment does not reach the tests."""
+    saved = {k: os.environ.get(k) for k in ("TRANSFORMER_COMPILED_DIR", "TRANSFORMER_COMPILE")}
+    folder = tmp_path_factory.mktemp("compiled-steps")
+    os.environ["TRANSFORMER_COMPILED_DIR"] = str(folder)
+    os.environ.pop("TRANSFORMER_COMPILE", None)
+    yield folder
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from .decode.precision import decoding_model
 from .decode.sample import generate_stream
 from .errors import UserError
 from .model import LanguageModel
-from .run import COMPILED, load_model, run_file, run_root
+from .run import load_model, run_file, run_root
 from .translator import run_decoding
 
 
@@ -99,13 +99,13 @@ class Generator:
             raise UserError(f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model was built for "
                             f"{model.cfg.vocab_size}; these files belong to different runs")
         generator = cls(model, tokenizer, decoding, warn=warn)
-        static.keep_packages_in(generator.model, run_root(path) / COMPILED)
+        static.keep_packages_for(generator.model, run_root(path))
         return generator
 
     def compiles(self) -> tuple[bool, bool]:
         """Whether generation runs through the compiled step (``decoding.compile``: ``on``;
         ``auto`` with the step built already, or for a long generation), and whether that step
-        has to be built first (tens of seconds to minutes; kept in the run's compiled/ folder)."""
+        has to be built first (tens of seconds to minutes; kept in the user's cache)."""
         d = self.decoding
         if not static.should_compile(d.compile, self.model, logprobs=False, new_tokens=d.max_new_tokens):
             return False, False

@@ -17,7 +17,7 @@ from .decode.config import DecodingConfig
 from .decode.precision import decoding_model
 from .errors import UserError
 from .model import Transformer
-from .run import COMPILED, CONFIG, find_subwords, load_model, read_run_config, run_file, run_root
+from .run import CONFIG, find_subwords, load_model, read_run_config, run_file, run_root
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,7 @@ class Translator:
         ``auto`` with the step built already; batches of more than
         :data:`~transformer.decode.static.MAX_COMPILED_ROWS` rows decode eagerly all the same),
         and whether that step has to be built first (tens of seconds to minutes; kept in the
-        run's compiled/ folder)."""
+        user's cache)."""
         if not static.should_compile(self.decoding.compile, self.model, group=self.decoding.beam):
             return False, False
         return True, not static.has_package(self.model, self.decoding.beam, logprobs=True)
@@ -180,7 +180,7 @@ def load_translator(models: str | Path | list[str | Path], *, warn: bool = True,
                             f"{model.cfg.target_vocab_size}; these files belong to different runs")
     translator = Translator(loaded[0] if len(loaded) == 1 else Ensemble(loaded), subwords, decoding, warn=warn)
     if len(loaded) == 1 and (root := run_root(paths[0])) is not None:
-        static.keep_packages_in(translator.model, root / COMPILED)
+        static.keep_packages_for(translator.model, root)
     return translator
 
 

@@ -127,7 +127,7 @@ def test_help_shows_every_decoding_default(command):
 @pytest.mark.parametrize("beam", ["1", "4"])
 def test_translate_compile_on_builds_the_step_once_and_later_commands_use_it(trained, tmp_path, cli, one_line_error,
                                                                              beam, without_gemm_timing, monkeypatch):
-    from transformer.decode import aot
+    from transformer.decode import aot, packages
     run = tmp_path / "run"
     shutil.copytree(trained.run, run)
     stdin = "".join(line + "\n" for line in LINES)
@@ -135,11 +135,11 @@ def test_translate_compile_on_builds_the_step_once_and_later_commands_use_it(tra
     built = cli("translate", "--model", run, "--beam", beam, "--compile", "on", stdin=stdin)
     assert built.out == eager.out
     # one line says why this command takes longer; no compiler chatter
-    assert built.err.splitlines() == ["compiling the decoding step (a minute or a few, once: the run keeps it in its "
-                                      "compiled/ folder)"] + eager.err.splitlines()
+    assert built.err.splitlines() == ["compiling the decoding step (a minute or a few, once: it is kept in your "
+                                      "cache)"] + eager.err.splitlines()
     kind = "search-greedy" if beam == "1" else f"search-beam{beam}"
     dtype = {"bf16": "bfloat16", "fp32": "float32"}[hardware.resolve("auto")]  # the default precision: auto
-    assert [p.name.rsplit("-", 1)[0] for p in (run / "compiled").iterdir()] == [f"{kind}-{dtype}"]
+    assert [p.name.rsplit("-", 1)[0] for p in packages.run_folder(run).glob("*.pt2")] == [f"{kind}-{dtype}"]
 
     # later commands load it, by default too (auto), and build nothing
     loads = []
@@ -153,5 +153,5 @@ def test_translate_compile_on_builds_the_step_once_and_later_commands_use_it(tra
     # another search kind has no step yet: auto decodes eagerly, without building one
     other = "4" if beam == "1" else "1"
     cli("translate", "--model", run, "--beam", other, stdin=stdin)
-    assert len(loads) == 2 and len(list((run / "compiled").iterdir())) == 1
+    assert len(loads) == 2 and len(list(packages.run_folder(run).glob("*.pt2"))) == 1
     one_line_error(cli("translate", "--model", run, "--compile", "always", stdin="red dog\n"), "translate", "--compile")

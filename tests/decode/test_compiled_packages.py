@@ -1,9 +1,11 @@
-"""Where compiled decoding steps live (decode/static.py, decode/aot.py): a package is named
-by a digest of what it was built from, so a changed model never loads a stale one; a run
-keeps one package per kind of search in its compiled/ folder, found by later processes;
-a damaged package is built again, a folder that cannot be written is left alone, and an
-interrupted build leaves nothing behind. (The packages' tokens against eager decoding:
-test_search_compiled.py, tests/lm/test_generate_compiled.py, tests/cli/test_cli_decoding.py.)"""
+"""Where compiled decoding steps live (decode/static.py, decode/aot.py, decode/packages.py):
+a package is named by a digest of what it was built from, so a changed model never loads a
+stale one; a run keeps one package per kind of search in its folder of the user's cache,
+with the SHA-256 its build recorded, found by later processes; a damaged package is built
+again, a folder that cannot be written is left alone, and an interrupted build leaves
+nothing behind. (The packages' tokens against eager decoding: test_search_compiled.py,
+tests/lm/test_generate_compiled.py, tests/cli/test_cli_decoding.py; packages that are not
+the user's own: tests/faults/test_package_trust.py.)"""
 from __future__ import annotations
 
 import copy
@@ -12,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformer.decode import aot, static
+from transformer.decode import aot, packages, static
 from transformer.decode.precision import for_inference
 
 
@@ -59,7 +61,7 @@ def test_a_run_keeps_one_package_per_kind_and_later_models_load_it(make_model, t
     static.prepare(model, 4)
     static.prepare(model, 1)
     assert [p.name.rsplit("-", 1)[0] for p in fake_builds] == ["search-beam4-float32", "search-greedy-float32"]
-    assert static.has_package(model, 4) and sorted(folder.iterdir()) == sorted(fake_builds)
+    assert static.has_package(model, 4) and sorted(folder.iterdir()) == with_digests(fake_builds)
     # another process (another model object, the same weights) finds them
     again = copy.deepcopy(model)
     static.keep_packages_in(again, folder)
@@ -72,7 +74,12 @@ def test_a_run_keeps_one_package_per_kind_and_later_models_load_it(make_model, t
     assert not static.has_package(again, 4)
     static.prepare(again, 4)
     assert len(fake_builds) == 3
-    assert sorted(folder.iterdir()) == sorted([fake_builds[2], fake_builds[1]])
+    assert sorted(folder.iterdir()) == with_digests([fake_builds[2], fake_builds[1]])
+
+
+def with_digests(paths: list[Path]) -> list[Path]:
+    """Packages and the SHA-256 files their builds recorded beside them, sorted."""
+    return sorted([*paths, *(p.with_name(p.name + ".sha256") for p in paths)])
 
 
 def test_a_model_without_a_folder_builds_for_the_process(make_model, fake_builds):
@@ -90,20 +97,23 @@ def test_a_damaged_package_is_built_again(make_model, tmp_path, fake_builds):
     path = folder / aot.package_name(model, 1, True)
     folder.mkdir()
     path.write_bytes(b"half a package")
-    with pytest.warns(UserWarning, match=r"cannot be loaded \(not a package\); building it again"):
+    packages.record(path)  # (its build recorded it: only loading it fails)
+    with pytest.warns(UserWarning, match=r"cannot be loaded \(RuntimeError: not a package\); deleted, building it "
+                                         "again"):
         static.prepare(model, 1)
     assert fake_builds == [path] and path.read_bytes() == b"package"
+    assert packages.check(path) is None  # the new package's digest recorded
 
 
 def test_a_folder_that_cannot_be_written_is_left_alone(make_model, tmp_path, fake_builds, monkeypatch):
     folder = tmp_path / "compiled"
     folder.mkdir()
-    monkeypatch.setattr(static, "_writable", lambda folder: False)
+    monkeypatch.setattr(packages.os, "access", lambda path, mode: False)
     model = make_model(seed=7)  # (weights of its own: no package of this process's has them)
     static.keep_packages_in(model, folder)
-    with pytest.warns(UserWarning, match="cannot keep a compiled step there"):
+    with pytest.warns(UserWarning, match="not writable; compiled decoding steps are kept in a temporary folder"):
         static.prepare(model, 1)
-    assert list(folder.iterdir()) == [] and fake_builds[0].parent != folder
+    assert list(folder.iterdir()) == [] and fake_builds[0].parent == packages.scratch()
 
 
 def test_an_interrupted_build_leaves_nothing_behind(make_model, tmp_path, monkeypatch):

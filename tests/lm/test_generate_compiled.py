@@ -122,7 +122,7 @@ def test_the_generate_command_builds_the_step_once_says_so_and_nothing_more(trai
                                                                             without_gemm_timing, monkeypatch):
     import shutil
 
-    from transformer.decode import aot
+    from transformer.decode import aot, packages
 
     run = tmp_path / "run"
     shutil.copytree(trained_lm, run)
@@ -133,9 +133,9 @@ def test_the_generate_command_builds_the_step_once_says_so_and_nothing_more(trai
     compiled = capsys.readouterr()
     assert compiled.out == eager.out
     # one line on why it takes longer, no compiler chatter (inductor's GEMM timing tables, its warnings)
-    assert compiled.err.splitlines() == ["compiling the decoding step (a minute or a few, once: the run keeps it "
-                                         "in its compiled/ folder)"] + eager.err.splitlines()
-    assert [p.name.split("-")[0] for p in (run / "compiled").iterdir()] == ["generate"]
+    assert compiled.err.splitlines() == ["compiling the decoding step (a minute or a few, once: it is kept in your "
+                                         "cache)"] + eager.err.splitlines()
+    assert [p.name.split("-")[0] for p in packages.run_folder(run).glob("*.pt2")] == ["generate"]
     # the default (auto) loads it, and builds nothing
     monkeypatch.setattr(aot, "build", lambda *a: pytest.fail("built again"))
     loads = []

@@ -28,9 +28,10 @@ _HELP = {
     "seed": ("S", int, "random seed: the same seed gives the same text (default: a fresh one each run)"),
     "compile": ("WHEN", str, "on, off or auto: decode through one step compiled ahead of time on a "
                              "fixed-size cache (the same output, faster per token); on builds it if it is "
-                             "missing (a minute or a few, once: it is kept in the run's compiled/ folder), "
-                             "auto uses it when it is there (and builds one for a generation of >= 32768 "
-                             "new tokens), off decodes eagerly"),
+                             "missing (a minute or a few, once: it is kept in your cache, "
+                             "~/.cache/transformer/compiled), auto uses it when it is there (and builds one "
+                             "for a generation of >= 32768 new tokens), off decodes eagerly; "
+                             "TRANSFORMER_COMPILE=off in the environment means off everywhere"),
 }
 
 
@@ -79,12 +80,26 @@ def check_device(args: argparse.Namespace) -> None:
 def prepare_compiled(decoder) -> None:
     """A Translator's or Generator's compiled step loaded, or built (with one line on stderr
     first: it takes a while), when its decoding settings use one; and a line on stderr when
-    the precision asked for is one this CPU computes slowly."""
+    the precision asked for is one this CPU computes slowly. What goes wrong on the way (a
+    package refused or not built: decoding goes on eagerly) is one ``warning:`` line each."""
+    import warnings
+
+    from ..decode.packages import CompiledStepWarning
+
     if note := slow_precision_warning(decoder.requested_precision, decoder.decoding.device):
         print(f"warning: {note}", file=sys.stderr, flush=True)
-    compiles, build = decoder.compiles()
-    if compiles and build:
-        print("compiling the decoding step (a minute or a few, once: the run keeps it in its compiled/ folder)",
-              file=sys.stderr, flush=True)
-    if compiles:
-        decoder.prepare()
+
+    def show(message, category, *args, **kwargs):  # (as they come: one comes before a rebuild's wait)
+        if issubclass(category, CompiledStepWarning):
+            print(f"warning: {message}", file=sys.stderr, flush=True)
+        else:
+            shown(message, category, *args, **kwargs)
+
+    with warnings.catch_warnings():
+        shown, warnings.showwarning = warnings.showwarning, show
+        compiles, build = decoder.compiles()
+        if compiles and build:
+            print("compiling the decoding step (a minute or a few, once: it is kept in your cache)",
+                  file=sys.stderr, flush=True)
+        if compiles:
+            decoder.prepare()

@@ -13,7 +13,10 @@ kind has a package of its own.
 
 A package is valid only for the weights, code, torch build and CPU it was made with; its
 file name holds a digest of them all (:func:`package_name`), so a changed model, a new
-version of this package's code or another machine never loads a stale one.
+version of this package's code or another machine never loads a stale one. That name is no
+proof of origin (anyone can compute it): loading a package runs the library inside it, so
+:mod:`transformer.decode.static` loads only packages of the user's own cache whose SHA-256
+is the one their build recorded (:mod:`transformer.decode.packages`).
 """
 from __future__ import annotations
 
@@ -131,6 +134,13 @@ def build(model: nn.Module, group: int, logprobs: bool, path: str | Path) -> Non
                                                       inductor_configs=dict(INDUCTOR_OPTIONS))  # (it adds to the dict)
 
     atomic_write(path, write, suffix=".pt2")  # (AOTInductor writes only to a name ending in .pt2)
+
+
+def eager_step(model: nn.Module, group: int, logprobs: bool) -> nn.Module:
+    """What the package of ``model``'s step holds, run eagerly: a callable with the inputs and
+    output of :func:`load`'s (what decoding falls back to when no package can be built or
+    loaded)."""
+    return _TranslationStep(model, group, logprobs) if is_translation(model) else _LanguageModelStep(model, logprobs)
 
 
 def load(path: str | Path):

@@ -17,29 +17,28 @@ per-operator cost that dominates a small model's step in eager mode.
 The eager path is the reference: the compiled step computes the same function, and the
 tests compare logits and tokens. Building a step takes tens of seconds to a few minutes;
 loading a built one takes a fraction of a second. A model loaded from a run directory keeps
-its steps in the run's ``compiled/`` folder (:func:`keep_packages_in`), so a step is built
-once and every later command finds it: ``compile="auto"`` (the commands' default) decodes
-through a step that is there already, and builds one only for a generation of at least
-:data:`AUTO_MIN_STEPS` new tokens; ``compile="on"`` builds what is missing. A model without a
-folder builds its steps into a temporary folder, for the process. Measured in
+its steps in the user's cache, in a folder of the run's (:func:`keep_packages_for`,
+:mod:`transformer.decode.packages`: never in the run directory, and each package's SHA-256
+checked before it is loaded), so a step is built once and every later command finds it:
+``compile="auto"`` (the commands' default) decodes through a step that is there already, and
+builds one only for a generation of at least :data:`AUTO_MIN_STEPS` new tokens;
+``compile="on"`` builds what is missing. A model without a run builds its steps into a
+temporary folder, for the process. ``TRANSFORMER_COMPILE=off`` decodes eagerly whatever
+``compile`` says. A step that cannot be built (no C++ compiler, an inductor error) or loaded
+is run eagerly on the fixed-shape cache, with one warning. Measured in
 ``benchmarks/lm/README.md`` and ``benchmarks/decode/README.md``.
 """
 from __future__ import annotations
 
-import atexit
-import os
-import shutil
-import tempfile
 import warnings
 import weakref
-from functools import cache
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from ..model import masks
-from . import aot
+from . import aot, packages
 from .steps import FixedShapeStep, GrowingStep, is_translation
 
 COMPILE_CHOICES = ("auto", "on", "off")
@@ -58,8 +57,19 @@ _steps: "weakref.WeakKeyDictionary[nn.Module, _Steps]" = weakref.WeakKeyDictiona
 
 
 def keep_packages_in(model: nn.Module, folder: str | Path) -> None:
-    """Look for the compiled steps of ``model`` in ``folder``, and keep those built there."""
+    """Look for the compiled steps of ``model`` in ``folder``, and keep those built there: a
+    folder of this user's that no one else may write (else the process uses a temporary one,
+    :func:`transformer.decode.packages.usable`)."""
     _folders[model] = Path(folder)
+
+
+def keep_packages_for(model: nn.Module, run_dir: str | Path) -> None:
+    """Keep the compiled steps of ``model``, loaded from the run at ``run_dir``, in the run's
+    folder of the user's cache (:func:`transformer.decode.packages.run_folder`); never in
+    the run directory."""
+    folder = packages.run_folder(run_dir)
+    if folder is not None:
+        keep_packages_in(model, folder)
 
 
 def compilable(model) -> bool:
@@ -114,13 +124,16 @@ class _Steps:
     def ready(self, group: int, logprobs: bool) -> bool:
         folder = _folders.get(self.owner())
         return (group, logprobs) in self.runners or (
-            folder is not None and (folder / self.name(group, logprobs)).is_file())
+            folder is not None and packages.is_private(folder) and packages.ready(folder / self.name(group, logprobs)))
 
     def runner(self, group: int, logprobs: bool):
+        if packages.switched_off():  # (TRANSFORMER_COMPILE=off wins over a step asked for directly, too)
+            return _eager(self.owner(), group, logprobs)
         if (group, logprobs) not in self.runners:
             model = self.owner()
-            self.runners[group, logprobs] = _load_or_build(model, _folders.get(model), self.name(group, logprobs),
-                                                           group, logprobs)
+            folder = _folders.get(model)
+            folder = packages.scratch() if folder is None else packages.usable(folder)
+            self.runners[group, logprobs] = _load_or_build(model, folder, self.name(group, logprobs), group, logprobs)
         return self.runners[group, logprobs]
 
     def step(self, logprobs: bool):
@@ -170,50 +183,64 @@ def _one_token(tokens) -> None:
                          "feed a prompt through the eager step")
 
 
-def _load_or_build(model: nn.Module, folder: Path | None, name: str, group: int, logprobs: bool):
-    if folder is not None:
-        path = folder / name
-        if path.is_file():
+def _load_or_build(model: nn.Module, folder: Path, name: str, group: int, logprobs: bool):
+    """The step in ``folder / name``, built there first if it is missing; a package whose
+    SHA-256 is not the one recorded by its build, or that does not load, is deleted and built
+    again. A package that vanishes while it is loaded (another process cleaning up) is tried
+    once more. Where no package can be had, the step runs eagerly (one warning each time)."""
+    path = folder / name
+    for _ in range(2):
+        try:
+            if path.is_file() and (run := _load_checked(path)) is not None:
+                return run
             try:
-                return aot.load(path)
-            except Exception as e:  # noqa: BLE001 (a damaged file: built again below)
-                warnings.warn(f"{path}: cannot be loaded ({e}); building it again", stacklevel=4)
-        if _writable(folder):
-            aot.build(model, group, logprobs, path)
-            _drop_older(folder, name)
+                aot.build(model, group, logprobs, path)
+                packages.record(path)
+                packages.drop_older(folder, name)
+            except Exception as e:  # noqa: BLE001 (no C++ compiler, an inductor error, a full disk)
+                _warn(f"cannot build the compiled decoding step ({_first_line(e)}); decoding eagerly")
+                return _eager(model, group, logprobs)
+            if (run := _load_checked(path, built=True)) is not None:
+                return run
+            return _eager(model, group, logprobs)
+        except FileNotFoundError:
+            continue
+    _warn(f"{path}: removed by another process while it was being loaded, twice; decoding eagerly")
+    return _eager(model, group, logprobs)
+
+
+def _load_checked(path: Path, built: bool = False):
+    """The step in the package at ``path`` once its SHA-256 is checked; None (after one
+    warning) when it is refused: deleted, to be built again, or (``built``: this process
+    has just built it) to decode eagerly. FileNotFoundError when it vanished meanwhile."""
+    then = "decoding eagerly" if built else "deleted, building it again"
+    problem = packages.check(path)
+    if problem is None:
+        try:
             return aot.load(path)
-        warnings.warn(f"{folder}: cannot keep a compiled step there (not writable); building it for this "
-                      "process only", stacklevel=4)
-    path = _scratch() / name
-    if not path.is_file():
-        aot.build(model, group, logprobs, path)
-    return aot.load(path)
+        except Exception as e:  # noqa: BLE001 (damaged, or built by an incompatible torch)
+            if not path.exists():
+                raise FileNotFoundError(path) from None
+            problem = f"cannot be loaded ({_first_line(e)})"
+    _warn(f"{path}: {problem}; {then}")
+    packages.remove(path)
+    return None
 
 
-def _writable(folder: Path) -> bool:
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        return False
-    return os.access(folder, os.W_OK)
+def _eager(model: nn.Module, group: int, logprobs: bool):
+    """The step a package holds, run eagerly (the same inputs and output)."""
+    owner = weakref.ref(model)  # (kept with the model's steps: must not keep the model alive)
+    return lambda *args: aot.eager_step(owner(), group, logprobs)(*args)
 
 
-def _drop_older(folder: Path, name: str) -> None:
-    """Remove the packages of the same kind built for other weights (or code) than ``name``'s:
-    a run keeps one package per kind of step."""
-    kind = name.rsplit("-", 1)[0]
-    for old in folder.glob(f"{kind}-*.pt2"):
-        if old.name != name and old.name.rsplit("-", 1)[0] == kind:
-            old.unlink(missing_ok=True)
+def _warn(message: str) -> None:
+    warnings.warn(message, packages.CompiledStepWarning, stacklevel=5)
 
 
-@cache
-def _scratch() -> Path:
-    """A temporary folder for the packages of models without a folder of their own, removed
-    when the process ends."""
-    path = Path(tempfile.mkdtemp(prefix="transformer-steps-"))
-    atexit.register(shutil.rmtree, path, True)
-    return path
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    first = text[0] if text else ""
+    return f"{type(e).__name__}: {first[:200]}" if first else type(e).__name__
 
 
 def _weights_version(model: nn.Module) -> tuple[int, ...]:
@@ -225,6 +252,8 @@ def _weights_version(model: nn.Module) -> tuple[int, ...]:
 def should_compile(compile: str, model, *, group: int = 1, logprobs: bool = True, rows: int = 0,
                    new_tokens: int = 0) -> bool:
     """Whether a search runs the compiled step: the one place this is decided.
+
+    ``TRANSFORMER_COMPILE=off`` in the environment: never (whatever ``compile`` says).
 
     Args:
         compile: ``on`` (build the step if it is missing), ``off``, or ``auto``: when the
@@ -238,7 +267,9 @@ def should_compile(compile: str, model, *, group: int = 1, logprobs: bool = True
     """
     if compile not in COMPILE_CHOICES:
         raise ValueError(f"compile must be one of {', '.join(COMPILE_CHOICES)}, got {compile!r}")
-    if compile == "off" or not compilable(model) or (is_translation(model) and rows > MAX_COMPILED_ROWS):
+    if compile == "off" or packages.switched_off() or not compilable(model):
+        return False
+    if is_translation(model) and rows > MAX_COMPILED_ROWS:
         return False
     return compile == "on" or new_tokens >= AUTO_MIN_STEPS or has_package(model, group, logprobs)
 

@@ -8,8 +8,9 @@
     RUN_DIR/best.safetensors          the weights with the best validation BLEU
     RUN_DIR/averaged.safetensors      the average of the last K checkpoints (``transformer average``)
     RUN_DIR/learning_curve.png        training and validation loss by update
-    RUN_DIR/compiled/                 decoding steps compiled ahead of time, one per kind of search
-                                      (``transformer.decode.aot``; rebuilt when the weights change)
+    RUN_DIR/compiled/                 never read: earlier versions kept compiled decoding steps here, and a
+                                      run from elsewhere may hold one (they live in the user's cache:
+                                      ``transformer.decode.packages``)
     RUN_DIR/.lock                     held by the ``transformer train`` writing the run (its pid inside;
                                       :mod:`.lock`), removed when it ends
 
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ WEIGHTS = "model.safetensors"  # inside a checkpoint directory
 STATE = "state.pt"  # inside a checkpoint directory
 BEST = "best.safetensors"
 AVERAGED = "averaged.safetensors"
-COMPILED = "compiled"  # folder of compiled decoding steps
+COMPILED = "compiled"  # a folder earlier versions kept compiled decoding steps in: never read (see above)
 PREFERRED = (AVERAGED, BEST)  # the weights a run directory is read from, in this order
 
 # Temporary names a crash can leave in a run directory (run.files writes them), swept by the
@@ -43,11 +43,6 @@ PREFERRED = (AVERAGED, BEST)  # the weights a run directory is read from, in thi
 STALE_PATTERNS = (f".{CONFIG}.*.tmp", f".{BEST}.*.tmp", f".{AVERAGED}.*.tmp", f".{METRICS}.*.tmp",
                   f".{CURVE}.*.tmp", f".{SUBWORDS}.*.tmp", ".subwords.vocab.*.tmp", ".chars.json.*.tmp",
                   ".prepare.*")
-# Compiled decoding steps being built (decode/aot.py: ``compiled/.NAME.XXXX.pt2``) are written by
-# readers (translate, generate, serve), which take no lock: one is swept only once it is older than
-# any build, so a build running beside the training is left alone.
-STALE_COMPILED = f"{COMPILED}/.*.pt2"
-COMPILED_GRACE_S = 3600.0
 
 
 def run_file(path: str | Path, name: str) -> Path | None:
@@ -153,8 +148,6 @@ def remove_stale_files(run_dir: str | Path) -> None:
     """Delete the temporary files and folders a crash left in ``run_dir``."""
     run_dir = Path(run_dir)
     stale = [p for pattern in STALE_PATTERNS for p in run_dir.glob(pattern)]
-    now = time.time()
-    stale += [p for p in run_dir.glob(STALE_COMPILED) if now - _mtime(p) > COMPILED_GRACE_S]
     root = run_dir / CKPT_DIR
     if root.is_dir():
         stale += [*root.glob(".step-*"), *root.glob(".old-*")]
@@ -163,10 +156,3 @@ def remove_stale_files(run_dir: str | Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
         else:
             p.unlink(missing_ok=True)
-
-
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return time.time()

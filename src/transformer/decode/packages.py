@@ -1,0 +1,209 @@
+"""Where compiled decoding steps (:mod:`transformer.decode.aot` packages) are kept, and the
+checks before one is loaded. A package holds a shared library that loading it runs, so only
+packages this user's own processes built are ever loaded:
+
+- They live in the user's cache, never in a run directory: ``$TRANSFORMER_COMPILED_DIR``
+  if set, else ``$XDG_CACHE_HOME/transformer/compiled``, else
+  ``~/.cache/transformer/compiled`` (created with mode 0700). A run's packages are in a
+  folder of their own there, named after the run and a digest of its resolved path
+  (:func:`run_folder`), which keeps one package per kind of step (the newest weights'):
+  another run, or the same run's other weights, never replaces them. A run directory's own
+  ``compiled/`` folder (earlier versions kept packages there; a run handed over may hold
+  one) is never read.
+- A folder of the cache that is not this user's, or that others may write (group or world
+  writable), is not used: this process keeps its packages in a private temporary folder
+  instead, with one warning line (:func:`usable`).
+- The process that builds a package records its SHA-256 beside it (``NAME.sha256``,
+  written atomically) (:func:`record`); a package whose digest is missing or differs is
+  not loaded (:func:`check`): the caller deletes it and builds it again.
+- ``TRANSFORMER_COMPILE=off`` turns compiled decoding off everywhere (:func:`switched_off`).
+
+Imports nothing heavier than the run layer's files helpers (no torch).
+"""
+from __future__ import annotations
+
+import atexit
+import hashlib
+import os
+import re
+import shutil
+import stat
+import tempfile
+import time
+import warnings
+from functools import cache
+from pathlib import Path
+
+from ..errors import UserError
+from ..run.files import atomic_write, file_sha256
+
+DIR_ENV_VAR = "TRANSFORMER_COMPILED_DIR"
+SWITCH_ENV_VAR = "TRANSFORMER_COMPILE"
+DIGEST = ".sha256"  # the suffix of a package's recorded digest: NAME.pt2.sha256
+# A build being written (aot.build: ``.NAME.XXXX.pt2``; a digest: ``.NAME.sha256.XXXX.tmp``)
+# by another process is left alone; one older than any build is a crash's leftover.
+GRACE_S = 3600.0
+
+
+
+class CompiledStepWarning(UserWarning):
+    """A compiled step refused, not built or not loaded (decoding goes on: rebuilt, or eager);
+    the commands print each as one ``warning:`` line."""
+
+
+_checked: dict[Path, Path] = {}  # a cache folder -> the folder used instead of it (itself when usable)
+
+
+def switched_off() -> bool:
+    """Whether ``TRANSFORMER_COMPILE=off`` turns compiled decoding off (it overrides
+    ``--compile``, ``decoding.compile`` and ``compile=``). Unset, empty and ``auto`` leave
+    the choice to those; another value is a one-line error."""
+    value = os.environ.get(SWITCH_ENV_VAR, "").strip().lower()
+    if value in ("", "auto"):
+        return False
+    if value == "off":
+        return True
+    raise UserError(f"{SWITCH_ENV_VAR}={os.environ[SWITCH_ENV_VAR]}: the settings are off (every decoding "
+                    "eager) and auto (the default: --compile decides); unset it or set it to off")
+
+
+def cache_root() -> Path | None:
+    """The folder of the user's compiled steps (it need not exist yet); None only when no
+    home directory can be found."""
+    if env := os.environ.get(DIR_ENV_VAR):
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    if xdg and Path(xdg).is_absolute():  # (the XDG spec: a relative value is ignored)
+        return Path(xdg) / "transformer" / "compiled"
+    try:
+        return Path.home() / ".cache" / "transformer" / "compiled"
+    except RuntimeError:
+        return None
+
+
+def run_folder(run_dir: str | Path) -> Path | None:
+    """The cache folder of the run at ``run_dir``: ``<run name>-<digest of its resolved
+    path>``, inside :func:`cache_root`."""
+    root = cache_root()
+    if root is None:
+        return None
+    resolved = Path(run_dir).resolve()
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", resolved.name)[:40].lstrip(".") or "run"
+    return root / f"{name}-{hashlib.sha256(str(resolved).encode()).hexdigest()[:12]}"
+
+
+def private_problem(folder: Path) -> str | None:
+    """Why ``folder`` may not hold packages to load (None: it is a folder of this user's
+    that no one else may write)."""
+    try:
+        st = folder.stat()
+    except OSError as e:
+        return f"cannot be read ({e.strerror or e})"
+    if not stat.S_ISDIR(st.st_mode):
+        return "not a folder"
+    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+        return f"owned by another user (uid {st.st_uid})"
+    if st.st_mode & 0o022:
+        return f"writable by other users (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def usable(folder: Path) -> Path:
+    """``folder`` made (mode 0700) and checked, with its parent (the cache's root), once a
+    process; a private temporary folder for the process instead, with one warning line,
+    when either cannot be made, written or is not private (:func:`private_problem`)."""
+    if folder in _checked:
+        return _checked[folder]
+    problem = None
+    for f in (folder.parent, folder):
+        try:
+            f.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as e:
+            problem = f"{f}: cannot be made ({e.strerror or e})"
+            break
+        if (why := private_problem(f)) is not None:
+            problem = f"{f}: {why}"
+            break
+        if not os.access(f, os.W_OK):
+            problem = f"{f}: not writable"
+            break
+    if problem is None:
+        sweep(folder)
+        _checked[folder] = folder
+    else:
+        warnings.warn(f"{problem}; compiled decoding steps are kept in a temporary folder for this process only "
+                      "(see docs/run-folder.md, compiled steps)", CompiledStepWarning, stacklevel=3)
+        _checked[folder] = scratch()
+    return _checked[folder]
+
+
+def is_private(folder: Path) -> bool:
+    """Whether ``folder`` and its parent exist and are private, without making anything or
+    warning (whether a package there could be loaded at all)."""
+    if folder in _checked:
+        return _checked[folder] == folder
+    return private_problem(folder.parent) is None and private_problem(folder) is None
+
+
+@cache
+def scratch() -> Path:
+    """A temporary folder (mode 0700) for the packages of models without a run, and of runs
+    whose cache folder is not usable, removed when the process ends."""
+    path = Path(tempfile.mkdtemp(prefix="transformer-steps-"))
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
+def digest_file(package: Path) -> Path:
+    return package.with_name(package.name + DIGEST)
+
+
+def ready(package: Path) -> bool:
+    """Whether ``package`` and its recorded digest are both there (not yet whether they agree)."""
+    return package.is_file() and digest_file(package).is_file()
+
+
+def record(package: Path) -> None:
+    """Record the SHA-256 of ``package``, just built by this process."""
+    digest = file_sha256(package)
+    atomic_write(digest_file(package), lambda tmp: Path(tmp).write_text(digest + "\n", encoding="ascii"))
+
+
+def check(package: Path) -> str | None:
+    """Why ``package`` may not be loaded (None: its SHA-256 is the one recorded when it was
+    built). Raises FileNotFoundError when it is gone (removed by another process)."""
+    try:
+        recorded = digest_file(package).read_text(encoding="ascii", errors="replace").strip()
+    except FileNotFoundError:
+        if not package.exists():
+            raise
+        return "no SHA-256 was recorded for it by a build of this user's"
+    if file_sha256(package) != recorded:
+        return "its SHA-256 is not the one recorded when it was built"
+    return None
+
+
+def remove(package: Path) -> None:
+    """Delete a package and its recorded digest."""
+    package.unlink(missing_ok=True)
+    digest_file(package).unlink(missing_ok=True)
+
+
+def drop_older(folder: Path, name: str) -> None:
+    """Remove the packages of the same kind built for other weights (or code) than
+    ``name``'s: a run keeps one package per kind of step."""
+    kind = name.rsplit("-", 1)[0]
+    for old in folder.glob(f"{kind}-*.pt2"):
+        if old.name != name and old.name.rsplit("-", 1)[0] == kind:
+            remove(old)
+
+
+def sweep(folder: Path) -> None:
+    """Delete the temporaries that crashed builds left in ``folder`` (over :data:`GRACE_S` old)."""
+    now = time.time()
+    for p in [*folder.glob(".*.pt2"), *folder.glob(f".*{DIGEST}.*.tmp")]:
+        try:
+            if now - p.lstat().st_mtime > GRACE_S:
+                p.unlink()
+        except OSError:
+            pass
