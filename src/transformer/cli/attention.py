@@ -1,11 +1,13 @@
 """``transformer attention``: heatmaps of every attention weight for one sentence (or, for a
 language model, the causal self-attention of a prompt), and the heads that link one word to
-another (the seed's "it" -> "animal")."""
+another (the seed's "it" -> "animal"). ``--compile`` chooses how the translation is searched
+for (not with ``--target``; a language model's prompt is one forward pass, searched for
+nothing: the option is accepted there and changes nothing)."""
 from __future__ import annotations
 
 import argparse
 
-from ._options import add_decoding_options, decoding_options
+from ._options import add_decoding_options, decoding_options, prepare_compiled
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -25,7 +27,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                                    "heads, from WORD's last token) by attention from WORD ...")
     p.add_argument("--to", metavar="WORD", help="... to this WORD (e.g. --focus it --to animal)")
     p.add_argument("--vs", metavar="WORD", help="... and show the attention to this WORD beside it (e.g. --vs street)")
-    add_decoding_options(p, "beam", "device")
+    add_decoding_options(p, "beam", "compile", "device")
     p.set_defaults(func=run)
 
 
@@ -70,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
                         "decoder and cross")
     translator = load_translator(args.model, **{**decoding_options(args), "precision": "fp32"})  # the exact arithmetic shown
     layer, head = _check_head(args, translator.model.cfg)
+    if args.target is None:  # the model's own translation is searched for (--compile: how)
+        prepare_compiled(translator)
     pair = prepare_pair(translator, args.sentence, args.target)
     maps = collect_attention(translator.model, pair, translator.subwords.id_to_piece)
     print(f"translation: {pair.translation}")

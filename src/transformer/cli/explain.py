@@ -1,12 +1,15 @@
 """``transformer explain``: one sentence through the real model, in the seed's steps (formula,
 tensor shapes with their dimension names, and telling numbers for each): the translation
 model's ten steps, or a language model's prompt from We to the next token; with
-``--training``, one training update in the seed's formulas (-log p, dLoss/dW, the step)."""
+``--training``, one training update in the seed's formulas (-log p, dLoss/dW, the step).
+``--compile`` chooses how the translation is searched for (not with ``--target``; a language
+model's walk is one forward pass over the prompt, searched for nothing: the option is
+accepted there and changes nothing)."""
 from __future__ import annotations
 
 import argparse
 
-from ._options import add_decoding_options, decoding_options
+from ._options import add_decoding_options, decoding_options, prepare_compiled
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -29,7 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="with --training: this learning rate instead of the run's schedule at its step")
     p.add_argument("--from-init", action="store_true",
                    help="with --training: start from a random initialisation (the run's seed), not the trained weights")
-    add_decoding_options(p, "beam", "temperature", "top_k", "top_p", "device")
+    add_decoding_options(p, "beam", "temperature", "top_k", "top_p", "compile", "device")
     p.set_defaults(func=run)
 
 
@@ -55,6 +58,8 @@ def _translation(args: argparse.Namespace) -> int:
 
     wanted = _steps(args.step, STEPS, "1..10, 3a, 3b, 3c")
     translator = load_translator(args.model, **{**decoding_options(args), "precision": "fp32"})  # the exact arithmetic shown
+    if args.target is None:  # the model's own translation is searched for (--compile: how)
+        prepare_compiled(translator)
     pair = prepare_pair(translator, args.sentence, args.target)
     w = walk(translator.model, pair.src_ids, pair.tgt_ids, translator.subwords.id_to_piece)
     return _print_walk(w, wanted, args.json, to_dict, format_text,
