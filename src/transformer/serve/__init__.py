@@ -5,11 +5,13 @@ model, and the attention explorer page.
     app = create_app(Generator.from_pretrained("runs/shakespeare"))   # POST /generate
     uvicorn.run(app)                    # or: transformer serve --model runs/demo
 
-``app`` builds the routes (``lm_routes`` those of a language model), ``guard`` admits each
-request (token, body limits, deadline, a client gone), ``batching`` collects
-concurrent requests into one decoding call, ``generation`` continues prompts in batches and
-streams their tokens, ``attention`` computes the maps the explorer draws, ``static/`` is the
-page itself.
+``app`` picks the service for the model; ``core`` is what both kinds share (the batcher, the
+app with ``/health``, ``/stats`` and the page) around a kind's route set: ``translation``
+(the translation service and its routes) or ``generation`` with ``lm_routes`` (prompts
+continued in batches, their tokens streamed). ``guard`` admits each request (token, body
+limits, deadline, a client gone), ``batching`` collects concurrent requests into one
+decoding call, ``attention`` computes the maps the explorer draws, ``static/`` is the page
+itself.
 """
 from ..extras import require
 

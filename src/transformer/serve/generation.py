@@ -19,9 +19,10 @@ from ..decode.sample import generate_stream
 from ..errors import UserError
 from ..generator import Generator, TextPieces
 from .attention import lm_attention_maps
-from .batching import DynamicBatcher
 from .config import ServeConfig
+from .core import ServiceCore
 from .errors import ServeError
+from .lm_routes import add_generation_routes
 from .schemas import GenerateRequest
 
 FRESH_SEEDS = 2**31  # a seed the server picks is below this (short to read back and type in)
@@ -55,19 +56,25 @@ class Continuation:
     tokens: list[int]
 
 
-class LMService:
-    """The loaded :class:`Generator` and what the routes need of it. ``_generate`` and
-    ``attention`` use the model, so they run in the batcher's thread only."""
+class LMService(ServiceCore):
+    """The loaded :class:`Generator` and what the routes (:mod:`.lm_routes`) need of it.
+    ``_generate`` and ``attention`` use the model, so they run in the batcher's thread only."""
 
     kind = "language-model"
+    summary = "Continue text with a from-scratch language model and look at its attention."
+    health_doc = "Liveness, the kind of model, its shape and its default sampling settings."
+    elsewhere = (["/translate"], "this server has a language model: it serves POST /generate "
+                                 '(and POST /attention with {"text": ...}), not /translate')
 
     def __init__(self, generator: Generator, cfg: ServeConfig) -> None:
-        self.cfg, self.generator = cfg, generator
         if generator.decoding.max_new_tokens > cfg.new_tokens_limit:
             raise ValueError(f"the generator's max_new_tokens ({generator.decoding.max_new_tokens}) is larger than "
                              f"new_tokens_limit ({cfg.new_tokens_limit})")
-        self.batcher = DynamicBatcher(self._generate, cfg.max_batch, cfg.max_wait_ms / 1000, cfg.batching,
-                                      cfg.max_queue)
+        super().__init__(cfg, self._generate)
+        self.generator = generator
+
+    def add_routes(self, app) -> None:
+        add_generation_routes(app, self)
 
     # ---- in the event loop ------------------------------------------------------------
     def request(self, req: GenerateRequest) -> tuple[Sampling, Row]:

@@ -1,6 +1,9 @@
-"""The routes of a language-model server: ``/generate`` (JSON, or server-sent events as the
-tokens come), ``/attention`` (the causal self-attention over a text) and ``/health``."""
+"""The route set of a language-model server: ``/generate`` (JSON, or server-sent events as
+the tokens come) and ``/attention`` (the causal self-attention over a text); the service
+core (:mod:`.core`) adds ``/health`` and the rest."""
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -8,15 +11,17 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from .errors import ERRORS, ServeError
-from .generation import LMService
 from .schemas import GenerateRequest, GenerateResponse, LMAttentionRequest, LMAttentionResponse
 
 EVENT_STREAM = "text/event-stream"
+if TYPE_CHECKING:  # pragma: no cover
+    from .generation import LMService
+
 STREAM_DOC = ('one event per token, `data: {"text": "...", "token": id}` (the text it adds, possibly "" while a '
               'character is incomplete), then `event: done` with the JSON answer (or `event: error`)')
 
 
-def add_generation_routes(app: FastAPI, service: LMService, model_name: str) -> None:
+def add_generation_routes(app: FastAPI, service: "LMService") -> None:
     @app.post("/generate", responses={200: {"model": GenerateResponse,
                                             "content": {EVENT_STREAM: {"schema": {"type": "string"},
                                                                        "example": STREAM_DOC}}},
@@ -41,8 +46,3 @@ def add_generation_routes(app: FastAPI, service: LMService, model_name: str) -> 
             raise ServeError(413, f"the text is {len(req.text)} characters long; the limit is {service.cfg.max_chars}")
         # Plain JSON, not validated through the response model: the maps are large.
         return JSONResponse(await service.batcher.run_exclusive(service.attention, req.text))
-
-    @app.get("/health")
-    async def health() -> dict:
-        """Liveness, the kind of model, its shape and its default sampling settings."""
-        return {"status": "ok", "kind": service.kind, "model": model_name, **service.health()}

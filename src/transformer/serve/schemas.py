@@ -7,7 +7,9 @@ depend on the server's settings (text length, batch size, beam) are checked by t
 """
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 def _valid_unicode(text: str) -> str:
@@ -20,6 +22,9 @@ def _valid_unicode(text: str) -> str:
     return text
 
 
+Text = Annotated[str, AfterValidator(_valid_unicode)]  # a string a tokenizer can encode
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
@@ -27,15 +32,10 @@ class _Strict(BaseModel):
 class TranslateRequest(_Strict):
     """Give ``text`` (one sentence) or ``texts`` (several), not both."""
 
-    text: str | None = Field(None, description="one sentence", examples=["A dog runs in the park."])
+    text: Text | None = Field(None, description="one sentence", examples=["A dog runs in the park."])
     texts: list[str] | None = Field(None, description="several sentences, translated in order")
     beam: int | None = Field(None, ge=1, description="beam size (1 = greedy); default: the server's")
     n_best: int = Field(1, ge=1, description="translations per sentence, best first (at most the beam size)")
-
-    @field_validator("text")
-    @classmethod
-    def _text_unicode(cls, v: str | None) -> str | None:
-        return None if v is None else _valid_unicode(v)
 
     @field_validator("texts")
     @classmethod
@@ -67,13 +67,8 @@ class TranslateResponse(BaseModel):
 
 
 class AttentionRequest(_Strict):
-    text: str = Field(description="one sentence", examples=["A dog runs in the park."])
+    text: Text = Field(description="one sentence", examples=["A dog runs in the park."])
     beam: int | None = Field(None, ge=1, description="beam size for the translation; default: the server's")
-
-    @field_validator("text")
-    @classmethod
-    def _text_unicode(cls, v: str) -> str:
-        return _valid_unicode(v)
 
 
 Maps = list[list[list[list[float]]]]  # [layer][head][query][key]
@@ -100,7 +95,7 @@ SEED_MAX = 2**63 - 1  # what torch.Generator.manual_seed takes (and JSON numbers
 class GenerateRequest(_Strict):
     """A prompt to continue; every other field defaults to the run's ``decoding`` settings."""
 
-    prompt: str = Field(description="the text to continue", examples=["the cat sat"])
+    prompt: Text = Field(description="the text to continue", examples=["the cat sat"])
     max_new_tokens: int | None = Field(None, ge=1, description="tokens to generate (at most the server's "
                                                                 "new_tokens_limit)")
     temperature: float | None = Field(None, ge=0, description="sampling temperature; 0 = greedy")
@@ -115,10 +110,10 @@ class GenerateRequest(_Strict):
 
     @field_validator("prompt")
     @classmethod
-    def _prompt_unicode(cls, v: str) -> str:
+    def _prompt_not_empty(cls, v: str) -> str:
         if not v:
             raise ValueError("empty; give some text to continue")
-        return _valid_unicode(v)
+        return v
 
 
 class GenerateResponse(BaseModel):
@@ -130,12 +125,7 @@ class GenerateResponse(BaseModel):
 
 
 class LMAttentionRequest(_Strict):
-    text: str = Field(description="a prompt and its continuation", examples=["the cat sat on the mat"])
-
-    @field_validator("text")
-    @classmethod
-    def _text_unicode(cls, v: str) -> str:
-        return _valid_unicode(v)
+    text: Text = Field(description="a prompt and its continuation", examples=["the cat sat on the mat"])
 
 
 class LMAttentionResponse(BaseModel):

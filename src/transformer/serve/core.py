@@ -1,0 +1,83 @@
+"""The service core both kinds of model share: the settings, the batcher that feeds the
+model from one thread, and the app around a service's routes (the guard, the error
+handlers, ``/health``, ``/stats``, the explorer page, and a 404 naming this server's endpoint
+for the other kind's). A kind brings its own service (:mod:`.translation`,
+:mod:`.generation`) and its route set.
+"""
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from importlib.resources import files
+from pathlib import Path
+
+from fastapi import FastAPI
+from fastapi.responses import FileResponse
+from fastapi.staticfiles import StaticFiles
+
+from .batching import Decode, DynamicBatcher
+from .config import ServeConfig
+from .errors import add_error_handlers, refuse_elsewhere
+from .guard import Guard
+
+STATIC = Path(str(files(__package__) / "static"))
+
+
+class ServiceCore:
+    """A loaded model and what the routes need of it; ``decode`` (key, rows) -> one result a
+    row is what the batcher runs, in its thread only."""
+
+    kind: str  # "translation" or "language-model": /health tells clients
+    summary: str  # the OpenAPI summary
+    health_doc: str  # /health's description
+    elsewhere: tuple[list[str], str]  # the other kind's endpoints, and the 404 that says what this one serves
+
+    def __init__(self, cfg: ServeConfig, decode: Decode) -> None:
+        self.cfg = cfg
+        self.batcher = DynamicBatcher(decode, cfg.max_batch, cfg.max_wait_ms / 1000, cfg.batching, cfg.max_queue)
+
+    def add_routes(self, app: FastAPI) -> None:
+        """The kind's own routes."""
+        raise NotImplementedError
+
+    def health(self) -> dict:
+        """The model's shape and settings, for /health."""
+        raise NotImplementedError
+
+
+def core_app(service: ServiceCore, model_name: str) -> FastAPI:
+    """The ASGI app around ``service``: its routes, then what every server has."""
+    cfg = service.cfg
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await service.batcher.start()
+        yield
+        await service.batcher.stop()
+
+    app = FastAPI(title="transformer", summary=service.summary, lifespan=lifespan, redoc_url=None)
+    app.state.service = service
+    add_error_handlers(app)
+    app.add_middleware(Guard, max_bytes=cfg.max_body_bytes, timeout=cfg.timeout, token=cfg.token)
+    service.add_routes(app)
+
+    @app.get("/health", description=service.health_doc)
+    async def health() -> dict:
+        return {"status": "ok", "kind": service.kind, "model": model_name, **service.health()}
+
+    refuse_elsewhere(app, *service.elsewhere)
+
+    @app.get("/stats")
+    async def stats() -> dict:
+        """Batching counters since start-up: decode_calls < requests means requests shared decodes;
+        refused: turned away with 503 (the queue was full); abandoned: dropped before decoding
+        (the client left, or the deadline passed); waiting: in the queue now."""
+        return {**service.batcher.stats.as_dict(), "waiting": service.batcher.waiting, "batching": cfg.batching,
+                "max_batch": cfg.max_batch, "max_wait_ms": cfg.max_wait_ms, "max_queue": cfg.max_queue,
+                "timeout": cfg.timeout}
+
+    @app.get("/", include_in_schema=False)
+    async def explorer() -> FileResponse:
+        return FileResponse(STATIC / "index.html")
+
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    return app
