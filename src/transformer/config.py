@@ -54,8 +54,7 @@ class ModelConfig:
     qkv_bias: bool = False  # biases on the query, key and value projections even when bias is off (Qwen2)
     positions: str = "sinusoidal"  # the paper's sinusoids, "learned" (GPT-2) or "rope": rotary (Llama)
     rope_theta: float = 10000.0  # the rotary base frequency
-    rope_scaling: dict[str, float] | None = None  # Llama 3's frequency scaling: factor, low_freq_factor,
-    # high_freq_factor, original_max_position_embeddings (model/rotary.py); None: unscaled
+    rope_scaling: dict[str, float] | None = None  # Llama 3's rotary frequency scaling (model/rotary.py); None: unscaled
     embed_scale: bool = True  # multiply embeddings by sqrt(d_model) (paper section 3.4; GPT and Llama do not)
     sinusoid_layout: str = "interleaved"  # paper: sin on even dims, cos on odd; concat: [sin | cos]
     output_bias: bool = False  # a bias on the vocabulary projection (Marian has one)
