@@ -68,6 +68,25 @@ def _copy_attention(dst: MultiHeadAttention, src: nn.MultiheadAttention, name: s
     _copy_linear(dst.out_proj, src.out_proj, f"{name}.out_proj")
 
 
+def _copy_module(dst: nn.Module, src: nn.Module, name: str) -> None:
+    """An attention, a linear layer or a LayerNorm, whichever ``src`` is."""
+    if isinstance(src, nn.MultiheadAttention):
+        _copy_attention(dst, src, name)
+    elif isinstance(src, nn.Linear):
+        _copy_linear(dst, src, name)
+    else:
+        _copy_norm(dst, src, name)
+
+
+# A layer's sub-modules, ours <- torch.nn's (the name map above), in the order they are checked.
+LAYER_NAMES = {
+    "encoder": {"self_attn": "self_attn", "ffn.fc1": "linear1", "ffn.fc2": "linear2", "attn_block.norm": "norm1",
+                "ffn_block.norm": "norm2"},
+    "decoder": {"self_attn": "self_attn", "cross_attn": "multihead_attn", "ffn.fc1": "linear1", "ffn.fc2": "linear2",
+                "self_block.norm": "norm1", "cross_block.norm": "norm2", "ffn_block.norm": "norm3"},
+}
+
+
 def _activation_name(fn: object) -> str | None:
     if fn is F.relu or isinstance(fn, nn.ReLU):
         return "relu"
@@ -110,25 +129,12 @@ def load_from_torch_nn(model: Transformer, ref: nn.Transformer) -> None:
            f"torch.nn.Transformer has {n_enc} encoder and {n_dec} decoder layers, our model n_layers={cfg.n_layers}")
     _check(ref.d_model == cfg.d_model, f"d_model: torch.nn {ref.d_model}, ours {cfg.d_model}")
 
-    for i, (ours, theirs) in enumerate(zip(model.encoder.layers, ref.encoder.layers)):
-        name = f"encoder.layers[{i}]"
-        _check_layer(theirs, model, name)
-        _copy_attention(ours.self_attn, theirs.self_attn, f"{name}.self_attn")
-        _copy_linear(ours.ffn.fc1, theirs.linear1, f"{name}.ffn.fc1")
-        _copy_linear(ours.ffn.fc2, theirs.linear2, f"{name}.ffn.fc2")
-        _copy_norm(ours.attn_block.norm, theirs.norm1, f"{name}.attn_block.norm")
-        _copy_norm(ours.ffn_block.norm, theirs.norm2, f"{name}.ffn_block.norm")
-
-    for i, (ours, theirs) in enumerate(zip(model.decoder.layers, ref.decoder.layers)):
-        name = f"decoder.layers[{i}]"
-        _check_layer(theirs, model, name)
-        _copy_attention(ours.self_attn, theirs.self_attn, f"{name}.self_attn")
-        _copy_attention(ours.cross_attn, theirs.multihead_attn, f"{name}.cross_attn")
-        _copy_linear(ours.ffn.fc1, theirs.linear1, f"{name}.ffn.fc1")
-        _copy_linear(ours.ffn.fc2, theirs.linear2, f"{name}.ffn.fc2")
-        _copy_norm(ours.self_block.norm, theirs.norm1, f"{name}.self_block.norm")
-        _copy_norm(ours.cross_block.norm, theirs.norm2, f"{name}.cross_block.norm")
-        _copy_norm(ours.ffn_block.norm, theirs.norm3, f"{name}.ffn_block.norm")
+    for stack, names in LAYER_NAMES.items():
+        for i, (ours, theirs) in enumerate(zip(getattr(model, stack).layers, getattr(ref, stack).layers)):
+            name = f"{stack}.layers[{i}]"
+            _check_layer(theirs, model, name)
+            for path, their_name in names.items():
+                _copy_module(ours.get_submodule(path), getattr(theirs, their_name), f"{name}.{path}")
 
     _copy_norm(model.encoder.norm, ref.encoder.norm, "encoder.norm")
     _copy_norm(model.decoder.norm, ref.decoder.norm, "decoder.norm")
