@@ -96,3 +96,33 @@ def test_adamw_decays_matrices_and_embeddings_only():
     assert len(decayed["params"]) + len(plain["params"]) == len(list(model.parameters()))
     adam = make_optimizer(model, "adam", 0.0, [0.9, 0.98])
     assert type(adam) is torch.optim.Adam and adam.param_groups[0]["eps"] == 1e-9  # the paper's
+
+
+def test_a_language_models_pad_id_inside_its_text_is_trained_and_scored():
+    """An imported model's pad_id can be a real token of its text (GPT-2's): every label of a
+    window is trained on and validated, whatever the model's pad_id, and only validation's
+    overlap (NOT_SCORED) is left out."""
+
+    from transformer.config import ModelConfig
+    from transformer.data.text import NOT_SCORED, windows
+    from transformer.model import LanguageModel
+    from transformer.train.step import train_step
+    from transformer.train.task import scored_nll
+
+    torch.manual_seed(0)
+    cfg = ModelConfig.preset("tiny", kind="decoder-only", vocab_size=11, max_len=16, pad_id=3, bos_id=1, eos_id=2)
+    model = LanguageModel(cfg).eval()  # (no dropout: the step's loss is compared below)
+    stream = torch.tensor([3, 4, 3, 5, 6, 3, 7, 8, 3, 9, 10, 3] * 3)
+    batch = windows(stream, torch.tensor([0, 5]), 8)
+    assert (batch.y == 3).any() and batch.n_tgt_tokens == batch.y.numel()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    stats = train_step(model, [batch], opt, 0.0, epsilon=0.0)
+    with torch.no_grad():
+        logp = model(batch.x, padded=False).log_softmax(-1)  # a window holds no padding
+    expected = -logp.gather(-1, batch.y[..., None]).mean()
+    assert stats.n_tokens == batch.y.numel() and stats.nll == pytest.approx(float(expected), rel=1e-5)
+    batch.y[0, :3] = NOT_SCORED  # validation: scored by the window before
+    assert torch.equal(batch.x, windows(stream, torch.tensor([0, 5]), 8).x)  # the inputs are untouched
+    nll, k = scored_nll(model, (batch.x,), batch.y, NOT_SCORED, torch.device("cpu"), None, batch.options)
+    keep = batch.y != NOT_SCORED
+    assert k == int(keep.sum()) and nll == pytest.approx(float(-logp.gather(-1, batch.y.clamp(min=0)[..., None])[..., 0][keep].sum()), rel=1e-5)

@@ -159,13 +159,19 @@ class WindowSampler:
         self.seed, self.batches = int(state["seed"]), int(state["batch_in_epoch"])
 
 
+# The label of a position that is not scored (validation's overlapping windows). Not the
+# model's pad_id: an imported model's pad_id can be a real token of its text (GPT-2's).
+NOT_SCORED = -100
+
+
 @dataclass
 class TextBatch:
     """Windows of a token stream: ``x`` (B, T) the model reads, ``y`` (B, T) the next
-    tokens (the labels; ``pad_id`` marks a position not scored)."""
+    tokens (the labels; :data:`NOT_SCORED` marks a position not scored)."""
 
     x: torch.Tensor
     y: torch.Tensor
+    not_scored = NOT_SCORED  # the label that train_step and validation leave out
 
     @property
     def inputs(self) -> tuple[torch.Tensor]:
@@ -183,7 +189,7 @@ class TextBatch:
 
     @property
     def n_tgt_tokens(self) -> int:
-        return int((self.y != PAD_ID).sum())
+        return int((self.y != NOT_SCORED).sum())
 
     def to(self, device: torch.device | str) -> TextBatch:
         return TextBatch(self.x.to(device), self.y.to(device))
@@ -193,7 +199,7 @@ def windows(stream: torch.Tensor, starts: torch.Tensor, context: int) -> TextBat
     """The windows of ``stream`` (N,) starting at ``starts`` (B,): x (B, T), y (B, T)."""
     idx = starts[:, None] + torch.arange(context + 1)  # (B, T + 1)
     w = stream[idx]
-    return TextBatch(w[:, :-1], w[:, 1:])
+    return TextBatch(w[:, :-1], w[:, 1:].clone())  # (a label marked NOT_SCORED must not change an input)
 
 
 def validation_windows(n_tokens: int, context: int) -> list[tuple[int, int]]:

@@ -137,8 +137,8 @@ def token_losses(model, batch) -> tuple[torch.Tensor, torch.Tensor]:
     """-log p of the right token at every position (B, T) (0 at padding) and the real-token mask."""
     logits = model(*batch.inputs)  # (B, T, V)
     gold = batch.tgt_out
-    real = gold != model.cfg.pad_id
-    nll = -logits.float().log_softmax(-1).gather(-1, gold[..., None])[..., 0]
+    real = gold != getattr(batch, "not_scored", model.cfg.pad_id)
+    nll = -logits.float().log_softmax(-1).gather(-1, gold.clamp(min=0)[..., None])[..., 0]
     return nll * real, real
 
 

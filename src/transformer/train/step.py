@@ -135,7 +135,9 @@ def train_step(
     loss_sum = nll_sum = 0.0
     for i, b in enumerate(micro_batches):
         device = b.tgt_out.device
-        select = b.tgt_out != pad_id  # the vocabulary projection runs on real tokens only
+        # the vocabulary projection runs on scored positions only (a batch may name its own
+        # unscored label: a language model's windows, whose pad_id may be a real token)
+        select = b.tgt_out != getattr(b, "not_scored", pad_id)
         if bool(select.all()):  # no padding (a language model's windows): no gather, no scatter back
             select = None
         last = i == len(micro_batches) - 1

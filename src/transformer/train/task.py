@@ -17,7 +17,7 @@ import torch
 from ..config import ModelConfig
 from ..data import Batch, TokenBatchSampler, collate, example_lengths
 from ..data.chars import Chars
-from ..data.text import TextBatch, WindowSampler, validation_windows, windows
+from ..data.text import NOT_SCORED, TextBatch, WindowSampler, validation_windows, windows
 from ..decode.config import DecodingConfig
 from ..errors import UserError
 from ..evaluate import score
@@ -31,13 +31,13 @@ from .step import autocast
 
 
 def scored_nll(model, inputs: tuple, labels: torch.Tensor, pad: int, device: torch.device,
-               amp_dtype: torch.dtype | None) -> tuple[float, int]:
+               amp_dtype: torch.dtype | None, options: dict | None = None) -> tuple[float, int]:
     """Validation's forward pass and -log p: the summed negative log-likelihood of the
     non-``pad`` ``labels`` (B, T) and their count. The vocabulary projection runs at those
-    positions only (``model(*inputs, select)``)."""
+    positions only (``model(*inputs, select, **options)``)."""
     select = labels != pad
     with autocast(device, amp_dtype):
-        logits = model(*inputs, select)  # (N, V)
+        logits = model(*inputs, select, **(options or {}))  # (N, V)
     _, nll, k = label_smoothed_nll_loss(logits, labels[select], 0.0, pad)
     return float(nll), int(k)
 
@@ -164,7 +164,7 @@ class LanguageModelTask:
         """``valid_nll`` (nats per token), ``valid_ppl``, ``valid_bpc`` (bits per character of
         the scored text: for characters, valid_nll / ln 2), for BPE ``valid_nll_per_char``,
         and ``valid_score`` = -valid_nll, the score to maximise."""
-        pad, valid, spans = model.cfg.pad_id, self.data.valid, validation_windows(len(self.data.valid), self.context)
+        pad, valid, spans = NOT_SCORED, self.data.valid, validation_windows(len(self.data.valid), self.context)
         nll_sum, n = 0.0, 0
         model.eval()
         for i in range(0, len(spans), self.eval_windows):
@@ -173,7 +173,7 @@ class LanguageModelTask:
             for row, (_, first) in enumerate(chunk):
                 b.y[row, :first] = pad  # scored by the window before
             b = b.to(device)
-            nll, k = scored_nll(model, (b.x,), b.y, pad, device, amp_dtype)
+            nll, k = scored_nll(model, (b.x,), b.y, pad, device, amp_dtype, b.options)
             nll_sum, n = nll_sum + nll, n + k
         if self._valid_chars is None:  # the characters the scored tokens (all but the first) stand for
             self._valid_chars = len(self.data.tokenizer.decode(valid[1:].tolist()))
