@@ -301,3 +301,23 @@ def test_commands_read_the_run(imported, tmp_path, capsys):
     assert (tmp_path / "attention.png").stat().st_size > 0
     assert main(["explain", "--model", str(run), PROMPT]) == 0
     assert "bit-identical" in capsys.readouterr().out
+
+
+# ---- the Python API over the same name map ---------------------------------------------------
+@pytest.mark.parametrize("imported", ["llama3", "qwen2", "mistral"], indirect=True)
+def test_from_llama_reads_every_llama_shaped_family(imported):
+    """``from_llama`` takes Llama 3 (rope scaling), Qwen2 and Mistral models; ``to_llama``
+    gives back Llama 3 with its rope scaling (Qwen2's q/k/v-only biases have no Llama form)."""
+    from transformer.interop import from_llama, to_llama
+
+    family, _, hf, _ = imported
+    ours = from_llama(hf).eval()
+    ids = torch.tensor([[5, 17, 42, 99, 7, 63, 12]])
+    real = torch.ones_like(ids, dtype=torch.bool)
+    with torch.no_grad():
+        assert (ours(ids, real=real) - hf(ids).logits).abs().max() <= 1e-5
+        if family == "qwen2":
+            with pytest.raises(ValueError, match="qkv_bias"):
+                to_llama(ours)
+        else:
+            assert (to_llama(ours).eval()(ids).logits - hf(ids).logits).abs().max() <= 1e-5
