@@ -74,8 +74,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.keep or tmp)
         size = build(root / "hf", args.layers)
-        peak = peak_rss_of([sys.executable, "-m", "transformer", "import", str(root / "hf"), "--out", str(root / "run")])
-        floor = peak_rss_of([sys.executable, "-c", "import torch, transformers, tokenizers, transformer.interop.hf_import"])
+        command = [sys.executable, "-m", "transformer", "import", str(root / "hf"), "--out", str(root / "run")]
+        peak = peak_rss_of(command)
+        modules = "import torch, transformers, tokenizers, transformer.interop.hf_import"
+        floor = peak_rss_of([sys.executable, "-c", modules])
         result = {"layers": args.layers, "safetensors_bytes": size, "import_peak_rss_bytes": peak,
                   "ratio": round(peak / size, 3), "modules_only_peak_rss_bytes": floor,
                   "run_bytes": (root / "run" / "best.safetensors").stat().st_size}

@@ -60,7 +60,8 @@ def sentencepiece_tokenizer(folder: Path) -> int:
 
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(sentence_iterator=iter("".join(CORPUS).splitlines()), model_writer=model,
-                                   model_type="bpe", vocab_size=400, hard_vocab_limit=False, byte_fallback=True, character_coverage=1.0,
+                                   model_type="bpe", vocab_size=400, hard_vocab_limit=False, byte_fallback=True,
+                                   character_coverage=1.0,
                                    unk_id=0, bos_id=1, eos_id=2, pad_id=-1, add_dummy_prefix=True,
                                    remove_extra_whitespaces=False, normalization_rule_name="identity",
                                    minloglevel=2)
