@@ -75,8 +75,8 @@ def fetch(source: str) -> tuple[Path, str]:
     path = Path(source)
     if path.is_dir():
         return path, str(path.resolve())
-    if path.exists() or source.count("/") != 1 or source.startswith((".", "/")):
-        raise UserError(f"{source}: not a model folder (one with config.json) or a hub id (owner/name)")
+    if path.exists() or source.count("/") > 1 or source.startswith((".", "/")):
+        raise UserError(f"{source}: not a model folder (one with config.json) or a hub id (name or owner/name)")
     try:
         from huggingface_hub import snapshot_download
     except ImportError:
