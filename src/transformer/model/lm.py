@@ -32,7 +32,7 @@ from .cache import KVCache
 from .dropout import Dropout
 from .embedding import LearnedPositions, PositionalEncoding, TokenEmbedding
 from .rotary import Rotary
-from .transformer import Decoder
+from .transformer import Decoder, output_logits, output_weights
 
 
 class LanguageModel(nn.Module):
@@ -131,14 +131,11 @@ class LanguageModel(nn.Module):
     # ---- the output -------------------------------------------------------------------
     def project(self, h: Tensor) -> Tensor:
         """Whead: (..., C) -> (..., V) logits."""
-        if self.out_proj is None:
-            return nn.functional.linear(h, self.embed.weight, self.out_bias)
-        logits = self.out_proj(h)
-        return logits if self.out_bias is None else logits + self.out_bias
+        return output_logits(h, self.embed, self.out_proj, self.out_bias)
 
     def output_layer(self) -> tuple[Tensor, Tensor | None]:
-        weight = self.embed.weight if self.out_proj is None else self.out_proj.weight
-        return weight, self.out_bias
+        """Whead as one (V, C) weight and its (V,) bias or None, for exporters."""
+        return output_weights(self.embed, self.out_proj, self.out_bias)
 
     def forward(self, tokens: Tensor, select: Tensor | None = None, real: Tensor | None = None,
                 padded: bool = True) -> Tensor:

@@ -144,15 +144,11 @@ class Transformer(nn.Module):
 
     def project(self, h: Tensor) -> Tensor:
         """Final linear layer: (..., C) -> (..., V) logits."""
-        if self.out_proj is None:
-            return nn.functional.linear(h, self.tgt_embed.weight, self.out_bias)
-        logits = self.out_proj(h)  # a module call: it may be an int8 layer (decode/precision.py)
-        return logits if self.out_bias is None else logits + self.out_bias
+        return output_logits(h, self.tgt_embed, self.out_proj, self.out_bias)
 
     def output_layer(self) -> tuple[Tensor, Tensor | None]:
         """The projection as one (V, C) weight and its (V,) bias or None, for exporters."""
-        weight = self.tgt_embed.weight if self.out_proj is None else self.out_proj.weight
-        return weight, self.out_bias
+        return output_weights(self.tgt_embed, self.out_proj, self.out_bias)
 
     def forward(self, src: Tensor, tgt: Tensor, select: Tensor | None = None) -> Tensor:
         """Teacher forcing: (B, S) source ids, (B, T) target-input ids -> (B, T, V) logits.
@@ -169,6 +165,20 @@ class Transformer(nn.Module):
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+def output_logits(h: Tensor, embed: TokenEmbedding, out_proj: nn.Module | None, out_bias: Tensor | None) -> Tensor:
+    """The output projection of either model: (..., C) -> (..., V) logits, h W + b, where W is
+    the embedding table ``embed`` (tied) when ``out_proj`` is None."""
+    if out_proj is None:
+        return nn.functional.linear(h, embed.weight, out_bias)
+    logits = out_proj(h)  # a module call: it may be an int8 layer (decode/precision.py)
+    return logits if out_bias is None else logits + out_bias
+
+
+def output_weights(embed: TokenEmbedding, out_proj: nn.Module | None, out_bias: Tensor | None):
+    """:func:`output_logits`'s (V, C) weight and (V,) bias or None, for exporters."""
+    return (embed.weight if out_proj is None else out_proj.weight), out_bias
 
 
 def _has_padding(mask: Tensor) -> bool:
