@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from .data import Subwords
+from .data.marian_tokenizer import SOURCE_SPM, TARGET_SPM, TARGET_VOCAB, VOCAB, MarianSubwords
 from .decode import Ensemble, Hypothesis, beam_search, greedy_search, pad_batch, static
 from .decode.config import DecodingConfig
 from .decode.precision import decoding_model
@@ -44,8 +45,8 @@ class Translator:
         translator.translate(["A dog runs."])
     """
 
-    def __init__(self, model: Transformer | Ensemble, subwords: Subwords, decoding: DecodingConfig | None = None,
-                 *, warn: bool = True) -> None:
+    def __init__(self, model: Transformer | Ensemble, subwords: Subwords | MarianSubwords,
+                 decoding: DecodingConfig | None = None, *, warn: bool = True) -> None:
         self.requested_precision = (decoding or DecodingConfig()).precision  # before auto is resolved
         self.model, self.decoding = decoding_model(model, decoding or DecodingConfig(), warn)
         self.subwords = subwords
@@ -153,8 +154,9 @@ class Translator:
 
 
 def load_translator(models: str | Path | list[str | Path], *, warn: bool = True, **options) -> Translator:
-    """A Translator from a run directory (its subword model, its preferred weights:
-    averaged, else best, else the latest checkpoint, and the ``decoding`` settings of its
+    """A Translator from a run directory (its subword model, or the tokenizer of a run
+    imported from Marian, :class:`~transformer.data.marian_tokenizer.MarianSubwords`; its
+    preferred weights: averaged, else best, else the latest checkpoint, and the ``decoding`` settings of its
     config.yaml) or from a weights file inside one. ``options`` are fields of
     :class:`DecodingConfig` that override the run's settings (None: keep them). Several
     paths decode as an :class:`~transformer.decode.Ensemble`; they must share one subword
@@ -166,14 +168,16 @@ def load_translator(models: str | Path | list[str | Path], *, warn: bool = True,
     loaded, subwords_file = [], None
     for path in paths:
         model, _ = load_model(path, decoding.device)
-        found = find_subwords(path)
+        found = tokenizer_files(path)
         if subwords_file is None:
             subwords_file = found
-        elif found != subwords_file and not filecmp.cmp(found, subwords_file, shallow=False):
-            raise UserError(f"{found}: not the subword model of {paths[0]} ({subwords_file}); "
+        elif found != subwords_file and not _same_files(found, subwords_file):
+            raise UserError(f"{found[0]}: not the subword model of {paths[0]} ({subwords_file[0]}); "
                             "the models of an ensemble must come from one run's subword model")
         loaded.append(model)
-    subwords = Subwords.load(subwords_file)
+    subwords_file = subwords_file[0]
+    subwords = MarianSubwords.load(subwords_file.parent) if subwords_file.name == SOURCE_SPM \
+        else Subwords.load(subwords_file)
     for path, model in zip(paths, loaded):
         if subwords.vocab_size != model.cfg.target_vocab_size:
             raise UserError(f"{subwords_file}: {subwords.vocab_size} subwords, but the model in {path} was built for "
@@ -182,6 +186,21 @@ def load_translator(models: str | Path | list[str | Path], *, warn: bool = True,
     if len(loaded) == 1 and (root := run_root(paths[0])) is not None:
         static.keep_packages_for(translator.model, root)
     return translator
+
+
+def tokenizer_files(path: str | Path) -> list[Path]:
+    """The tokenizer files of the run that ``path`` belongs to: its subwords.model, or for a
+    run imported from Marian (:mod:`transformer.interop.marian_run`) its source.spm first and
+    the other files of :class:`~transformer.data.marian_tokenizer.MarianSubwords`."""
+    source = run_file(path, SOURCE_SPM)
+    if source is None:
+        return [find_subwords(path)]
+    return [source.parent / name for name in (SOURCE_SPM, TARGET_SPM, VOCAB, TARGET_VOCAB)
+            if (source.parent / name).is_file()]
+
+
+def _same_files(a: list[Path], b: list[Path]) -> bool:
+    return [p.name for p in a] == [p.name for p in b] and all(filecmp.cmp(x, y, shallow=False) for x, y in zip(a, b))
 
 
 def run_decoding(path: str | Path, options: dict | None = None) -> DecodingConfig:

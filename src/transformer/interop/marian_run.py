@@ -1,0 +1,152 @@
+"""A Hugging Face Marian (OPUS-MT) folder -> a translation run directory that every command
+reads (``translate``, ``evaluate``, ``serve``, ``info``, ``attention``, ``explain``).
+
+What the run holds:
+
+    best.safetensors       the weights (:func:`~transformer.interop.marian.from_marian`), with
+                           their model config in the metadata, as every run's weights
+    config.yaml            ``tokenizer: marian``, the languages, where it came from, and
+                           ``decoding:`` from ``generation_config.json`` (below)
+    source.spm, target.spm, vocab.json, target_vocab.json (separate vocabularies only),
+    tokenizer_config.json  the tokenizer's files, copied unchanged
+                           (:class:`~transformer.data.marian_tokenizer.MarianSubwords` reads them)
+    import.json            where it came from (as :mod:`.hf_import` writes it for language models)
+
+Decoding settings. ``num_beams`` -> ``beam``; ``max_length`` (which counts the start token)
+-> ``max_len_b = max_length - 1`` with ``max_len_a = 0`` (``max_new_tokens`` when set);
+``length_penalty`` -> ``alpha``. The searches then pick the same tokens as ``generate`` where
+the ranking agrees: greedy always, beam search with ``length_penalty`` 0. With another
+length penalty the rankings differ (HF divides by len ** length_penalty, ours by GNMT's
+((5 + len) / 6) ** alpha; see :mod:`.marian_files`), and so does a hypothesis that reaches
+the length limit (HF's forced EOS scores 0, ours keeps its log-probability). PAD is never
+produced, as OPUS-MT's ``bad_words_ids = [[pad]]`` asks.
+
+Reading: the weights through ``MarianMTModel.from_pretrained`` with ``weights_only`` loading
+(safetensors, or a ``pytorch_model.bin`` under ``torch.load(weights_only=True)``) and local
+files only; no code from the folder is run.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from ..data.marian_tokenizer import (MARIAN_FILES, TARGET_VOCAB, TOKENIZER_CONFIG, MarianSubwords)
+from ..errors import UserError
+from ..extras import require
+from ..run.layout import BEST, CONFIG
+
+__all__ = ["import_marian_run", "decoding_from_generation"]
+
+_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                 "pytorch_model.bin.index.json")
+
+# What generate() uses for a setting the generation config leaves unset (transformers 5
+# stores None and applies these when generating).
+_GENERATE_DEFAULTS = {"num_beams": 1, "max_length": 20, "length_penalty": 1.0}
+
+
+def import_marian_run(source: Path, out: Path) -> None:
+    """Write the run directory of the Marian folder ``source`` as ``out`` (new, or an
+    empty folder), all at once: it is filled beside ``out`` and renamed into place, so a
+    failed import leaves no ``out``. UserError, one line, for a folder that is not a
+    complete Marian model or holds one our model cannot express."""
+    from ..run.files import atomic_dir
+    from ..run.weights import write_weights_file
+    from .hf_import import IMPORT_RECORD
+    from .marian import from_marian
+
+    source, out = Path(source), Path(out)
+    _check_folder(source)
+    tokenizer = MarianSubwords.load(source)
+    hf = _load_hf(source)
+    try:
+        model = from_marian(hf)
+    except ValueError as e:
+        raise UserError(f"{source}: {e}") from None
+    _check_tokenizer(source, tokenizer, model.cfg)
+    files = [name for name in (*MARIAN_FILES, TARGET_VOCAB, TOKENIZER_CONFIG)
+             if (source / name).is_file() and (name != TARGET_VOCAB or tokenizer.separate)]
+    weights = sorted(name for name in _WEIGHT_FILES if (source / name).is_file())
+    record = {"source": str(source), "family": "marian", "model_type": "marian", "tokenizer": files,
+              "weights": weights, "pad_id": model.cfg.pad_id, "tie_embeddings": model.cfg.tie_embeddings}
+
+    def fill(tmp: Path) -> None:
+        write_weights_file(model, tmp / BEST, {"imported_from": "marian"})
+        for name in files:
+            shutil.copyfile(source / name, tmp / name)
+        (tmp / CONFIG).write_text(_run_config(source, hf.generation_config, model.cfg.max_len), encoding="utf-8")
+        (tmp / IMPORT_RECORD).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+
+    try:
+        atomic_dir(out, fill)
+    except OSError as e:
+        raise UserError(f"{out}: cannot write the run ({e.strerror or e})") from None
+
+
+def decoding_from_generation(gen, max_len: int) -> dict:
+    """Our ``decoding:`` settings for a ``transformers.GenerationConfig`` (module docstring);
+    ``max_len``: the model's, which caps the output length."""
+    def get(name):
+        value = getattr(gen, name, None)
+        return _GENERATE_DEFAULTS.get(name) if value is None else value
+
+    new = get("max_new_tokens")
+    longest = int(new) if new else int(get("max_length")) - 1  # HF's max_length counts the start token
+    return {"beam": max(int(get("num_beams")), 1), "alpha": float(get("length_penalty")),
+            "max_len_a": 0.0, "max_len_b": max(1, min(longest, max_len))}
+
+
+def _check_folder(source: Path) -> None:
+    if not source.is_dir():
+        raise UserError(f"{source}: not a folder; give a Hugging Face Marian folder (config.json, weights, "
+                        "source.spm, target.spm, vocab.json)")
+    if not (source / "config.json").is_file():
+        raise UserError(f"{source}: no config.json; not a Hugging Face model folder")
+    if not any((source / name).is_file() for name in _WEIGHT_FILES):
+        raise UserError(f"{source}: no weights (model.safetensors or pytorch_model.bin)")
+    for name in MARIAN_FILES:
+        if not (source / name).is_file():
+            raise UserError(f"{source}: no {name}; a Marian model's tokenizer needs {', '.join(MARIAN_FILES)}")
+
+
+def _load_hf(source: Path):
+    require("transformers", "interop", "importing a Marian model")
+    from transformers import MarianMTModel
+
+    try:
+        return MarianMTModel.from_pretrained(source, local_files_only=True, weights_only=True,
+                                             trust_remote_code=False).eval()
+    except (OSError, ValueError, KeyError, RuntimeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"{source}: cannot read the Marian model ({first})") from None
+
+
+def _check_tokenizer(source: Path, tok: MarianSubwords, cfg) -> None:
+    """The tokenizer's ids must be the model's: the same EOS and PAD, and no id beyond the
+    embeddings."""
+    if (tok.eos_id, tok.pad_id) != (cfg.eos_id, cfg.pad_id):
+        raise UserError(f"{source}: the tokenizer's </s> and <pad> are ids {tok.eos_id} and {tok.pad_id}, the "
+                        f"model's eos_token_id and pad_token_id {cfg.eos_id} and {cfg.pad_id}")
+    for side, size, limit in (("source", tok.source_vocab_size, cfg.vocab_size),
+                              ("target", tok.vocab_size, cfg.target_vocab_size)):
+        if size > limit:
+            raise UserError(f"{source}: the {side} vocabulary has ids up to {size - 1}, the model only {limit}")
+
+
+def _run_config(source: Path, gen, max_len: int) -> str:
+    import yaml
+
+    tokenizer = {}
+    if (source / TOKENIZER_CONFIG).is_file():
+        tokenizer = json.loads((source / TOKENIZER_CONFIG).read_text(encoding="utf-8"))
+    config = {
+        "tokenizer": "marian",
+        "src_lang": tokenizer.get("source_lang"),
+        "tgt_lang": tokenizer.get("target_lang"),
+        "imported_from": {"format": "marian", "name": source.resolve().name},
+        "decoding": decoding_from_generation(gen, max_len),
+    }
+    header = ("# Imported from a Hugging Face Marian model (transformer import). The decoding settings come from\n"
+              "# its generation_config.json; alpha is GNMT's length penalty here, HF's length_penalty there.\n")
+    return header + yaml.safe_dump(config, sort_keys=False, allow_unicode=True)
