@@ -1,7 +1,8 @@
 """Compiled generation on the fixed-shape cache (decode/static.py): the eager path is the
 reference. The fixed-shape cache gives the growing cache's logits; the compiled step gives
 the eager tokens, greedy and sampled, through the sliding window and stop tokens; a model
-whose weights change is compiled afresh; the options reject bad values in one line."""
+whose weights change is compiled afresh; a step that cannot be built generates eagerly; the
+options reject bad values in one line."""
 from __future__ import annotations
 
 import pytest
@@ -89,6 +90,22 @@ def test_a_model_whose_weights_change_is_compiled_afresh(without_gemm_timing):
     eager = generate(model, [[5, 6]], 12, temperature=0, compile="off")
     assert eager != first  # the change matters, and the compiled step follows it
     assert generate(model, [[5, 6]], 12, temperature=0, compile="on") == eager
+
+
+def test_a_step_that_cannot_be_built_generates_the_eager_tokens(monkeypatch, recwarn):
+    # no C++ compiler: the step a package would hold runs eagerly on the fixed-shape cache
+    from transformer.decode import aot
+
+    def no_compiler(*args):
+        raise RuntimeError("no C++ compiler found")
+
+    monkeypatch.setattr(aot, "build", no_compiler)
+    model = make_model("llama")
+    for temperature in (0.0, 1.0):
+        eager = generate(model, PROMPTS, 40, temperature=temperature, seed=3, compile="off")
+        assert generate(model, PROMPTS, 40, temperature=temperature, seed=3, compile="on") == eager
+    assert [str(w.message) for w in recwarn] == [  # (one model, one step: one try, one warning)
+        "cannot build the compiled decoding step (RuntimeError: no C++ compiler found); decoding eagerly"]
 
 
 def test_when_auto_compiles_and_how_large_the_cache_is(monkeypatch):
