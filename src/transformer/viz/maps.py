@@ -37,8 +37,20 @@ class Pair:
     tgt_ids: list[int]  # the translation's subwords, without BOS / EOS
 
 
+class _Shape:
+    """What both kinds of maps read off their weights: the number of layers and heads."""
+
+    @property
+    def n_layers(self) -> int:
+        return self.weights(self.focus_kind).size(0)
+
+    @property
+    def n_heads(self) -> int:
+        return self.weights(self.focus_kind).size(1)
+
+
 @dataclass(frozen=True)
-class AttentionMaps:
+class AttentionMaps(_Shape):
     """Per-layer, per-head attention weights of one sentence pair (float32, on the CPU)."""
 
     source: str
@@ -54,10 +66,6 @@ class AttentionMaps:
     focus_kind: ClassVar[str] = "encoder"  # the attention that --focus ranks
 
     @property
-    def n_layers(self) -> int:
-        return self.encoder.size(0)
-
-    @property
     def longest(self) -> int:
         return max(len(self.src_pieces), len(self.tgt_in_pieces))
 
@@ -68,10 +76,6 @@ class AttentionMaps:
     def texts(self) -> list[str]:
         """Every text a picture labels with (to choose fonts that have its characters)."""
         return [self.source, self.translation, *self.src_pieces, *self.tgt_out_pieces]
-
-    @property
-    def n_heads(self) -> int:
-        return self.encoder.size(1)
 
     def weights(self, kind: str) -> Tensor:
         """(L, H, rows, cols) weights of ``kind`` (one of :data:`KINDS`)."""
@@ -92,7 +96,7 @@ class AttentionMaps:
 
 
 @dataclass(frozen=True)
-class PromptMaps:
+class PromptMaps(_Shape):
     """Per-layer, per-head causal self-attention of one prompt through a language model
     (float32, on the CPU): the same interface as :class:`AttentionMaps`, one kind ("self")."""
 
@@ -102,14 +106,6 @@ class PromptMaps:
 
     kinds: ClassVar[tuple[str, ...]] = ("self",)
     focus_kind: ClassVar[str] = "self"
-
-    @property
-    def n_layers(self) -> int:
-        return self.self_attn.size(0)
-
-    @property
-    def n_heads(self) -> int:
-        return self.self_attn.size(1)
 
     @property
     def longest(self) -> int:
