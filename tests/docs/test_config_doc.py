@@ -69,9 +69,11 @@ def test_the_page_marks_exactly_the_resumable_training_keys(page):
 def test_training_keys_are_grouped_by_the_class_sections(gen, page):
     groups = {k.name: k.group for k in gen.class_keys(TrainConfig)}
     assert groups["src_lang"] == "data" and groups["clip_norm"] == "optimisation"
-    assert groups["patience"] == "evaluation, checkpoints, logging"
+    assert groups["patience"] == "evaluation and checkpoints" and groups["warmup"] == "schedule and limits"
+    assert groups["log_every"] == "logging" and groups["model"].startswith("model")
     assert page.index("### Data") < page.index("`src_lang`") < page.index("### Optimisation") \
-        < page.index("`clip_norm`") < page.index("### Evaluation")
+        < page.index("`clip_norm`") < page.index("### Schedule") < page.index("`warmup`") \
+        < page.index("### Evaluation") < page.index("### Logging")
 
 
 def test_every_default_shown_reads_back_as_that_default(gen):

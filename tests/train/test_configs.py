@@ -45,3 +45,28 @@ def test_recipe_loads_and_builds_its_model(path):
         # the recipe is its 1,500 updates; the clock is a safety net well above what 2 AVX2-only
         # cores need for them (about 23 training minutes in fp32), so every machine trains one model
         assert cfg.max_steps == 1500 and cfg.max_minutes >= 2 * 23
+
+
+def test_the_config_is_five_parts_of_one_concern_each():
+    """TrainConfig is the union of its parts in the order data, optimisation, schedule,
+    checkpoints, logging (then the model and decoding sections); each part checks its own
+    fields alone, and the flat config gives each part back with the values it was given."""
+    import dataclasses
+
+    from transformer.errors import UserError
+    from transformer.train.config import (CheckpointConfig, DataConfig, LoggingConfig, OptimConfig, ScheduleConfig,
+                                          TrainConfig)
+
+    parts = (DataConfig, OptimConfig, ScheduleConfig, CheckpointConfig, LoggingConfig)
+    names = [f.name for f in dataclasses.fields(TrainConfig)]
+    assert names == [n for part in parts for n in part.__annotations__] + ["model", "decoding"]
+    cfg = load_config(CONFIGS[0].parent / "demo.yaml")
+    assert cfg.schedule == ScheduleConfig(**{n: getattr(cfg, n) for n in ScheduleConfig.__annotations__})
+    assert cfg.data.dataset == "multi30k" and cfg.optim.seed == cfg.seed and cfg.logging.log_every == cfg.log_every
+    assert cfg.checkpoints.average_last == cfg.average_last
+    for part, bad, message in ((ScheduleConfig, dict(cooldown=5, max_steps=2), "cooldown"),
+                               (OptimConfig, dict(betas=[0.9]), "betas"), (DataConfig, dict(dataset="x"), "dataset"),
+                               (CheckpointConfig, dict(keep_last=0), "keep_last"),
+                               (LoggingConfig, dict(log_every="often"), "log_every")):
+        with pytest.raises(UserError, match=f"^config: {message}"):
+            part(**bad)

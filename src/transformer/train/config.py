@@ -1,4 +1,13 @@
-"""Training configuration: a frozen dataclass loaded from YAML with ``--set key=value`` overrides."""
+"""Training configuration: a frozen dataclass loaded from YAML with ``--set key=value`` overrides.
+
+:class:`TrainConfig` is the union of five parts, one concern each, every one a frozen
+dataclass that checks its own fields: :class:`DataConfig` (the corpus or text, the tokenizer,
+earlier work to start from), :class:`OptimConfig` (batches, optimizer, regularisation,
+arithmetic), :class:`ScheduleConfig` (learning rate and limits), :class:`CheckpointConfig`
+(evaluation and the weights kept) and :class:`LoggingConfig`; plus the ``model`` and
+``decoding`` sections. The YAML keys are flat (``max_steps: 1500``), as they always were;
+``cfg.schedule`` and the like give a part back.
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -18,7 +27,7 @@ LR_SCHEDULES = ("noam", "inverse_sqrt", "cosine")
 OPTIMIZERS = ("adam", "adamw")
 TOKENIZERS = ("bpe", "chars")
 TEXT_DATASETS = ("text", "tinyshakespeare", "multi30k-mono")  # a decoder-only language model trains on these
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+TRAINING_PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # autocast (the decoding choices: decode/config.py)
 
 
 def resumable(default: Any) -> Any:
@@ -27,11 +36,41 @@ def resumable(default: Any) -> Any:
     return field(default=default, metadata={"resumable": True})
 
 
-@dataclass(frozen=True)
-class TrainConfig:
-    """Every training option; ``docs`` of each field is its comment. Fields made with
-    :func:`resumable` may change when a run is resumed; a change of any other is refused."""
+def _need(cond: bool, msg: str) -> None:
+    if not cond:
+        raise UserError(f"config: {msg}")
 
+
+def _names(part: type) -> tuple[str, ...]:
+    """The fields a part declares itself."""
+    return tuple(part.__annotations__)
+
+
+def _typed(config, names) -> None:
+    """Each of ``names``: 1 is a fine float; any other value of the wrong type, one line."""
+    for f in dataclasses.fields(config):
+        if f.name not in names:
+            continue
+        value = getattr(config, f.name)
+        if f.type in ("float", "float | None") and isinstance(value, int) and not isinstance(value, bool):
+            object.__setattr__(config, f.name, float(value))
+        elif not _has_type(value, f.type):
+            raise UserError(f"config: {f.name} must be {_TYPE_NAMES.get(f.type, f.type)}, got {value!r}")
+
+
+def _not_negative(config, *names: str) -> None:
+    for name in names:
+        _need(getattr(config, name) >= 0, f"{name} must not be negative, got {getattr(config, name)}")
+
+
+def _positive(config, *names: str) -> None:
+    for name in names:
+        _need(getattr(config, name) > 0, f"{name} must be positive, got {getattr(config, name)}")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """What the model learns from: a translation corpus or a language model's text, and the tokenizer."""
     # ---- data ----
     dataset: str = "multi30k"  # translation: "multi30k" or "files"; a language model: "text", "tinyshakespeare" or "multi30k-mono" (tgt_lang's side)
     src_lang: str = "en"  # the source language: multi30k's file names (en, de, fr, cs); dataset files: a label
@@ -54,25 +93,68 @@ class TrainConfig:
     init_from: str | None = None  # fine-tune: a run directory or weights file whose weights, vocabulary (a translation run's subwords.model; a language model's tokenizer files) and architecture start this run (a fresh optimizer and schedule); the model section: left out, or agreeing
     subwords_from: str | None = None  # reuse a subword model (a run directory, or a sentencepiece .model file) instead of learning one; vocab_size and lowercase must match it
     embedding_init: str | None = None  # word vectors (word2vec text or binary, GloVe text) that start the embedding rows of the pieces they hold (see data/word_vectors.py)
-    # ---- model: a preset plus overrides of any ModelConfig field ----
-    model: dict[str, Any] = field(default_factory=lambda: {"preset": "tiny"})  # e.g. {preset: tiny, dropout: 0.1}: the model keys below
+
+    def __post_init__(self) -> None:
+        self._check_data()
+
+    def _check_data(self) -> None:
+        if isinstance(self.text_files, str):  # text_files: one.txt
+            object.__setattr__(self, "text_files", [self.text_files])
+        _typed(self, _names(DataConfig))
+        _not_negative(self, "train_limit", "valid_limit")
+        _positive(self, "vocab_size")
+        datasets = ("multi30k", "files", *TEXT_DATASETS)
+        _need(self.dataset in datasets, f"dataset must be one of {datasets}, not {self.dataset!r}")
+        self._check_files()
+        self._check_reuse()
+        if self.dataset == "text":
+            _need(bool(self.text_files), "dataset 'text' needs text_files: [one or more UTF-8 files]")
+        _need(self.tokenizer in TOKENIZERS, f"tokenizer must be one of {TOKENIZERS}, not {self.tokenizer!r}")
+        _need(0.0 <= self.valid_fraction < 1.0, f"valid_fraction must be in [0, 1), got {self.valid_fraction}")
+
+    def _check_files(self) -> None:
+        """dataset files: train_src + train_tgt (+ valid_src + valid_tgt), or TSV files."""
+        files = ("train_src", "train_tgt", "valid_src", "valid_tgt")
+        if self.dataset != "files":
+            given = [k for k in files if getattr(self, k) is not None]
+            _need(not given, f"{', '.join(given)} apply to dataset files, not {self.dataset!r}")
+            return
+        _need(bool(self.train_src), "dataset files needs train_src (and train_tgt, or train_src as a TSV file of "
+                                    "source<TAB>target lines)")
+        if self.train_tgt is not None:
+            _need(self.valid_src is None or self.valid_tgt is not None,
+                  "valid_src is given without valid_tgt; give both (line N of one the translation of line N "
+                  "of the other), or neither to hold out valid_size training pairs")
+        else:
+            _need(self.valid_tgt is None, "valid_tgt is given but train_src is a TSV (no train_tgt); give "
+                                          "valid_src alone as a TSV too, or give train_tgt")
+        _need(self.valid_tgt is None or self.valid_src is not None, "valid_tgt is given without valid_src; give both")
+        _need(self.valid_size >= 0 and (self.valid_size < 1 or self.valid_size.is_integer()),
+              f"valid_size must be a whole number of pairs (>= 1) or a fraction in [0, 1), got {self.valid_size}")
+
+    def _check_reuse(self) -> None:
+        given = [k for k in ("subwords_from", "embedding_init") if getattr(self, k)]
+        _need(not (given and self.is_language_model),
+              f"{', '.join(given)} apply to translation (dataset multi30k or files), not {self.dataset!r}")
+        _need(not (self.init_from and self.embedding_init),
+              "init_from and embedding_init both set the embeddings; give one (a fine-tuned run keeps its own)")
+
+    @property
+    def is_language_model(self) -> bool:
+        """Whether this config trains a decoder-only language model on text (else translation)."""
+        return self.dataset in TEXT_DATASETS
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """How each update is made: batches, the optimizer, regularisation, arithmetic."""
     # ---- optimisation ----
     max_tokens: int = 4096  # tokens per micro-batch (padded, the larger of source / target)
     batch_size: int = 12  # a language model's micro-batch: windows of the context length
     context: int = 0  # a language model's window in tokens; 0 = model.max_len, the longest its positions allow
     accum_steps: int = resumable(1)  # micro-batches per update (a run resumed on other ranks keeps its batch)
-    max_steps: int = resumable(10000)  # stop after this many updates (raise it to train a finished run further)
-    max_epochs: int = resumable(0)  # stop after this many passes over the training data (0 = no limit)
-    max_minutes: float = resumable(0.0)  # wall-clock limit on training (0 = none); checkpoints then stops
     optimizer: str = "adam"  # adam: the paper's (eps 1e-9, weight_decay as L2); adamw: decoupled, 2-D weights only
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])  # Adam's (beta1, beta2); the paper: 0.9, 0.98
-    lr_schedule: str = "noam"  # noam: lr_scale * d_model^-0.5 * min(...); inverse_sqrt, cosine: peak_lr
-    lr_scale: float = 1.0  # noam: a factor on the paper's rate
-    peak_lr: float = 1e-3  # inverse_sqrt, cosine: the rate reached at the end of warmup
-    warmup: int = 4000  # updates over which the learning rate rises linearly from 0 (the paper: 4000)
-    min_lr: float = 0.0  # cosine: the rate reached at lr_decay_steps (nanoGPT's min_lr)
-    lr_decay_steps: int = 0  # cosine: the update where it reaches min_lr (nanoGPT's lr_decay_iters); 0 = max_steps
-    cooldown: int = resumable(0)  # the last N updates before max_steps decay the learning rate linearly to 0
     label_smoothing: float | None = None  # None: 0.1 for translation (the paper), 0 for a language model
     dropout_ramp: int = 0  # the first N updates move the model's dropout linearly from dropout_start to model.dropout
     dropout_start: float = 0.1  # the dropout of update 1 when dropout_ramp > 0
@@ -83,119 +165,156 @@ class TrainConfig:
     compile: bool = resumable(False)  # language models: the forward pass, loss and backward as one graph compiled by torch.compile
     seed: int = 1  # seeds the initial weights, the batch order and dropout
     threads: int = resumable(0)  # torch CPU threads (0 = torch's default)
-    # ---- evaluation, checkpoints, logging ----
+
+    def __post_init__(self) -> None:
+        self._check_optim()
+
+    def _check_optim(self) -> None:
+        if isinstance(self.betas, (list, tuple)) and all(_is_number(b) for b in self.betas):
+            object.__setattr__(self, "betas", [float(b) for b in self.betas])
+        _typed(self, _names(OptimConfig))
+        _need(self.seed >= 0, f"seed must be non-negative, got {self.seed}")
+        _not_negative(self, "clip_norm", "weight_decay", "threads", "context", "dropout_ramp")
+        _positive(self, "max_tokens", "batch_size", "accum_steps")
+        _need(self.optimizer in OPTIMIZERS, f"optimizer must be one of {OPTIMIZERS}, not {self.optimizer!r}")
+        _need(len(self.betas) == 2 and all(0.0 <= b < 1.0 for b in self.betas),
+               f"betas must be two numbers in [0, 1), got {self.betas}")
+        _need(self.precision in TRAINING_PRECISIONS, f"precision must be one of {TRAINING_PRECISIONS}")
+        _need(self.label_smoothing is None or 0.0 <= self.label_smoothing < 1.0, "label_smoothing must be in [0, 1)")
+        _need(0.0 <= self.dropout_start < 1.0, f"dropout_start must be in [0, 1), got {self.dropout_start}")
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """The learning rate over the updates, and when training stops."""
+    # ---- schedule and limits ----
+    lr_schedule: str = "noam"  # noam: lr_scale * d_model^-0.5 * min(...); inverse_sqrt, cosine: peak_lr
+    lr_scale: float = 1.0  # noam: a factor on the paper's rate
+    peak_lr: float = 1e-3  # inverse_sqrt, cosine: the rate reached at the end of warmup
+    warmup: int = 4000  # updates over which the learning rate rises linearly from 0 (the paper: 4000)
+    min_lr: float = 0.0  # cosine: the rate reached at lr_decay_steps (nanoGPT's min_lr)
+    lr_decay_steps: int = 0  # cosine: the update where it reaches min_lr (nanoGPT's lr_decay_iters); 0 = max_steps
+    cooldown: int = resumable(0)  # the last N updates before max_steps decay the learning rate linearly to 0
+    max_steps: int = resumable(10000)  # stop after this many updates (raise it to train a finished run further)
+    max_epochs: int = resumable(0)  # stop after this many passes over the training data (0 = no limit)
+    max_minutes: float = resumable(0.0)  # wall-clock limit on training (0 = none); checkpoints then stops
+
+    def __post_init__(self) -> None:
+        self._check_schedule()
+
+    def _check_schedule(self) -> None:
+        _typed(self, _names(ScheduleConfig))
+        _not_negative(self, "max_epochs", "max_minutes", "lr_scale", "peak_lr", "min_lr", "lr_decay_steps")
+        _positive(self, "max_steps", "warmup")
+        _need(self.lr_schedule in LR_SCHEDULES, f"lr_schedule must be one of {LR_SCHEDULES}")
+        _need(0 <= self.cooldown <= self.max_steps, f"cooldown must be in [0, max_steps], got {self.cooldown}")
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Evaluation, checkpoints and the weights kept."""
+    # ---- evaluation and checkpoints ----
     eval_every: int = resumable(1000)  # validate every N updates (and at the end)
     eval_bleu: bool = resumable(True)  # greedy BLEU on the validation set at each evaluation
     patience: int = resumable(0)  # stop after this many evaluations without a better BLEU (0 = never)
     save_every: int = resumable(1000)  # write a checkpoint every N updates (and at the end)
     keep_last: int = resumable(10)  # checkpoints kept in checkpoints/; older ones are deleted
     average_last: int = resumable(0)  # at the end, average the last K checkpoints into averaged.safetensors
+    max_bad_steps: int = resumable(20)  # consecutive non-finite steps before the run stops
+
+    def __post_init__(self) -> None:
+        self._check_checkpoints()
+
+    def _check_checkpoints(self) -> None:
+        _typed(self, _names(CheckpointConfig))
+        _not_negative(self, "patience", "average_last")
+        _positive(self, "eval_every", "save_every", "keep_last", "max_bad_steps")
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    """What a run reports while it trains."""
+    # ---- logging ----
     log_every: int = resumable(100)  # append a training record to metrics.jsonl every N updates
     tensorboard: bool = resumable(False)  # also write the records as TensorBoard scalars in tensorboard/ (needs the tensorboard package)
     progress: bool = resumable(True)  # show a progress bar on the terminal
-    max_bad_steps: int = resumable(20)  # consecutive non-finite steps before the run stops
+
+    def __post_init__(self) -> None:
+        self._check_logging()
+
+    def _check_logging(self) -> None:
+        _typed(self, _names(LoggingConfig))
+        _positive(self, "log_every")
+
+
+# (the fields come in the order data, optimisation, schedule, checkpoints, logging, then the
+# model and decoding sections: dataclasses collect them from the last base class to the first)
+@dataclass(frozen=True)
+class TrainConfig(LoggingConfig, CheckpointConfig, ScheduleConfig, OptimConfig, DataConfig):
+    """Every training option, the union of its parts (:class:`DataConfig`,
+    :class:`OptimConfig`, :class:`ScheduleConfig`, :class:`CheckpointConfig`,
+    :class:`LoggingConfig`) plus the model and decoding sections; flat, as YAML and
+    ``--set`` name them. ``docs`` of each field is its comment. Fields made with
+    :func:`resumable` may change when a run is resumed; a change of any other is refused."""
+
+    # ---- model: a preset plus overrides of any ModelConfig field ----
+    model: dict[str, Any] = field(default_factory=lambda: {"preset": "tiny"})  # e.g. {preset: tiny, dropout: 0.1}: the model keys below
     # ---- how the trained model decodes (translate, evaluate, serve; see decode/config.py) ----
     decoding: dict[str, Any] = field(default_factory=dict, metadata={"resumable": True})  # e.g. {beam: 5, alpha: 1.0}: the recipe's tuned settings
 
     def __post_init__(self) -> None:
-        def need(cond: bool, msg: str) -> None:
-            if not cond:
-                raise UserError(f"config: {msg}")
-
         if self.label_smoothing is None:
             object.__setattr__(self, "label_smoothing", 0.0 if self.is_language_model else 0.1)
-        if isinstance(self.text_files, str):  # text_files: one.txt
-            object.__setattr__(self, "text_files", [self.text_files])
-        if isinstance(self.betas, (list, tuple)) and all(_is_number(b) for b in self.betas):
-            object.__setattr__(self, "betas", [float(b) for b in self.betas])
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.type in ("float", "float | None") and isinstance(value, int) and not isinstance(value, bool):
-                object.__setattr__(self, f.name, float(value))  # 1 is a fine float
-            elif not _has_type(value, f.type):
-                raise UserError(f"config: {f.name} must be {_TYPE_NAMES.get(f.type, f.type)}, got {value!r}")
-        need(self.seed >= 0, f"seed must be non-negative, got {self.seed}")
-        for name in ("max_epochs", "max_minutes", "clip_norm", "weight_decay", "patience", "average_last",
-                     "threads", "train_limit", "valid_limit", "lr_scale", "peak_lr", "min_lr", "lr_decay_steps",
-                     "context"):
-            need(getattr(self, name) >= 0, f"{name} must not be negative, got {getattr(self, name)}")
-
-        datasets = ("multi30k", "files", *TEXT_DATASETS)
-        need(self.dataset in datasets, f"dataset must be one of {datasets}, not {self.dataset!r}")
-        self._check_files(need)
-        self._check_reuse(need)
-        if self.dataset == "text":
-            need(bool(self.text_files), "dataset 'text' needs text_files: [one or more UTF-8 files]")
-        need(self.tokenizer in TOKENIZERS, f"tokenizer must be one of {TOKENIZERS}, not {self.tokenizer!r}")
-        need(0.0 <= self.valid_fraction < 1.0, f"valid_fraction must be in [0, 1), got {self.valid_fraction}")
-        need(self.optimizer in OPTIMIZERS, f"optimizer must be one of {OPTIMIZERS}, not {self.optimizer!r}")
-        need(len(self.betas) == 2 and all(0.0 <= b < 1.0 for b in self.betas),
-             f"betas must be two numbers in [0, 1), got {self.betas}")
-        need(self.lr_schedule in LR_SCHEDULES, f"lr_schedule must be one of {LR_SCHEDULES}")
-        need(self.precision in PRECISIONS, f"precision must be one of {PRECISIONS}")
-        for name in ("max_tokens", "batch_size", "accum_steps", "max_steps", "warmup", "eval_every", "save_every",
-                     "keep_last", "log_every", "vocab_size", "max_bad_steps"):
-            need(getattr(self, name) > 0, f"{name} must be positive, got {getattr(self, name)}")
-        need(0 <= self.cooldown <= self.max_steps, f"cooldown must be in [0, max_steps], got {self.cooldown}")
-        need(0.0 <= self.label_smoothing < 1.0, "label_smoothing must be in [0, 1)")
-        need(self.dropout_ramp >= 0, f"dropout_ramp must not be negative, got {self.dropout_ramp}")
-        need(0.0 <= self.dropout_start < 1.0, f"dropout_start must be in [0, 1), got {self.dropout_start}")
-        need(isinstance(self.model, dict) and self.model.get("preset", "tiny") in PRESETS,
-             f"model.preset must be one of {sorted(PRESETS)}")
+        self._check_data()
+        self._check_optim()
+        self._check_schedule()
+        self._check_checkpoints()
+        self._check_logging()
+        _typed(self, ("model", "decoding"))
+        _need(isinstance(self.model, dict) and self.model.get("preset", "tiny") in PRESETS,
+              f"model.preset must be one of {sorted(PRESETS)}")
         kind = self.model.get("kind", PRESETS[self.model.get("preset", "tiny")].get("kind", "encoder-decoder"))
         # a fine-tune without a model section takes its source's model (checked in train/reuse.py)
         source_model = bool(self.init_from) and not {"kind", "preset"} & set(self.model)
         lm_presets = sorted(k for k, v in PRESETS.items() if v.get("kind") == "decoder-only")
         if self.is_language_model:
-            need(source_model or kind == "decoder-only", f"dataset {self.dataset!r} trains a language model: choose "
-                                                          f"a decoder-only model.preset ({', '.join(lm_presets)})")
-            need(not self.max_epochs, "max_epochs does not apply to a language model (random windows have no "
-                                      "epochs); use max_steps")
+            _need(source_model or kind == "decoder-only", f"dataset {self.dataset!r} trains a language model: choose "
+                                                           f"a decoder-only model.preset ({', '.join(lm_presets)})")
+            _need(not self.max_epochs, "max_epochs does not apply to a language model (random windows have no "
+                                       "epochs); use max_steps")
             max_len = math.inf if source_model else self.model_config(vocab_size=max(self.vocab_size, 8)).max_len
-            need(self.context <= max_len, f"context {self.context} is longer than the positions allow "
-                                          f"(model.max_len {max_len}); lower context or raise model.max_len")
+            _need(self.context <= max_len, f"context {self.context} is longer than the positions allow "
+                                           f"(model.max_len {max_len}); lower context or raise model.max_len")
         else:
-            need(not self.compile, "compile applies to language models (windows of one fixed shape); translation "
-                                   "batches change shape every update, so leave it false (compile_loss compiles "
-                                   "the translation loss)")
-            need(kind == "encoder-decoder", f"dataset {self.dataset!r} is a translation corpus: a decoder-only "
-                                            f"model.preset trains on dataset {', '.join(TEXT_DATASETS)}")
+            _need(not self.compile, "compile applies to language models (windows of one fixed shape); translation "
+                                    "batches change shape every update, so leave it false (compile_loss compiles "
+                                    "the translation loss)")
+            _need(kind == "encoder-decoder", f"dataset {self.dataset!r} is a translation corpus: a decoder-only "
+                                             f"model.preset trains on dataset {', '.join(TEXT_DATASETS)}")
         try:
             DecodingConfig.from_dict(self.decoding)
         except (ValueError, TypeError) as e:
             raise UserError(f"config: decoding.{e}") from None
 
-    def _check_files(self, need) -> None:
-        """dataset files: train_src + train_tgt (+ valid_src + valid_tgt), or TSV files."""
-        files = ("train_src", "train_tgt", "valid_src", "valid_tgt")
-        if self.dataset != "files":
-            given = [k for k in files if getattr(self, k) is not None]
-            need(not given, f"{', '.join(given)} apply to dataset files, not {self.dataset!r}")
-            return
-        need(bool(self.train_src), "dataset files needs train_src (and train_tgt, or train_src as a TSV file of "
-                                   "source<TAB>target lines)")
-        if self.train_tgt is not None:
-            need(self.valid_src is None or self.valid_tgt is not None,
-                 "valid_src is given without valid_tgt; give both (line N of one the translation of line N "
-                 "of the other), or neither to hold out valid_size training pairs")
-        else:
-            need(self.valid_tgt is None, "valid_tgt is given but train_src is a TSV (no train_tgt); give "
-                                         "valid_src alone as a TSV too, or give train_tgt")
-        need(self.valid_tgt is None or self.valid_src is not None, "valid_tgt is given without valid_src; give both")
-        need(self.valid_size >= 0 and (self.valid_size < 1 or self.valid_size.is_integer()),
-             f"valid_size must be a whole number of pairs (>= 1) or a fraction in [0, 1), got {self.valid_size}")
-
-    def _check_reuse(self, need) -> None:
-        given = [k for k in ("subwords_from", "embedding_init") if getattr(self, k)]
-        need(not (given and self.is_language_model),
-             f"{', '.join(given)} apply to translation (dataset multi30k or files), not {self.dataset!r}")
-        need(not (self.init_from and self.embedding_init),
-             "init_from and embedding_init both set the embeddings; give one (a fine-tuned run keeps its own)")
+    @property
+    def data(self) -> DataConfig:
+        return _part(DataConfig, self)
 
     @property
-    def is_language_model(self) -> bool:
-        """Whether this config trains a decoder-only language model on text (else translation)."""
-        return self.dataset in TEXT_DATASETS
+    def optim(self) -> OptimConfig:
+        return _part(OptimConfig, self)
+
+    @property
+    def schedule(self) -> ScheduleConfig:
+        return _part(ScheduleConfig, self)
+
+    @property
+    def checkpoints(self) -> CheckpointConfig:
+        return _part(CheckpointConfig, self)
+
+    @property
+    def logging(self) -> LoggingConfig:
+        return _part(LoggingConfig, self)
 
     def model_config(self, vocab_size: int, **extra: Any) -> ModelConfig:
         """The ModelConfig for a vocabulary of ``vocab_size`` subwords."""
@@ -214,6 +333,11 @@ class TrainConfig:
 
     def replace(self, **changes: Any) -> "TrainConfig":
         return dataclasses.replace(self, **changes)
+
+
+def _part(kind: type, config: TrainConfig):
+    """The ``kind`` part of ``config``: its fields, as they are (checked already)."""
+    return kind(**{name: getattr(config, name) for name in _names(kind)})
 
 
 _TYPE_NAMES = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
