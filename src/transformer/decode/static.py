@@ -39,9 +39,9 @@ from torch import nn
 
 from ..model import masks
 from . import aot, packages
+from .config import COMPILE_CHOICES
 from .steps import FixedShapeStep, GrowingStep, is_translation
 
-COMPILE_CHOICES = ("auto", "on", "off")
 # compile="auto" builds a step for a generation of at least this many new tokens (steps: a
 # step's saving hardly depends on the batch). Measured on 2 cores with the step that
 # torch.compile built in every process (benchmarks/lm/README.md): compiling cost 47-95 s and
