@@ -140,10 +140,11 @@ def test_run_holds_weights_tokenizer_and_decoding(marian):
             "tokenizer_config.json"} <= names
     assert ("target_vocab.json" in names) == separate
     config = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
-    assert config["tokenizer"] == "marian" and (config["src_lang"], config["tgt_lang"]) == ("en", "de")
+    assert (config["src_lang"], config["tgt_lang"]) == ("en", "de")
     assert config["decoding"] == {"beam": 4, "alpha": 0.0, "max_len_a": 0.0, "max_len_b": MAX_LENGTH - 1}
     model, _ = load_model(run)
     c = model.cfg
+    assert config["model"] == c.to_dict()
     pad = hf.config.pad_token_id
     assert (c.pad_id, c.bos_id, c.eos_id) == (pad, pad, 0)  # decoding starts from <pad>
     assert c.tie_embeddings != separate and c.ffn_activation == "silu" and c.output_bias
@@ -249,3 +250,38 @@ def test_missing_source_spm_is_one_line(marian, tmp_path):
         import_marian_run(broken, tmp_path / "run")
     assert "\n" not in str(e.value)
     assert not (tmp_path / "run").exists()
+
+
+# ---- the commands -------------------------------------------------------------------------------
+def test_commands_on_an_imported_run(marian, tmp_path, capsys, monkeypatch):
+    """``transformer import`` on the folder, then translate, evaluate, info, attention and
+    explain on the run it wrote, in-process."""
+    from transformer.cli import main
+
+    folder, hf, tok, _ = marian
+    run = tmp_path / "run"
+    assert main(["import", str(folder), "--out", str(run)]) == 0
+    assert "marian" in capsys.readouterr().out
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    src.write_text("".join(s + "\n" for s in SENTENCES), encoding="utf-8")
+    texts, _ = _generate(hf, tok, num_beams=4)
+    ref.write_text("".join(t + "\n" for t in texts), encoding="utf-8")
+
+    monkeypatch.setattr("sys.stdin", __import__("io").StringIO("".join(s + "\n" for s in SENTENCES)))
+    assert main(["translate", "--model", str(run), "--precision", "fp32", "--compile", "off"]) == 0
+    assert capsys.readouterr().out.splitlines() == texts
+    # the references are HF's own translations: a perfect chrF (BLEU needs 4-grams these lack)
+    assert main(["evaluate", "--model", str(run), "--src", str(src), "--ref", str(ref), "--json",
+                 "--precision", "fp32", "--compile", "off"]) == 0
+    scores = json.loads(capsys.readouterr().out)
+    assert scores["chrf"] == pytest.approx(100.0) and scores["n_sentences"] == len(SENTENCES)
+    assert main(["info", "--model", str(run)]) == 0
+    assert "encoder-decoder translation model" in capsys.readouterr().out
+    assert main(["attention", "--model", str(run), "--out", str(tmp_path / "a.png"), SENTENCES[0]]) == 0
+    assert (tmp_path / "a.png").stat().st_size > 0
+    assert f"translation: {texts[0]}\n" in capsys.readouterr().out
+    assert main(["explain", "--model", str(run), "--step", "1", SENTENCES[0]]) == 0
+    out = capsys.readouterr().out
+    assert f"translation: {texts[0]}\n" in out and "(bit-identical)" in out
+    if not MarianSubwords.load(run).separate:  # with two vocabularies the labels read source ids as target ones
+        assert "source pieces: " + " ".join(MarianSubwords.load(run).pieces(SENTENCES[0])) + " </s>\n" in out

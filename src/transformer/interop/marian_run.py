@@ -5,8 +5,8 @@ What the run holds:
 
     best.safetensors       the weights (:func:`~transformer.interop.marian.from_marian`), with
                            their model config in the metadata, as every run's weights
-    config.yaml            ``tokenizer: marian``, the languages, where it came from, and
-                           ``decoding:`` from ``generation_config.json`` (below)
+    config.yaml            the languages, ``model:`` (the weights' config) and ``decoding:``
+                           from ``generation_config.json`` (below)
     source.spm, target.spm, vocab.json, target_vocab.json (separate vocabularies only),
     tokenizer_config.json  the tokenizer's files, copied unchanged
                            (:class:`~transformer.data.marian_tokenizer.MarianSubwords` reads them)
@@ -75,7 +75,7 @@ def import_marian_run(source: Path, out: Path) -> None:
         write_weights_file(model, tmp / BEST, {"imported_from": "marian"})
         for name in files:
             shutil.copyfile(source / name, tmp / name)
-        (tmp / CONFIG).write_text(_run_config(source, hf.generation_config, model.cfg.max_len), encoding="utf-8")
+        (tmp / CONFIG).write_text(_run_config(source, hf.generation_config, model.cfg), encoding="utf-8")
         (tmp / IMPORT_RECORD).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
 
     try:
@@ -114,12 +114,19 @@ def _load_hf(source: Path):
     require("transformers", "interop", "importing a Marian model")
     from transformers import MarianMTModel
 
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # its "Loading weights" bar, for a model of any size
     try:
         return MarianMTModel.from_pretrained(source, local_files_only=True, weights_only=True,
                                              trust_remote_code=False).eval()
     except (OSError, ValueError, KeyError, RuntimeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"{source}: cannot read the Marian model ({first})") from None
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
 
 
 def _check_tokenizer(source: Path, tok: MarianSubwords, cfg) -> None:
@@ -134,19 +141,17 @@ def _check_tokenizer(source: Path, tok: MarianSubwords, cfg) -> None:
             raise UserError(f"{source}: the {side} vocabulary has ids up to {size - 1}, the model only {limit}")
 
 
-def _run_config(source: Path, gen, max_len: int) -> str:
+def _run_config(source: Path, gen, cfg) -> str:
+    """config.yaml: a training config's keys only (so that every command that reads one,
+    ``explain --training`` and ``init_from`` among them, reads this one): the languages, the
+    model and the decoding settings. Where it came from is in import.json."""
     import yaml
 
     tokenizer = {}
     if (source / TOKENIZER_CONFIG).is_file():
         tokenizer = json.loads((source / TOKENIZER_CONFIG).read_text(encoding="utf-8"))
-    config = {
-        "tokenizer": "marian",
-        "src_lang": tokenizer.get("source_lang"),
-        "tgt_lang": tokenizer.get("target_lang"),
-        "imported_from": {"format": "marian", "name": source.resolve().name},
-        "decoding": decoding_from_generation(gen, max_len),
-    }
-    header = ("# Imported from a Hugging Face Marian model (transformer import). The decoding settings come from\n"
-              "# its generation_config.json; alpha is GNMT's length penalty here, HF's length_penalty there.\n")
+    config = {"src_lang": tokenizer.get("source_lang"), "tgt_lang": tokenizer.get("target_lang"),
+              "model": cfg.to_dict(), "decoding": decoding_from_generation(gen, cfg.max_len)}
+    header = ("# A Marian model imported by `transformer import`: the model's config, and decoding settings from\n"
+              "# its generation_config.json (alpha is GNMT's length penalty here, HF's length_penalty there).\n")
     return header + yaml.safe_dump(config, sort_keys=False, allow_unicode=True)
