@@ -20,7 +20,8 @@ Name map (ours <- HF, HF names under ``model.``):
 
 Not carried over: HF's ``activation_dropout`` (dropout inside the FFN, training only) and
 layer drop. The tokenizer files and decoding settings that :func:`save_marian` can add are
-in :mod:`.marian_files`. ``transformers`` is imported inside the functions: it is an optional dependency.
+in :mod:`.marian_files`; a whole Marian folder (weights, tokenizer, generation config)
+becomes a translation run in :mod:`.marian_run` (``transformer import``). ``transformers`` is imported inside the functions: it is an optional dependency.
 """
 from __future__ import annotations
 

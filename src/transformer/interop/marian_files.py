@@ -8,7 +8,9 @@ file, so a lower-casing model (``lowercase: true``) lower-cases in MarianTokeniz
 ``split_special_tokens`` makes "</s>" typed in a sentence plain text, as our encoder does.
 ``MarianTokenizer`` then gives ``Subwords.encode(text) + [eos]``. Its decoding differs in
 two ways: it strips leading and trailing spaces, and it drops an unknown-word id where ours
-writes " ⁇ ".
+writes " ⁇ ". (The other way, :mod:`.marian_run` imports a Marian folder with these files as a
+run, and :class:`~transformer.data.marian_tokenizer.MarianSubwords` reads them as
+``MarianTokenizer`` does.)
 
 Decoding settings (``generation_config.json``), from the run's ``decoding:`` section:
 
@@ -28,12 +30,12 @@ from pathlib import Path
 
 from ..config import ModelConfig
 from ..data import Subwords
+from ..data.marian_tokenizer import SOURCE_SPM, TARGET_SPM, TOKENIZER_CONFIG, VOCAB
 from ..decode.config import DecodingConfig
 from ..run import atomic_write, write_text_atomic
 from ._hf import check
 
-SPM_FILES = ("source.spm", "target.spm")
-VOCAB, TOKENIZER_CONFIG = "vocab.json", "tokenizer_config.json"
+SPM_FILES = (SOURCE_SPM, TARGET_SPM)
 
 
 def tokenizer_config(subwords: Subwords, model_max_length: int, source_lang: str | None = None,
