@@ -10,13 +10,15 @@ from contextlib import asynccontextmanager
 from importlib.resources import files
 from pathlib import Path
 
+import inspect
+
 from fastapi import FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
 from .batching import Decode, DynamicBatcher
 from .config import ServeConfig
-from .errors import add_error_handlers, refuse_elsewhere
+from .errors import add_error_handlers
 from .guard import Guard
 
 STATIC = Path(str(files(__package__) / "static"))
@@ -28,20 +30,24 @@ class ServiceCore:
 
     kind: str  # "translation" or "language-model": /health tells clients
     summary: str  # the OpenAPI summary
-    health_doc: str  # /health's description
-    elsewhere: tuple[list[str], str]  # the other kind's endpoints, and the 404 that says what this one serves
 
     def __init__(self, cfg: ServeConfig, decode: Decode) -> None:
         self.cfg = cfg
         self.batcher = DynamicBatcher(decode, cfg.max_batch, cfg.max_wait_ms / 1000, cfg.batching, cfg.max_queue)
 
     def add_routes(self, app: FastAPI) -> None:
-        """The kind's own routes."""
+        """The kind's route set, and a 404 for the other kind's endpoints that names these."""
         raise NotImplementedError
 
     def health(self) -> dict:
-        """The model's shape and settings, for /health."""
+        """The model's shape and settings, for /health (this docstring describes the route)."""
         raise NotImplementedError
+
+
+def check_default(value: int, limit: int, what: str, limit_name: str) -> None:
+    """A model loaded with a default over the server's own limit is the caller's mistake."""
+    if value > limit:
+        raise ValueError(f"the {what} ({value}) is larger than {limit_name} ({limit})")
 
 
 def core_app(service: ServiceCore, model_name: str) -> FastAPI:
@@ -60,11 +66,9 @@ def core_app(service: ServiceCore, model_name: str) -> FastAPI:
     app.add_middleware(Guard, max_bytes=cfg.max_body_bytes, timeout=cfg.timeout, token=cfg.token)
     service.add_routes(app)
 
-    @app.get("/health", description=service.health_doc)
+    @app.get("/health", description=inspect.getdoc(service.health))
     async def health() -> dict:
         return {"status": "ok", "kind": service.kind, "model": model_name, **service.health()}
-
-    refuse_elsewhere(app, *service.elsewhere)
 
     @app.get("/stats")
     async def stats() -> dict:

@@ -20,7 +20,7 @@ from ..errors import UserError
 from ..generator import Generator, TextPieces
 from .attention import lm_attention_maps
 from .config import ServeConfig
-from .core import ServiceCore
+from .core import ServiceCore, check_default
 from .errors import ServeError
 from .lm_routes import add_generation_routes
 from .schemas import GenerateRequest
@@ -62,14 +62,10 @@ class LMService(ServiceCore):
 
     kind = "language-model"
     summary = "Continue text with a from-scratch language model and look at its attention."
-    health_doc = "Liveness, the kind of model, its shape and its default sampling settings."
-    elsewhere = (["/translate"], "this server has a language model: it serves POST /generate "
-                                 '(and POST /attention with {"text": ...}), not /translate')
 
     def __init__(self, generator: Generator, cfg: ServeConfig) -> None:
-        if generator.decoding.max_new_tokens > cfg.new_tokens_limit:
-            raise ValueError(f"the generator's max_new_tokens ({generator.decoding.max_new_tokens}) is larger than "
-                             f"new_tokens_limit ({cfg.new_tokens_limit})")
+        check_default(generator.decoding.max_new_tokens, cfg.new_tokens_limit, "generator's max_new_tokens",
+                      "new_tokens_limit")
         super().__init__(cfg, self._generate)
         self.generator = generator
 
@@ -175,6 +171,7 @@ class LMService(ServiceCore):
             raise ServeError(422, f"text: {self.client_message(e)}") from None
 
     def health(self) -> dict:
+        """Liveness, the kind of model, its shape and its default sampling settings."""
         mcfg, d = self.generator.model.cfg, self.generator.decoding
         return {"n_layers": mcfg.n_layers, "n_heads": mcfg.n_heads, "d_model": mcfg.d_model, "max_len": mcfg.max_len,
                 "vocab_size": mcfg.vocab_size, "max_new_tokens": d.max_new_tokens,

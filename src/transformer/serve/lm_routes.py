@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import Request
 from starlette.responses import Response
 
-from .errors import ERRORS, ServeError
+from .errors import ERRORS, ServeError, refuse_elsewhere
 from .schemas import GenerateRequest, GenerateResponse, LMAttentionRequest, LMAttentionResponse
 
 EVENT_STREAM = "text/event-stream"
@@ -46,3 +46,5 @@ def add_generation_routes(app: FastAPI, service: "LMService") -> None:
             raise ServeError(413, f"the text is {len(req.text)} characters long; the limit is {service.cfg.max_chars}")
         # Plain JSON, not validated through the response model: the maps are large.
         return JSONResponse(await service.batcher.run_exclusive(service.attention, req.text))
+    refuse_elsewhere(app, ["/translate"], "this server has a language model: it serves POST /generate "
+                                          '(and POST /attention with {"text": ...}), not /translate')

@@ -8,8 +8,8 @@ from fastapi.responses import JSONResponse
 from ..translator import Translation, Translator
 from .attention import attention_maps
 from .config import ServeConfig
-from .core import ServiceCore
-from .errors import ERRORS, ServeError
+from .core import ServiceCore, check_default
+from .errors import ERRORS, ServeError, refuse_elsewhere
 from .schemas import AttentionRequest, AttentionResponse, Candidate, TranslateRequest, TranslateResponse
 
 
@@ -24,17 +24,12 @@ class TranslationService(ServiceCore):
 
     kind = "translation"
     summary = "Translate with a from-scratch Transformer and look at its attention."
-    health_doc = "Liveness, the kind of model, and its shape."
-    elsewhere = (["/generate"], "this server has a translation model: it serves POST /translate "
-                                "(and POST /attention), not /generate")
 
     def __init__(self, translator: Translator, cfg: ServeConfig) -> None:
-        if translator.decoding.beam > cfg.max_beam:
-            raise ValueError(f"the translator's beam ({translator.decoding.beam}) is larger than max_beam "
-                             f"({cfg.max_beam})")
-        super().__init__(cfg, self._decode)
+        check_default(translator.decoding.beam, cfg.max_beam, "translator's beam", "max_beam")
         self.base = translator
         self._by_beam: dict[int, Translator] = {translator.decoding.beam: translator}
+        super().__init__(cfg, self._decode)
 
     def translator(self, beam: int) -> Translator:
         if beam not in self._by_beam:
@@ -70,6 +65,7 @@ class TranslationService(ServiceCore):
         return beam
 
     def health(self) -> dict:
+        """Liveness, the kind of model, and its shape."""
         mcfg = self.base.model.cfg
         return {"n_layers": mcfg.n_layers, "n_heads": mcfg.n_heads, "d_model": mcfg.d_model, "max_len": mcfg.max_len,
                 "beam": self.base.decoding.beam, "max_beam": self.cfg.max_beam, "precision": self.base.decoding.precision}
@@ -101,3 +97,5 @@ def add_translation_routes(app: FastAPI, service: TranslationService) -> None:
         maps = await service.batcher.run_exclusive(service.attention, beam, req.text)
         # Plain JSON, not validated through the response model: the maps are large.
         return JSONResponse({**maps, "truncated": service.too_long(req.text)})
+    refuse_elsewhere(app, ["/generate"], "this server has a translation model: it serves POST /translate "
+                                         "(and POST /attention), not /generate")
