@@ -7,6 +7,7 @@ and streamed piece by piece as the tokens come.
 """
 from __future__ import annotations
 
+import json
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -79,7 +80,7 @@ class Generator:
         self.truncated = 0
         # a pretrained model ends its text with EOS; a model trained here has none (characters) or
         # uses it for a newline (subwords)
-        self.stop_id = self.model.cfg.eos_id if _pretrained(tokenizer) else None
+        self.stop_id: int | list[int] | None = self.model.cfg.eos_id if _pretrained(tokenizer) else None
 
     @classmethod
     def from_pretrained(cls, path: str | Path, *, warn: bool = True, **options) -> "Generator":
@@ -100,6 +101,14 @@ class Generator:
                             f"{model.cfg.vocab_size}; these files belong to different runs")
         generator = cls(model, tokenizer, decoding, warn=warn)
         static.keep_packages_for(generator.model, run_root(path))
+        record = run_root(path) / "import.json"  # an imported model may end its text with any of several ids
+        if generator.stop_id is not None and record.is_file():
+            try:
+                stops = json.loads(record.read_text(encoding="utf-8")).get("stop_ids")
+            except (OSError, ValueError, AttributeError):
+                stops = None
+            if isinstance(stops, list) and stops and all(isinstance(i, int) for i in stops):
+                generator.stop_id = stops
         return generator
 
     def compiles(self) -> tuple[bool, bool]:

@@ -321,3 +321,29 @@ def test_from_llama_reads_every_llama_shaped_family(imported):
                 to_llama(ours)
         else:
             assert (to_llama(ours).eval()(ids).logits - hf(ids).logits).abs().max() <= 1e-5
+
+
+def test_generation_stops_at_any_of_the_models_stop_ids(tmp_path):
+    """generation_config.json may list several EOS ids (Llama 3 Instruct ends a turn with
+    <|eot_id|>): the import records them all, and generation stops at any, as HF's does."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    folder, hf = build_checkpoint("llama3", tmp_path / "hf")
+    ids = AutoTokenizer.from_pretrained(folder)(PROMPT)["input_ids"]
+    free = hf.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False, eos_token_id=None,
+                       pad_token_id=0)[0, len(ids):].tolist()
+    stop = free[2]
+    eos = hf.config.eos_token_id
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos, stop], "do_sample": False}),
+                                                   encoding="utf-8")
+    theirs = hf.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False, eos_token_id=[eos, stop],
+                         pad_token_id=0)[0, len(ids):].tolist()
+    assert import_run(folder, tmp_path / "run") == 0
+    assert json.loads((tmp_path / "run" / "import.json").read_text())["stop_ids"] == [eos, stop]
+    generator = Generator.from_pretrained(tmp_path / "run", precision="fp32", compile="off", max_new_tokens=12)
+    assert generator.stop_id == [eos, stop]
+    end = free.index(stop) + 1
+    assert theirs == free[:end] and end < len(free)
+    assert generator.generate([PROMPT]) == [generator.tokenizer.decode(free[:end])]

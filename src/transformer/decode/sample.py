@@ -51,9 +51,10 @@ def next_tokens(logits: Tensor, temperature: float, top_k: int, top_p: float,
 @torch.inference_mode()
 def generate_stream(model, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0,
                     top_k: int = 0, top_p: float = 1.0, seed: int | Sequence[int | None] | None = None,
-                    stop_id: int | None = None, compile: str = "off") -> Iterator[Tensor]:
+                    stop_id: int | Sequence[int] | None = None, compile: str = "off") -> Iterator[Tensor]:
     """Yield the next token of every row, (B,) ids, ``max_new_tokens`` times (fewer when every
-    row has produced ``stop_id``; a finished row then repeats ``stop_id``).
+    row has produced a stop token; a finished row then repeats the first stop id).
+    ``stop_id``: one id, several (Llama 3 Instruct ends a turn with one of three), or None.
 
     ``prompts`` are token ids, each non-empty and at most ``max_len - 1`` long (the callers
     cut longer ones from the left and start empty ones with BOS). ``seed``: one int (row
@@ -73,11 +74,12 @@ def generate_stream(model, prompts: list[list[int]], max_new_tokens: int, temper
     history = [list(p) for p in prompts]
     cache, logits = step.prefill(history, capacity)
     done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
+    stops = stop_tensor(stop_id, device)
     new: list[Tensor] = []  # the tokens since `history` was last brought up to date
     for i in range(max_new_tokens):
-        token = _choose(logits, temperature, top_k, top_p, generators, stop_id, done)
+        token = _choose(logits, temperature, top_k, top_p, generators, stops, done)
         yield token
-        if i == max_new_tokens - 1 or (stop_id is not None and bool(done.all())):
+        if i == max_new_tokens - 1 or (stops is not None and bool(done.all())):
             return
         new.append(token)
         if step.full(cache):  # slide the windows of the rows whose positions are full
@@ -90,14 +92,21 @@ def generate_stream(model, prompts: list[list[int]], max_new_tokens: int, temper
             logits, cache = step(token[:, None], cache)
 
 
+def stop_tensor(stop_id: int | Sequence[int] | None, device=None) -> Tensor | None:
+    """The stop ids as a (K,) tensor (None: none)."""
+    if stop_id is None:
+        return None
+    return torch.tensor([stop_id] if isinstance(stop_id, int) else list(stop_id), dtype=torch.long, device=device)
+
+
 def _choose(logits: Tensor, temperature: float, top_k: int, top_p: float, generators,
-            stop_id: int | None, done: Tensor) -> Tensor:
-    """The next token of every row (:func:`next_tokens`); a row that has produced
-    ``stop_id`` repeats it, and ``done`` (B,) is updated in place."""
+            stops: Tensor | None, done: Tensor) -> Tensor:
+    """The next token of every row (:func:`next_tokens`); a row that has produced a stop id
+    repeats the first one, and ``done`` (B,) is updated in place."""
     token = next_tokens(logits, temperature, top_k, top_p, generators)
-    if stop_id is not None:
-        token = token.masked_fill(done, stop_id)
-        done |= token == stop_id
+    if stops is not None:
+        token = token.masked_fill(done, int(stops[0]))
+        done |= torch.isin(token, stops)
     return token
 
 
@@ -121,14 +130,15 @@ def row_seeds(seed: int | Sequence[int | None] | None, n_rows: int) -> list[int]
 
 def generate(model, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0, top_k: int = 0,
              top_p: float = 1.0, seed: int | Sequence[int | None] | None = None,
-             stop_id: int | None = None, compile: str = "off") -> list[list[int]]:
-    """The new tokens of each row (without the prompt; cut after ``stop_id``, which is kept);
-    ``compile`` as for :func:`generate_stream`."""
+             stop_id: int | Sequence[int] | None = None, compile: str = "off") -> list[list[int]]:
+    """The new tokens of each row (without the prompt; cut after a stop id, which is kept);
+    ``stop_id`` and ``compile`` as for :func:`generate_stream`."""
     out: list[list[int]] = [[] for _ in prompts]
     finished = [False] * len(prompts)
+    stops = set() if stop_id is None else {stop_id} if isinstance(stop_id, int) else set(stop_id)
     for token in generate_stream(model, prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_id, compile):
         for i, t in enumerate(token.tolist()):
             if not finished[i]:
                 out[i].append(t)
-                finished[i] = t == stop_id
+                finished[i] = t in stops
     return out
