@@ -28,7 +28,7 @@ from transformers import GenerationConfig, MarianConfig, MarianMTModel, MarianTo
 
 from transformer.data.marian_tokenizer import MarianSubwords
 from transformer.errors import UserError
-from transformer.interop.marian_run import decoding_from_generation, import_marian_run
+from transformer.interop.marian_run import decoding_from_generation, generation_differences, import_marian_run
 from transformer.run import load_model
 from transformer.translator import Translator
 
@@ -238,6 +238,16 @@ def test_length_penalty_maps_to_alpha():
     opus = GenerationConfig(num_beams=6, max_length=512, length_penalty=0.6)
     assert decoding_from_generation(opus, 64) == {"beam": 6, "alpha": 0.6, "max_len_a": 0.0, "max_len_b": 64}
     assert decoding_from_generation(GenerationConfig(max_new_tokens=40), 512)["max_len_b"] == 40
+
+
+def test_generation_settings_not_followed_are_listed(marian):
+    folder, _, _, run = marian
+    assert json.loads((run / "import.json").read_text(encoding="utf-8"))["decoding_differences"] == []
+    opus = GenerationConfig(num_beams=4, bad_words_ids=[[96]], renormalize_logits=True, no_repeat_ngram_size=3)
+    found = generation_differences(opus, pad_id=96)
+    assert [f.split(":")[0].split("=")[0] for f in found] == ["length_penalty", "renormalize_logits",
+                                                               "no_repeat_ngram_size"]
+    assert generation_differences(GenerationConfig(num_beams=4, length_penalty=0.0, bad_words_ids=[[96]]), 96) == []
 
 
 # ---- bad input ----------------------------------------------------------------------------------

@@ -19,7 +19,9 @@ the ranking agrees: greedy always, beam search with ``length_penalty`` 0. With a
 length penalty the rankings differ (HF divides by len ** length_penalty, ours by GNMT's
 ((5 + len) / 6) ** alpha; see :mod:`.marian_files`), and so does a hypothesis that reaches
 the length limit (HF's forced EOS scores 0, ours keeps its log-probability). PAD is never
-produced, as OPUS-MT's ``bad_words_ids = [[pad]]`` asks.
+produced, as OPUS-MT's ``bad_words_ids = [[pad]]`` asks. import.json lists, under
+``decoding_differences``, the generation settings of the folder that our search does not
+follow (:func:`generation_differences`).
 
 Reading: the weights through ``MarianMTModel.from_pretrained`` with ``weights_only`` loading
 (safetensors, or a ``pytorch_model.bin`` under ``torch.load(weights_only=True)``) and local
@@ -36,7 +38,7 @@ from ..errors import UserError
 from ..extras import require
 from ..run.layout import BEST, CONFIG
 
-__all__ = ["import_marian_run", "decoding_from_generation"]
+__all__ = ["import_marian_run", "decoding_from_generation", "generation_differences"]
 
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                  "pytorch_model.bin.index.json")
@@ -69,7 +71,8 @@ def import_marian_run(source: Path, out: Path) -> None:
              if (source / name).is_file() and (name != TARGET_VOCAB or tokenizer.separate)]
     weights = sorted(name for name in _WEIGHT_FILES if (source / name).is_file())
     record = {"source": str(source), "family": "marian", "model_type": "marian", "tokenizer": files,
-              "weights": weights, "pad_id": model.cfg.pad_id, "tie_embeddings": model.cfg.tie_embeddings}
+              "weights": weights, "pad_id": model.cfg.pad_id, "tie_embeddings": model.cfg.tie_embeddings,
+              "decoding_differences": generation_differences(hf.generation_config, model.cfg.pad_id)}
 
     def fill(tmp: Path) -> None:
         write_weights_file(model, tmp / BEST, {"imported_from": "marian"})
@@ -95,6 +98,26 @@ def decoding_from_generation(gen, max_len: int) -> dict:
     longest = int(new) if new else int(get("max_length")) - 1  # HF's max_length counts the start token
     return {"beam": max(int(get("num_beams")), 1), "alpha": float(get("length_penalty")),
             "max_len_a": 0.0, "max_len_b": max(1, min(longest, max_len))}
+
+
+def generation_differences(gen, pad_id: int) -> list[str]:
+    """The settings of a ``GenerationConfig`` that our search does not follow, in a few words
+    each (import.json lists them): where ``generate`` can give other output than ours."""
+    get = lambda name: getattr(gen, name, None)  # noqa: E731
+    found = []
+    if (get("num_beams") or 1) > 1 and (get("length_penalty") if get("length_penalty") is not None else 1.0) != 0:
+        found.append("length_penalty: HF divides by len ** length_penalty, ours by ((5 + len) / 6) ** alpha")
+    if get("do_sample"):
+        found.append("do_sample: translation searches, it does not sample")
+    if get("renormalize_logits"):
+        found.append("renormalize_logits: ours does not renormalise after blocking PAD")
+    for name, neutral in (("no_repeat_ngram_size", 0), ("repetition_penalty", 1.0), ("min_length", 0),
+                          ("min_new_tokens", 0), ("num_beam_groups", 1), ("early_stopping", False)):
+        if get(name) not in (None, neutral):
+            found.append(f"{name}={get(name)!r}: not carried over")
+    if get("bad_words_ids") not in (None, [[pad_id]]):
+        found.append(f"bad_words_ids={get('bad_words_ids')!r}: ours blocks PAD only")
+    return found
 
 
 def _check_folder(source: Path) -> None:
