@@ -228,8 +228,7 @@ def ffn_step(cfg, parts: dict[str, Tensor], t_dims) -> Step:
         top = max(1, energy.numel() // 100)
         st.numbers = {"gate_negative": _r((gate < 0).float().mean()), "silu_gate_max": _r(F.silu(gate).max()),
                       "h_top1pct_share": _r(energy[:top].sum() / energy.sum()),
-                      "up_norm": row_norm(parts["up"]), "h_norm": row_norm(h),
-                      "out_norm": row_norm(parts["out"])}
+                      "up_norm": row_norm(parts["up"]), "h_norm": row_norm(h), "out_norm": row_norm(parts["out"])}
         n = st.numbers
         st.lines = [f"{n['gate_negative']:.1%} of the gate values are negative, where SiLU(gate) lies in (-0.278, 0): "
                     f"those units pass at most 0.278 x up; the largest SiLU(gate) is {n['silu_gate_max']:.2f}",
