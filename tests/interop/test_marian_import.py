@@ -24,6 +24,7 @@ import pytest
 import sentencepiece as spm
 import torch
 import yaml
+from safetensors.torch import load_file
 from transformers import GenerationConfig, MarianConfig, MarianMTModel, MarianTokenizer
 
 from transformer.data.marian_tokenizer import MarianSubwords
@@ -248,6 +249,31 @@ def test_generation_settings_not_followed_are_listed(marian):
     assert [f.split(":")[0].split("=")[0] for f in found] == ["length_penalty", "renormalize_logits",
                                                                "no_repeat_ngram_size"]
     assert generation_differences(GenerationConfig(num_beams=4, length_penalty=0.0, bad_words_ids=[[96]]), 96) == []
+
+
+def test_pytorch_model_bin_is_read_as_tensors_only(marian, tmp_path):
+    """A checkpoint as pytorch_model.bin gives the same model; one whose pickle would run code
+    is refused without running it."""
+    folder, hf, tok, run = marian
+    old = tmp_path / "old"
+    shutil.copytree(folder, old)
+    torch.save(load_file(old / "model.safetensors"), old / "pytorch_model.bin")
+    (old / "model.safetensors").unlink()
+    import_marian_run(old, tmp_path / "run")
+    a, _ = load_model(run)
+    b, _ = load_model(tmp_path / "run")
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+    marker = tmp_path / "ran"
+
+    class Code:
+        def __reduce__(self):
+            return open, (str(marker), "w")
+
+    torch.save({"final_logits_bias": Code()}, old / "pytorch_model.bin")
+    with pytest.raises(UserError, match="refused"):
+        import_marian_run(old, tmp_path / "run2")
+    assert not marker.exists() and not (tmp_path / "run2").exists()
 
 
 # ---- bad input ----------------------------------------------------------------------------------

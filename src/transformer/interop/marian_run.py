@@ -30,6 +30,7 @@ files only; no code from the folder is run.
 from __future__ import annotations
 
 import json
+import pickle
 import shutil
 from pathlib import Path
 
@@ -144,6 +145,9 @@ def _load_hf(source: Path):
     try:
         return MarianMTModel.from_pretrained(source, local_files_only=True, weights_only=True,
                                              trust_remote_code=False).eval()
+    except pickle.UnpicklingError:
+        raise UserError(f"{source}: pytorch_model.bin holds more than tensors (it would run code when "
+                        "unpickled); it is refused: convert it to model.safetensors where you trust it") from None
     except (OSError, ValueError, KeyError, RuntimeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"{source}: cannot read the Marian model ({first})") from None
