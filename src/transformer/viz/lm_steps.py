@@ -17,7 +17,7 @@ from torch import Tensor
 
 from ..decode.sample import filter_logits
 from ..model.rotary import apply_rotary
-from .steps import MODEL, Step, _r, above_diagonal, clip, dims, row_norm, row_sum_error, strongest_links
+from .steps import MODEL, Step, _r, above_diagonal, clip, dims, row_norm, row_sum_error, strongest_links, top_pieces
 
 D_MODEL = "d_model"
 
@@ -284,7 +284,7 @@ def softmax_step(logits: Tensor, ids: list[int], show, t_dims, V: int) -> Step:
               "src/transformer/decode/sample.py: next_tokens")
     st.shapes = [f"P: {dims(t_dims, ('V', V, 'tokens'))}"]
     T = probs.size(0)
-    top = [(show(int(j)), q) for q, j in zip(*[x.tolist() for x in probs[-1].topk(min(5, V))])]
+    top = top_pieces(probs[-1], show, min(5, V))
     st.numbers = {"row_sum_max_abs_err": row_sum_error(probs),
                   "top5_last": [[p, _r(q)] for p, q in top]}
     st.lines = [f"rows sum to 1 (largest error {st.numbers['row_sum_max_abs_err']:.1e})",
@@ -316,7 +316,7 @@ def choice_step(logits: Tensor, show, decoding) -> Step:
         return st
     q = filter_logits(last / t, k, top_p).softmax(-1)[0]
     kept = int((q > 0).sum())
-    top = [(show(int(j)), v) for v, j in zip(*[x.tolist() for x in q.topk(min(5, kept))])]
+    top = top_pieces(q, show, min(5, kept))
     st.numbers.update(sample_candidates=kept, sample_top5=[[a, _r(b)] for a, b in top], sample_greedy_p=_r(q[greedy]))
     st.lines.append(f"sampling at temperature {t:g}, top-k {k or 'off'}, top-p {top_p:g}: {kept} candidates; "
                     + ", ".join(f"{a} {b:.3f}" for a, b in top)

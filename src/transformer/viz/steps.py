@@ -59,6 +59,12 @@ def row_norm(x: Tensor) -> float:
     return _r(x[0].norm(dim=-1).mean())
 
 
+def top_pieces(p: Tensor, show, k: int) -> list[tuple[str, float]]:
+    """The ``k`` most probable tokens of one distribution ``p`` (V,): (piece, probability)."""
+    q, i = p.topk(k)
+    return [(show(int(j)), v) for v, j in zip(q.tolist(), i.tolist())]
+
+
 def norm_stats(norm, s: Tensor) -> dict[str, float]:
     """LayerNorm's effect on the residual sum ``s`` (1, T, C), averaged over positions."""
     mean, std = s.mean(-1), s.std(-1, unbiased=False)
@@ -267,8 +273,7 @@ def softmax_step(cfg, logits, tgt_p, tgt_ids, id_to_piece, t_dims, V) -> Step:
     st.shapes = [f"P: {dims(t_dims, ('V', V, 'subwords'))}"]
 
     def top5(t: int) -> list[list]:
-        p, i = probs[t].topk(min(5, V))
-        return [[id_to_piece(int(j)), _r(q)] for q, j in zip(p.tolist(), i.tolist())]
+        return [[piece, _r(q)] for piece, q in top_pieces(probs[t], id_to_piece, min(5, V))]
 
     wanted = [*tgt_ids, cfg.eos_id]
     agree = sum(int(probs[t].argmax()) == wanted[t] for t in range(len(wanted)))
