@@ -190,6 +190,9 @@ def test_tokenizer_equals_marian_tokenizer(marian):
         for seq in (ids, target):
             assert ours.decode(seq) == tok.decode(seq, skip_special_tokens=True), seq
     assert ours.decode(tok(text_target="Ich liebe Sushi 🍣 und Tee 🍵.")["input_ids"]) == "Ich liebe Sushi 🍣 und Tee 🍵."
+    src_pieces = {i: p for p, i in json.loads((folder / "vocab.json").read_text(encoding="utf-8")).items()}
+    src_ids = tok(TEXTS[2])["input_ids"]
+    assert [ours.source_piece(i) for i in src_ids] == [src_pieces[i] for i in src_ids]
     rng = random.Random(0)
     for _ in range(200):  # any ids, specials and unknowns among them
         seq = [rng.randrange(ours.vocab_size) for _ in range(rng.randrange(1, 15))]
@@ -321,3 +324,21 @@ def test_commands_on_an_imported_run(marian, tmp_path, capsys, monkeypatch):
     assert f"translation: {texts[0]}\n" in out and "(bit-identical)" in out
     if not MarianSubwords.load(run).separate:  # with two vocabularies the labels read source ids as target ones
         assert "source pieces: " + " ".join(MarianSubwords.load(run).pieces(SENTENCES[0])) + " </s>\n" in out
+
+
+def test_served(marian):
+    """``transformer serve``'s app on the imported run: /translate gives HF's translations."""
+    pytest.importorskip("fastapi", reason="transformer serve needs the serve extra")
+    from starlette.testclient import TestClient
+
+    from transformer.serve import ServeConfig, create_app
+
+    _, hf, tok, run = marian
+    texts, _ = _generate(hf, tok, num_beams=4)
+    translator = Translator.from_pretrained(run, precision="fp32", compile="off")
+    with TestClient(create_app(translator, ServeConfig(), model_name="opus-mt")) as client:
+        reply = client.post("/translate", json={"texts": SENTENCES})
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["translations"] == texts
+        maps = client.post("/attention", json={"text": SENTENCES[0]})
+        assert maps.status_code == 200, maps.text

@@ -63,6 +63,7 @@ class MarianSubwords:
         self._src_vocab = vocab
         self._tgt_vocab = target_vocab if target_vocab is not None else vocab
         self._tgt_pieces = {i: p for p, i in self._tgt_vocab.items()}
+        self._src_pieces = {i: p for p, i in vocab.items()}
         self.path = path
         where = path or "Marian tokenizer"
         names = {k: str(config.get(f"{k}_token") or default) for k, default in
@@ -152,6 +153,11 @@ class MarianSubwords:
         if piece is None:  # as HF: an id the vocabulary lacks is looked up in the joining model
             piece = self._joiner.id_to_piece(i) if 0 <= i < self._joiner.get_piece_size() else ""
         return piece or self.id_to_piece(self.unk_id)
+
+    def source_piece(self, i: int) -> str:
+        """The piece of source id ``i`` (differs from :meth:`id_to_piece` only with separate
+        vocabularies): labels for the encoder's side."""
+        return self._src_pieces.get(i) or self.id_to_piece(self.unk_id)
 
     def is_normal(self, i: int) -> bool:
         """Whether target id ``i`` is text (not a special token)."""
