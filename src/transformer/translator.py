@@ -179,7 +179,11 @@ def load_translator(models: str | Path | list[str | Path], *, warn: bool = True,
     subwords = MarianSubwords.load(subwords_file.parent) if subwords_file.name == SOURCE_SPM \
         else Subwords.load(subwords_file)
     for path, model in zip(paths, loaded):
-        if subwords.vocab_size != model.cfg.target_vocab_size:
+        # a Marian vocabulary may number fewer pieces than the model has rows (HF then reads
+        # a piece from the sentencepiece model), never more
+        fits = subwords.vocab_size <= model.cfg.target_vocab_size if isinstance(subwords, MarianSubwords) \
+            else subwords.vocab_size == model.cfg.target_vocab_size
+        if not fits:
             raise UserError(f"{subwords_file}: {subwords.vocab_size} subwords, but the model in {path} was built for "
                             f"{model.cfg.target_vocab_size}; these files belong to different runs")
     translator = Translator(loaded[0] if len(loaded) == 1 else Ensemble(loaded), subwords, decoding, warn=warn)

@@ -342,3 +342,22 @@ def test_served(marian):
         assert reply.json()["translations"] == texts
         maps = client.post("/attention", json={"text": SENTENCES[0]})
         assert maps.status_code == 200, maps.text
+
+
+def test_a_vocabulary_with_a_missing_id_decodes_as_hf(marian, tmp_path):
+    """An id that vocab.json lacks is read from the sentencepiece model, and its piece encodes
+    as <unk>, as MarianTokenizer does."""
+    folder, hf, tok, _ = marian
+    short = tmp_path / "short"
+    shutil.copytree(folder, short)
+    name = "target_vocab.json" if (folder / "target_vocab.json").is_file() else "vocab.json"
+    vocab = json.loads((short / name).read_text(encoding="utf-8"))
+    last = 30  # a piece in the middle
+    vocab = {p: i for p, i in vocab.items() if i != last}
+    (short / name).write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    import_marian_run(short, tmp_path / "run")
+    translator = Translator.from_pretrained(tmp_path / "run", precision="fp32", compile="off")
+    theirs = MarianTokenizer.from_pretrained(short)
+    assert translator.translate(SENTENCES) == _generate(hf, theirs)[0]
+    ids = list(range(40))  # ids both sentencepiece models have
+    assert translator.subwords.decode(ids) == theirs.decode(ids, skip_special_tokens=True)
