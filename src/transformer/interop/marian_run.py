@@ -88,36 +88,40 @@ def import_marian_run(source: Path, out: Path) -> None:
         raise UserError(f"{out}: cannot write the run ({e.strerror or e})") from None
 
 
+def _setting(gen, name: str):
+    """A ``GenerationConfig`` setting as ``generate`` applies it (its default when unset)."""
+    value = getattr(gen, name, None)
+    return _GENERATE_DEFAULTS.get(name) if value is None else value
+
+
 def decoding_from_generation(gen, max_len: int) -> dict:
     """Our ``decoding:`` settings for a ``transformers.GenerationConfig`` (module docstring);
     ``max_len``: the model's, which caps the output length."""
-    def get(name):
-        value = getattr(gen, name, None)
-        return _GENERATE_DEFAULTS.get(name) if value is None else value
-
-    new = get("max_new_tokens")
-    longest = int(new) if new else int(get("max_length")) - 1  # HF's max_length counts the start token
-    return {"beam": max(int(get("num_beams")), 1), "alpha": float(get("length_penalty")),
+    new = _setting(gen, "max_new_tokens")
+    longest = int(new) if new else int(_setting(gen, "max_length")) - 1  # HF's max_length counts the start token
+    return {"beam": max(int(_setting(gen, "num_beams")), 1), "alpha": float(_setting(gen, "length_penalty")),
             "max_len_a": 0.0, "max_len_b": max(1, min(longest, max_len))}
 
 
 def generation_differences(gen, pad_id: int) -> list[str]:
     """The settings of a ``GenerationConfig`` that our search does not follow, in a few words
     each (import.json lists them): where ``generate`` can give other output than ours."""
-    get = lambda name: getattr(gen, name, None)  # noqa: E731
     found = []
-    if (get("num_beams") or 1) > 1 and (get("length_penalty") if get("length_penalty") is not None else 1.0) != 0:
+    if _setting(gen, "num_beams") > 1 and _setting(gen, "length_penalty") != 0:
         found.append("length_penalty: HF divides by len ** length_penalty, ours by ((5 + len) / 6) ** alpha")
-    if get("do_sample"):
+    if _setting(gen, "do_sample"):
         found.append("do_sample: translation searches, it does not sample")
-    if get("renormalize_logits"):
+    if _setting(gen, "renormalize_logits"):
         found.append("renormalize_logits: ours does not renormalise after blocking PAD")
-    for name, neutral in (("no_repeat_ngram_size", 0), ("repetition_penalty", 1.0), ("min_length", 0),
-                          ("min_new_tokens", 0), ("num_beam_groups", 1), ("early_stopping", False)):
-        if get(name) not in (None, neutral):
-            found.append(f"{name}={get(name)!r}: not carried over")
-    if get("bad_words_ids") not in (None, [[pad_id]]):
-        found.append(f"bad_words_ids={get('bad_words_ids')!r}: ours blocks PAD only")
+    # early_stopping: False and "never" find the best hypothesis as ours does; True stops at
+    # the first num_beams finished ones
+    for name, neutral in (("no_repeat_ngram_size", (0,)), ("repetition_penalty", (1.0,)), ("min_length", (0,)),
+                          ("min_new_tokens", (0,)), ("num_beam_groups", (1,)), ("early_stopping", (False, "never"))):
+        value = _setting(gen, name)
+        if value is not None and value not in neutral:
+            found.append(f"{name}={value!r}: not carried over")
+    if _setting(gen, "bad_words_ids") not in (None, [[pad_id]]):
+        found.append(f"bad_words_ids={_setting(gen, 'bad_words_ids')!r}: ours blocks PAD only")
     return found
 
 
