@@ -146,7 +146,8 @@ class Translator:
         d = self.decoding
         if d.beam == 1:
             return greedy_search(self.model, src, d.max_len_a, d.max_len_b, compile=d.compile)
-        return beam_search(self.model, src, d.beam, d.alpha, n_best, d.max_len_a, d.max_len_b, compile=d.compile)
+        return beam_search(self.model, src, d.beam, d.alpha, n_best, d.max_len_a, d.max_len_b, compile=d.compile,
+                           length_norm=d.length_norm)
 
     def _to_text(self, h: Hypothesis) -> Translation:
         ids = [t for t in h.tokens if t != self.model.cfg.eos_id]

@@ -64,3 +64,11 @@ def test_pad_batch():
     out = pad_batch([[5, 6, 7], [], [8]], pad_id=0)
     assert out.tolist() == [[5, 6, 7], [0, 0, 0], [8, 0, 0]] and out.dtype == torch.long
     assert pad_batch([[], []], pad_id=0).shape == (2, 1)
+
+
+def test_the_two_length_penalties_by_hand():
+    """GNMT's ((5 + |Y|) / 6) ** alpha, and |Y| ** alpha (Hugging Face's, fairseq's)."""
+    assert length_penalty(7, 0.6) == pytest.approx(2.0 ** 0.6)
+    assert length_penalty(7, 0.6, "gnmt") == length_penalty(7, 0.6)
+    assert length_penalty(7, 0.6, "length") == pytest.approx(7 ** 0.6)
+    assert length_penalty(7, 0.0, "length") == 1.0 == length_penalty(7, 0.0)

@@ -142,7 +142,8 @@ def test_run_holds_weights_tokenizer_and_decoding(marian):
     assert ("target_vocab.json" in names) == separate
     config = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
     assert (config["src_lang"], config["tgt_lang"]) == ("en", "de")
-    assert config["decoding"] == {"beam": 4, "alpha": 0.0, "max_len_a": 0.0, "max_len_b": MAX_LENGTH - 1}
+    assert config["decoding"] == {"beam": 4, "alpha": 0.0, "length_norm": "length", "max_len_a": 0.0,
+                                  "max_len_b": MAX_LENGTH - 1}
     model, _ = load_model(run)
     c = model.cfg
     assert config["model"] == c.to_dict()
@@ -234,13 +235,31 @@ def test_beam_nbest_equals_hf_return_sequences(marian):
     assert max(len(t) for t in tokens) < MAX_LENGTH - 1
 
 
+@pytest.mark.parametrize("penalty", [0.3, 0.6])
+def test_beam_search_with_hfs_length_penalty_equals_hf(marian, penalty):
+    """length_norm "length" divides by len ** alpha as HF's length_penalty does: with HF's
+    exact stopping bound (early_stopping="never") the two beam searches agree, n-best included."""
+    _, hf, tok, run = marian
+    # room for every hypothesis to end with EOS (at the length limit the two end differently:
+    # ours with a forced EOS, HF's with its last token)
+    longest = 63
+    translator = Translator.from_pretrained(run, n_best=4, alpha=penalty, max_len_b=longest, precision="fp32",
+                                            compile="off")
+    assert translator.decoding.length_norm == "length"
+    _, tokens = _generate(hf, tok, num_return_sequences=4, length_penalty=penalty, early_stopping="never",
+                          max_length=longest + 1)
+    ours = [h.tokens for r in translator.translate_nbest(SENTENCES) for h in r]
+    assert ours == tokens and max(map(len, tokens)) < longest
+
+
 def test_length_penalty_maps_to_alpha():
     """HF's defaults (generate's when the generation config leaves a setting unset), and the
     length limit: max_length counts the start token, and the model's max_len caps it."""
     assert decoding_from_generation(GenerationConfig(), 512) == \
-        {"beam": 1, "alpha": 1.0, "max_len_a": 0.0, "max_len_b": 19}
+        {"beam": 1, "alpha": 1.0, "length_norm": "length", "max_len_a": 0.0, "max_len_b": 19}
     opus = GenerationConfig(num_beams=6, max_length=512, length_penalty=0.6)
-    assert decoding_from_generation(opus, 64) == {"beam": 6, "alpha": 0.6, "max_len_a": 0.0, "max_len_b": 64}
+    assert decoding_from_generation(opus, 64) == {"beam": 6, "alpha": 0.6, "length_norm": "length", "max_len_a": 0.0,
+                                                  "max_len_b": 64}
     assert decoding_from_generation(GenerationConfig(max_new_tokens=40), 512)["max_len_b"] == 40
 
 
@@ -249,7 +268,7 @@ def test_generation_settings_not_followed_are_listed(marian):
     assert json.loads((run / "import.json").read_text(encoding="utf-8"))["decoding_differences"] == []
     opus = GenerationConfig(num_beams=4, bad_words_ids=[[96]], renormalize_logits=True, no_repeat_ngram_size=3)
     found = generation_differences(opus, pad_id=96)
-    assert [f.split(":")[0].split("=")[0] for f in found] == ["length_penalty", "renormalize_logits",
+    assert [f.split(":")[0].split("=")[0] for f in found] == ["early_stopping", "renormalize_logits",
                                                                "no_repeat_ngram_size"]
     assert generation_differences(GenerationConfig(num_beams=4, length_penalty=0.0, bad_words_ids=[[96]]), 96) == []
 

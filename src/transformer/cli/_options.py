@@ -14,6 +14,8 @@ from ..hardware import slow_precision_warning
 _HELP = {
     "beam": ("N", int, "beam size (1 = greedy search)"),
     "alpha": ("A", float, "length penalty exponent"),
+    "length_norm": ("N", str, "how the length penalty grows: gnmt, ((5 + len) / 6) ** alpha; length, len ** alpha "
+                              "(as Hugging Face and fairseq)"),
     "n_best": ("N", int, "print the N best translations (tab-separated with scores)"),
     "max_tokens": ("N", int, "source tokens per batch"),
     "precision": ("P", str, f"decoding arithmetic, one of {', '.join(PRECISIONS)}: auto is bf16 where the "

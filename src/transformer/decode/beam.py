@@ -23,11 +23,12 @@ from .common import Hypothesis, force_eos, length_penalty, max_output_lengths, t
 from .static import cache_capacity, search_step
 
 
-def _best_reachable(raw: Tensor, step: int, limit_lp: Tensor, alpha: float) -> Tensor:
+def _best_reachable(raw: Tensor, step: int, limit_lp: Tensor, alpha: float, norm: str = "gnmt") -> Tensor:
     """The highest normalised score each live hypothesis with log-prob ``raw`` (which can only
     fall) could reach by finishing at some length in (step, limit]; ``limit_lp`` is the
-    length penalty at each one's limit. All float64, so the ranking matches Python floats."""
-    return torch.maximum(raw / length_penalty(step + 1, alpha), raw / limit_lp)
+    length penalty at each one's limit (either penalty grows with the length, so the best is
+    at one end). All float64, so the ranking matches Python floats."""
+    return torch.maximum(raw / length_penalty(step + 1, alpha, norm), raw / limit_lp)
 
 
 @torch.inference_mode()
@@ -41,6 +42,7 @@ def beam_search(
     max_len_b: int = 50,
     min_length: int = 0,
     compile: str = "off",
+    length_norm: str = "gnmt",
 ) -> list[list[Hypothesis]]:
     """Decode a batch with beam search.
 
@@ -49,6 +51,8 @@ def beam_search(
         src: (B, S) source ids, right-padded.
         beam_size: K, live hypotheses per sentence.
         alpha: length-penalty exponent (0.6 in the paper; 0 = raw log-probability).
+        length_norm: ``gnmt``, scores divided by ((5 + |Y|) / 6) ** alpha (the paper's
+            reference, GNMT), or ``length``, by |Y| ** alpha (Hugging Face, fairseq).
         n_best: hypotheses returned per sentence (1 <= n_best <= K).
         max_len_a, max_len_b: at most a * src_len + b tokens per sentence (EOS included).
         min_length: EOS is blocked before this many tokens (EOS included); the length
@@ -66,11 +70,11 @@ def beam_search(
     step = search_step(model, compile, group=beam_size, rows=src.size(0) * beam_size)
     # row = b*K + j; the K rows of a sentence share its cross-attention K/V
     cache = model.start_cache(model.encode(src), src).expand(beam_size)
-    return decode_beams(step, cache, limits, model.cfg, beam_size, alpha, n_best, min_length)
+    return decode_beams(step, cache, limits, model.cfg, beam_size, alpha, n_best, min_length, length_norm)
 
 
 def decode_beams(step, cache, limits: Tensor, cfg, k: int, alpha: float = 0.6, n_best: int = 1,
-                 min_length: int = 0) -> list[list[Hypothesis]]:
+                 min_length: int = 0, length_norm: str = "gnmt") -> list[list[Hypothesis]]:
     """Beam search through ``step`` (:mod:`transformer.decode.steps`) from ``cache`` (the
     model's after the encoder, ``expand``-ed to ``k`` rows per sentence). The cache holds
     the rows of the sentences in ``placed``; a finished sentence's rows stay there, unread,
@@ -91,7 +95,8 @@ def decode_beams(step, cache, limits: Tensor, cfg, k: int, alpha: float = 0.6, n
     # The n-th best finished score of each sentence (-inf until it has n_best), float64, and
     # the length penalty at each sentence's limit, from Python floats like the scores.
     nth_best = torch.full((batch,), float("-inf"), dtype=torch.float64, device=device)
-    limit_lp = torch.tensor([length_penalty(n, alpha) for n in limits.tolist()], dtype=torch.float64, device=device)
+    limit_lp = torch.tensor([length_penalty(n, alpha, length_norm) for n in limits.tolist()], dtype=torch.float64,
+                            device=device)
     step_i = 0
     while alive.numel() > 0:
         step_i += 1
@@ -126,7 +131,7 @@ def decode_beams(step, cache, limits: Tensor, cfg, k: int, alpha: float = 0.6, n
                 row = a * k + int(top_beam[a, j])
                 raw = float(top_scores[a, j])
                 b = int(alive[a])
-                finished[b].append(Hypothesis(seqs[row].tolist() + [cfg.eos_id], raw / length_penalty(step_i, alpha),
+                finished[b].append(Hypothesis(seqs[row].tolist() + [cfg.eos_id], raw / length_penalty(step_i, alpha, length_norm),
                                               raw))
                 touched.add(b)
             for b in touched:
@@ -141,7 +146,7 @@ def decode_beams(step, cache, limits: Tensor, cfg, k: int, alpha: float = 0.6, n
 
         # A sentence is done at its limit, or when its best live hypothesis cannot beat its
         # n-th best finished one (never while it has fewer than n_best: nth_best is -inf).
-        best_live = _best_reachable(scores[:, 0].double(), step_i, limit_lp[alive], alpha)
+        best_live = _best_reachable(scores[:, 0].double(), step_i, limit_lp[alive], alpha, length_norm)
         nth = nth_best[alive]
         keep_t = ~(at_limit | (torch.isfinite(nth) & (best_live <= nth)))
 

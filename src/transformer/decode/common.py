@@ -23,12 +23,16 @@ class Hypothesis:
     logprob: float
 
 
-def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
-    """GNMT's lp(Y) = ((5 + |Y|) / 6) ** alpha, |Y| counting the EOS token.
+def length_penalty(length: int | Tensor, alpha: float, norm: str = "gnmt") -> float | Tensor:
+    """The length penalty lp(Y), |Y| counting the EOS token: GNMT's ((5 + |Y|) / 6) ** alpha
+    (``norm="gnmt"``), or |Y| ** alpha (``norm="length"``: Hugging Face's ``length_penalty``,
+    fairseq's ``lenpen``).
 
     Scores are logprob / lp. Since log-probabilities are negative, alpha > 0 favours
     longer outputs and alpha = 0 ranks by raw log-probability.
     """
+    if norm == "length":
+        return length ** alpha
     return ((5.0 + length) / 6.0) ** alpha
 
 

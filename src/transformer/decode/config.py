@@ -30,6 +30,8 @@ PRECISIONS = ("auto", "fp32", "bf16", "int8")
 # Whether a search runs the compiled step (decode/static.py): on builds it if missing, auto
 # uses it when it is built already (or a generation is long enough to pay for building it).
 COMPILE_CHOICES = ("auto", "on", "off")
+# How beam search divides a hypothesis's log-probability by its length (decode/common.py).
+LENGTH_NORMS = ("gnmt", "length")
 
 
 def check_precision(precision: str, device: str = "cpu") -> None:
@@ -59,7 +61,8 @@ class SearchConfig:
     """Translation: greedy search (beam 1) or beam search (decode/greedy.py, decode/beam.py)."""
     # ---- search (translation) ----
     beam: int = 4  # beam size; 1 = greedy search
-    alpha: float = 0.6  # length penalty exponent (GNMT): score / ((5 + len) / 6) ** alpha
+    alpha: float = 0.6  # length penalty exponent: score / ((5 + len) / 6) ** alpha (length_norm gnmt)
+    length_norm: str = "gnmt"  # gnmt: ((5 + len) / 6) ** alpha, as GNMT and the paper; length: len ** alpha, as Hugging Face and fairseq
     n_best: int = 1  # hypotheses returned per input, best first (at most beam)
     max_len_a: float = 1.0  # outputs stop at max_len_a * source length + max_len_b tokens
     max_len_b: int = 50  # the output length limit's constant term: max_len_a * source length + max_len_b tokens
@@ -71,6 +74,8 @@ class SearchConfig:
     def _check_search(self) -> None:
         _need(isinstance(self.beam, int) and self.beam >= 1, "beam", "must be at least 1", self.beam)
         _need(isinstance(self.alpha, float), "alpha", "must be a number", self.alpha)
+        _need(self.length_norm in LENGTH_NORMS, "length_norm", f"must be one of {', '.join(LENGTH_NORMS)}",
+              self.length_norm)
         _need(isinstance(self.n_best, int) and 1 <= self.n_best <= self.beam, "n_best",
               f"must be between 1 and the beam size ({self.beam})", self.n_best)
         _need(isinstance(self.max_len_a, float) and self.max_len_a >= 0, "max_len_a", "must not be negative",

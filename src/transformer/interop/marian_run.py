@@ -14,11 +14,13 @@ What the run holds:
 
 Decoding settings. ``num_beams`` -> ``beam``; ``max_length`` (which counts the start token)
 -> ``max_len_b = max_length - 1`` with ``max_len_a = 0`` (``max_new_tokens`` when set);
-``length_penalty`` -> ``alpha``. The searches then pick the same tokens as ``generate`` where
-the ranking agrees: greedy always, beam search with ``length_penalty`` 0. With another
-length penalty the rankings differ (HF divides by len ** length_penalty, ours by GNMT's
-((5 + len) / 6) ** alpha; see :mod:`.marian_files`), and so does a hypothesis that reaches
-the length limit (HF's forced EOS scores 0, ours keeps its log-probability). PAD is never
+``length_penalty`` -> ``alpha`` with ``length_norm: length`` (scores divided by len ** alpha,
+as HF does). The searches then pick the same tokens as ``generate`` where the two stop
+alike: greedy always, beam search with ``length_penalty`` 0; with another length penalty HF
+stops a search by a heuristic bound (``early_stopping=False``) where ours stops when no live
+hypothesis can beat the finished ones, so ours may find a better-scored translation, and a
+hypothesis that reaches the length limit differs too (HF's forced EOS scores 0, ours keeps
+its log-probability). PAD is never
 produced, as OPUS-MT's ``bad_words_ids = [[pad]]`` asks. import.json lists, under
 ``decoding_differences``, the generation settings of the folder that our search does not
 follow (:func:`generation_differences`).
@@ -100,15 +102,17 @@ def decoding_from_generation(gen, max_len: int) -> dict:
     new = _setting(gen, "max_new_tokens")
     longest = int(new) if new else int(_setting(gen, "max_length")) - 1  # HF's max_length counts the start token
     return {"beam": max(int(_setting(gen, "num_beams")), 1), "alpha": float(_setting(gen, "length_penalty")),
-            "max_len_a": 0.0, "max_len_b": max(1, min(longest, max_len))}
+            "length_norm": "length", "max_len_a": 0.0, "max_len_b": max(1, min(longest, max_len))}
 
 
 def generation_differences(gen, pad_id: int) -> list[str]:
     """The settings of a ``GenerationConfig`` that our search does not follow, in a few words
     each (import.json lists them): where ``generate`` can give other output than ours."""
     found = []
-    if _setting(gen, "num_beams") > 1 and _setting(gen, "length_penalty") != 0:
-        found.append("length_penalty: HF divides by len ** length_penalty, ours by ((5 + len) / 6) ** alpha")
+    if _setting(gen, "num_beams") > 1 and _setting(gen, "length_penalty") != 0 and _setting(gen, "early_stopping") \
+            is not True:
+        found.append("early_stopping: HF stops a beam search by a heuristic bound (a length penalty makes it "
+                     "inexact), ours when no live hypothesis can beat the finished ones")
     if _setting(gen, "do_sample"):
         found.append("do_sample: translation searches, it does not sample")
     if _setting(gen, "renormalize_logits"):
@@ -184,5 +188,5 @@ def _run_config(source: Path, gen, cfg) -> str:
     config = {"src_lang": tokenizer.get("source_lang"), "tgt_lang": tokenizer.get("target_lang"),
               "model": cfg.to_dict(), "decoding": decoding_from_generation(gen, cfg.max_len)}
     header = ("# A Marian model imported by `transformer import`: the model's config, and decoding settings from\n"
-              "# its generation_config.json (alpha is GNMT's length penalty here, HF's length_penalty there).\n")
+              "# its generation_config.json (alpha and length_norm: HF's length_penalty).\n")
     return header + yaml.safe_dump(config, sort_keys=False, allow_unicode=True)
