@@ -6,7 +6,8 @@ Translation and training need only the core dependencies. The rest comes with an
     serve        fastapi, uvicorn                 transformer serve, transformer.serve
     export       transformers, ctranslate2, onnx,  transformer export (each format its own)
                  onnxscript, onnxruntime
-    interop      transformers                     transformer.interop's Hugging Face functions
+    interop      transformers, tokenizers,        transformer import, transformer.interop's
+                 huggingface_hub                  Hugging Face functions
     tensorboard  tensorboard                      training with tensorboard=true
 
 Code that needs one calls :func:`require` just before importing it, so a missing package

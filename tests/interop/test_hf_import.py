@@ -271,8 +271,31 @@ def test_hub_id_is_fetched_with_snapshot_download(gpt2_folder, tmp_path, monkeyp
     monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
     monkeypatch.chdir(tmp_path)
     assert import_run(Path("someone/tiny-gpt2"), tmp_path / "run") == 0
-    assert asked["repo_id"] == "someone/tiny-gpt2" and "*.safetensors" in asked["patterns"]
+    assert asked["repo_id"] == "someone/tiny-gpt2" and {"*.safetensors", "*.spm"} <= set(asked["patterns"])
+    assert not any(p.endswith(".bin") for p in asked["patterns"])  # the folder has safetensors weights
     assert json.loads((tmp_path / "run" / "import.json").read_text())["source"] == "hf://someone/tiny-gpt2"
+
+
+def test_a_hub_repository_without_safetensors_gives_its_pytorch_model_bin(tmp_path, monkeypatch):
+    """An older repository (opus-mt's) holds pytorch_model.bin only: a second download
+    fetches it (then read with weights_only=True)."""
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    folder, _ = build_checkpoint("gpt2", tmp_path / "hf")
+    import safetensors.torch
+
+    torch.save(safetensors.torch.load_file(folder / "model.safetensors"), folder / "pytorch_model.bin")
+    (folder / "model.safetensors").unlink()
+    asked = []
+
+    def snapshot_download(repo_id, allow_patterns=None, **_):
+        asked.append(list(allow_patterns))
+        return str(folder)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    monkeypatch.chdir(tmp_path)
+    assert import_run(Path("someone/old-gpt2"), tmp_path / "run") == 0
+    assert len(asked) == 2 and "pytorch_model*.bin" in asked[1] and "pytorch_model*.bin" not in asked[0]
+    assert load_model(tmp_path / "run")[0].cfg.vocab_size > 0
 
 
 # ---- the other commands on an imported run ---------------------------------------------------

@@ -49,7 +49,9 @@ class PretrainedTokenizer:
     """A ``tokenizer.json`` through the ``tokenizers`` library (module docstring)."""
 
     def __init__(self, path: str | Path) -> None:
-        from tokenizers import Tokenizer
+        from ..extras import require
+
+        Tokenizer = require("tokenizers", "interop", f"{path} (a Hugging Face tokenizer.json)").Tokenizer
 
         self.path = Path(path)
         try:

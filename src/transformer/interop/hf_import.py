@@ -44,7 +44,10 @@ from .hf_files import HFWeights, write_safetensors
 from .hf_lm import FAMILIES, LLAMA_SHAPED, name_map, tensors_from_hf
 
 IMPORT_RECORD = "import.json"
-HUB_FILES = ["*.json", "*.safetensors", "tokenizer.model", "*.txt"]  # what a hub download fetches
+# what a hub download fetches: configs, safetensors weights, tokenizers (Marian's *.spm too);
+# pytorch_model.bin only for a repository without safetensors weights (HUB_FALLBACK)
+HUB_FILES = ["*.json", "*.safetensors", "tokenizer.model", "*.spm", "*.txt"]
+HUB_FALLBACK = ["pytorch_model*.bin"]
 SAMPLING_DEFAULTS = dict(temperature=1.0, top_k=50, top_p=1.0)  # HF's when do_sample is on
 
 
@@ -77,13 +80,12 @@ def fetch(source: str) -> tuple[Path, str]:
         return path, str(path.resolve())
     if path.exists() or source.count("/") > 1 or source.startswith((".", "/")):
         raise UserError(f"{source}: not a model folder (one with config.json) or a hub id (name or owner/name)")
+    hub = require("huggingface_hub", "interop", f"transformer import {source} (a hub id: {source} is no folder here)")
     try:
-        from huggingface_hub import snapshot_download
-    except ImportError:
-        raise UserError(f"{source}: not a folder here; downloading it from the hub needs huggingface_hub "
-                        "(pip install huggingface_hub)") from None
-    try:
-        return Path(snapshot_download(repo_id=source, allow_patterns=HUB_FILES)), f"hf://{source}"
+        folder = Path(hub.snapshot_download(repo_id=source, allow_patterns=HUB_FILES))
+        if not any(folder.glob("*.safetensors")):  # an older repository: its pickled weights, read as tensors only
+            folder = Path(hub.snapshot_download(repo_id=source, allow_patterns=HUB_FILES + HUB_FALLBACK))
+        return folder, f"hf://{source}"
     except Exception as e:  # network, authentication, a missing repository: all one line
         raise UserError(f"{source}: cannot download from the hub ({type(e).__name__}: {str(e).splitlines()[0]})") \
             from None
