@@ -370,3 +370,12 @@ def test_generation_stops_at_any_of_the_models_stop_ids(tmp_path):
     end = free.index(stop) + 1
     assert theirs == free[:end] and end < len(free)
     assert generator.generate([PROMPT]) == [generator.tokenizer.decode(free[:end])]
+
+
+@pytest.mark.parametrize("imported", ["gpt2"], indirect=True)
+def test_explain_training_on_an_imported_run_is_one_line(imported, capsys):
+    _, _, _, run = imported
+    capsys.readouterr()
+    assert main(["explain", "--model", str(run), "--training"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "an imported model, with no training data" in err

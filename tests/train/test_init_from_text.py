@@ -102,6 +102,17 @@ def test_a_fine_tune_starts_from_the_source_and_keeps_its_tokenizer(source, user
     assert not same(tuned, source_weights)  # it trained
 
 
+def test_explain_training_reads_a_fine_tune(source, user_text, tmp_path):
+    """explain --training rebuilds a fine-tune's model from its source's architecture (the
+    run's config has no model section), and its loss is that of the run's first batch."""
+    from transformer.train.explain import explain_update
+
+    run = tmp_path / "ft"
+    Trainer(finetune(source, user_text, "max_steps=2"), run, log=quiet).train()
+    numbers = explain_update(run, lr=1e-3).numbers
+    assert numbers["loss"] > 0 and numbers["scored_tokens"] > 0
+
+
 def test_resuming_a_fine_tune_is_exact(source, user_text, tmp_path):
     straight, halves = tmp_path / "straight", tmp_path / "halves"
     Trainer(finetune(source, user_text, "max_steps=4", "save_every=2"), straight, log=quiet).train()

@@ -28,6 +28,7 @@ from ..viz.steps import Step
 from .config import load_config
 from .distributed import Dist
 from .prepare import prepare_data, tokenizer_file
+from .reuse import finetune_model_config
 from .schedule import lr_at
 from .step import make_optimizer
 from .task import make_task
@@ -50,7 +51,8 @@ def explain_update(path: str | Path, matrix: str | None = None, lr: float | None
     cfg, run_dir = _run_config(path)
     model, meta = load_model(path)
     task, data = _task(cfg, run_dir, model)
-    expected = cfg.model_config(_vocab_size(data))
+    # a fine-tune's model is its source's, with the model section's few changes (train/reuse.py)
+    expected = finetune_model_config(cfg, model.cfg) if cfg.init_from else cfg.model_config(_vocab_size(data))
     if expected != model.cfg:
         raise UserError(f"{path}: the weights do not match the run's config.yaml (another model or vocabulary)")
     step = 0
@@ -75,6 +77,9 @@ def _run_config(path: str | Path):
     found = run_file(path, CONFIG)
     if found is None:
         raise UserError(f"{path}: no {CONFIG} beside the weights; --training needs the run directory")
+    if (found.parent / "import.json").is_file():  # (interop/hf_import.py, interop/marian_run.py write it)
+        raise UserError(f"{found.parent}: an imported model, with no training data of its own; --training explains "
+                        "an update of a run trained here (fine-tune it with init_from, then explain that run)")
     return load_config(found), found.parent
 
 
@@ -87,7 +92,8 @@ def _task(cfg, run_dir: Path, model):
         data = prepare_data(cfg, run_dir, model.cfg.max_len, log=lambda *a: None, download=False)
     except UserError as e:
         raise UserError(f"--training needs the run's training data: {e}") from None
-    return make_task(cfg, data, Dist()), data
+    fine_tune = (lambda vocab_size: finetune_model_config(cfg, model.cfg)) if cfg.init_from else None
+    return make_task(cfg, data, Dist(), fine_tune), data
 
 
 def _vocab_size(data) -> int:
