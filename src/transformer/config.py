@@ -15,9 +15,10 @@ Decoder-only language models (``kind="decoder-only"``):
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
+
+from .frozen import Frozen, unknown_keys
 
 FFN_ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu")
 SINUSOID_LAYOUTS = ("interleaved", "concat")
@@ -27,7 +28,7 @@ POSITIONS = ("sinusoidal", "learned", "rope")
 
 
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(Frozen):
     """Everything needed to build a :class:`~transformer.Transformer`.
 
     The token ids ``pad_id``, ``bos_id`` and ``eos_id`` belong here because the model
@@ -127,12 +128,6 @@ class ModelConfig:
     def decoder_only(self) -> bool:
         return self.kind == "decoder-only"
 
-    def replace(self, **changes: Any) -> "ModelConfig":
-        return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
         d = dict(d)
@@ -141,8 +136,7 @@ class ModelConfig:
         if "output_vocab_size" in d:
             raise ValueError("ModelConfig: output_vocab_size (restrict_output) is no longer supported; "
                              "retrain without restrict_output")
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - names)
+        unknown = unknown_keys(cls, d)
         if unknown:
             raise ValueError(f"ModelConfig: unknown keys {unknown}")
         return cls(**d)

@@ -24,6 +24,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from ..frozen import Frozen, part, unknown_keys, whole_numbers_as_floats
+
 # Decoding arithmetic (decode/precision.py): auto is bf16 where the device computes it
 # natively, else fp32; int8 is a CPU option.
 PRECISIONS = ("auto", "fp32", "bf16", "int8")
@@ -48,14 +50,6 @@ def _need(ok: bool, name: str, what: str, value: Any) -> None:
         raise ValueError(f"{name} {what}, got {value!r}")
 
 
-def _floats(config) -> None:
-    """YAML and JSON give 1 for 1.0: the float fields of ``config`` as floats."""
-    for f in dataclasses.fields(config):
-        value = getattr(config, f.name)
-        if f.type == "float" and isinstance(value, int) and not isinstance(value, bool):
-            object.__setattr__(config, f.name, float(value))
-
-
 @dataclass(frozen=True)
 class SearchConfig:
     """Translation: greedy search (beam 1) or beam search (decode/greedy.py, decode/beam.py)."""
@@ -68,7 +62,7 @@ class SearchConfig:
     max_len_b: int = 50  # the output length limit's constant term: max_len_a * source length + max_len_b tokens
 
     def __post_init__(self) -> None:
-        _floats(self)
+        whole_numbers_as_floats(self)
         self._check_search()
 
     def _check_search(self) -> None:
@@ -95,7 +89,7 @@ class SamplingConfig:
     seed: int | None = None  # the same seed gives the same text
 
     def __post_init__(self) -> None:
-        _floats(self)
+        whole_numbers_as_floats(self)
         self._check_sampling()
 
     def _check_sampling(self) -> None:
@@ -133,44 +127,26 @@ class RuntimeConfig:
 # (the fields come in the order search, sampling, runtime: dataclasses collect them from the
 # last base class to the first)
 @dataclass(frozen=True)
-class DecodingConfig(RuntimeConfig, SamplingConfig, SearchConfig):
+class DecodingConfig(RuntimeConfig, SamplingConfig, SearchConfig, Frozen):
     """Every decoding setting, flat: the fields of :class:`SearchConfig`,
     :class:`SamplingConfig` and :class:`RuntimeConfig`."""
 
     def __post_init__(self) -> None:
-        _floats(self)
+        whole_numbers_as_floats(self)
         self._check_search()
         self._check_sampling()
         self._check_runtime()
 
-    @property
-    def search(self) -> SearchConfig:
-        return _part(SearchConfig, self)
-
-    @property
-    def sampling(self) -> SamplingConfig:
-        return _part(SamplingConfig, self)
-
-    @property
-    def runtime(self) -> RuntimeConfig:
-        return _part(RuntimeConfig, self)
-
-    def replace(self, **changes: Any) -> "DecodingConfig":
-        return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+    search = part(SearchConfig)
+    sampling = part(SamplingConfig)
+    runtime = part(RuntimeConfig)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], where: str = "decoding") -> "DecodingConfig":
-        unknown = sorted(set(d) - set(FIELDS))
+        unknown = unknown_keys(cls, d)
         if unknown:
             raise ValueError(f"{where}: unknown key(s) {unknown}; choose from {list(FIELDS)}")
         return cls(**d)
-
-
-def _part(kind, config: DecodingConfig):
-    return kind(**{f.name: getattr(config, f.name) for f in dataclasses.fields(kind)})
 
 
 FIELDS = {f.name: f.default for f in dataclasses.fields(DecodingConfig)}

@@ -22,6 +22,7 @@ from ..config import PRESETS, ModelConfig
 from ..decode.config import FIELDS as DECODING_FIELDS
 from ..decode.config import DecodingConfig
 from ..errors import UserError
+from ..frozen import Frozen, part, unknown_keys, whole_numbers_as_floats
 
 LR_SCHEDULES = ("noam", "inverse_sqrt", "cosine")
 OPTIMIZERS = ("adam", "adamw")
@@ -48,13 +49,10 @@ def _names(part: type) -> tuple[str, ...]:
 
 def _typed(config, names) -> None:
     """Each of ``names``: 1 is a fine float; any other value of the wrong type, one line."""
+    whole_numbers_as_floats(config, names)
     for f in dataclasses.fields(config):
-        if f.name not in names:
-            continue
         value = getattr(config, f.name)
-        if f.type in ("float", "float | None") and isinstance(value, int) and not isinstance(value, bool):
-            object.__setattr__(config, f.name, float(value))
-        elif not _has_type(value, f.type):
+        if f.name in names and not _has_type(value, f.type):
             raise UserError(f"config: {f.name} must be {_TYPE_NAMES.get(f.type, f.type)}, got {value!r}")
 
 
@@ -250,7 +248,7 @@ class LoggingConfig:
 # (the fields come in the order data, optimisation, schedule, checkpoints, logging, then the
 # model and decoding sections: dataclasses collect them from the last base class to the first)
 @dataclass(frozen=True)
-class TrainConfig(LoggingConfig, CheckpointConfig, ScheduleConfig, OptimConfig, DataConfig):
+class TrainConfig(LoggingConfig, CheckpointConfig, ScheduleConfig, OptimConfig, DataConfig, Frozen):
     """Every training option, the union of its parts (:class:`DataConfig`,
     :class:`OptimConfig`, :class:`ScheduleConfig`, :class:`CheckpointConfig`,
     :class:`LoggingConfig`) plus the model and decoding sections; flat, as YAML and
@@ -296,25 +294,11 @@ class TrainConfig(LoggingConfig, CheckpointConfig, ScheduleConfig, OptimConfig, 
         except (ValueError, TypeError) as e:
             raise UserError(f"config: decoding.{e}") from None
 
-    @property
-    def data(self) -> DataConfig:
-        return _part(DataConfig, self)
-
-    @property
-    def optim(self) -> OptimConfig:
-        return _part(OptimConfig, self)
-
-    @property
-    def schedule(self) -> ScheduleConfig:
-        return _part(ScheduleConfig, self)
-
-    @property
-    def checkpoints(self) -> CheckpointConfig:
-        return _part(CheckpointConfig, self)
-
-    @property
-    def logging(self) -> LoggingConfig:
-        return _part(LoggingConfig, self)
+    data = part(DataConfig)
+    optim = part(OptimConfig)
+    schedule = part(ScheduleConfig)
+    checkpoints = part(CheckpointConfig)
+    logging = part(LoggingConfig)
 
     def model_config(self, vocab_size: int, **extra: Any) -> ModelConfig:
         """The ModelConfig for a vocabulary of ``vocab_size`` subwords."""
@@ -324,20 +308,9 @@ class TrainConfig(LoggingConfig, CheckpointConfig, ScheduleConfig, OptimConfig, 
         except (TypeError, ValueError) as e:
             raise UserError(f"config: model: {e}") from None
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
     @classmethod
     def resumable_fields(cls) -> set[str]:
         return {f.name for f in dataclasses.fields(cls) if f.metadata.get("resumable")}
-
-    def replace(self, **changes: Any) -> "TrainConfig":
-        return dataclasses.replace(self, **changes)
-
-
-def _part(kind: type, config: TrainConfig):
-    """The ``kind`` part of ``config``: its fields, as they are (checked already)."""
-    return kind(**{name: getattr(config, name) for name in _names(kind)})
 
 
 _TYPE_NAMES = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
@@ -434,8 +407,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
             if data.get(section) is not None and not isinstance(data[section], dict):
                 raise UserError(f"{path}: {section} must be a mapping of option: value, e.g. {section}: {example}; "
                                 f"got {data[section]!r}")
-        known = {f.name for f in dataclasses.fields(TrainConfig)}
-        unknown = sorted(set(data) - known)
+        unknown = unknown_keys(TrainConfig, data)
         if unknown:
             raise UserError(f"{path}: unknown option(s) {unknown}")
     data = apply_overrides(data, overrides or [])
