@@ -80,14 +80,19 @@ class HFWeights:
                 return candidate
         return None
 
+    def _found(self, name: str) -> str:
+        """The stored name of tensor ``name``; UserError when the checkpoint has none."""
+        found = self._name(name)
+        if found is None:
+            raise UserError(f"{self.folder}: the checkpoint has no tensor {name}")
+        return found
+
     def __contains__(self, name: str) -> bool:
         return self._name(name) is not None
 
     def dtype(self, name: str) -> torch.dtype:
         """The dtype of a tensor, read from the file's header (no data loaded)."""
-        found = self._name(name)
-        if found is None:
-            raise UserError(f"{self.folder}: the checkpoint has no tensor {name}")
+        found = self._found(name)
         if found in self._bin:
             return self._bin[found].dtype
         with safe_open(str(self.files[found]), framework="pt") as f:
@@ -98,9 +103,7 @@ class HFWeights:
         return dtype
 
     def get(self, name: str) -> torch.Tensor:
-        found = self._name(name)
-        if found is None:
-            raise UserError(f"{self.folder}: the checkpoint has no tensor {name}")
+        found = self._found(name)
         if found in self._bin:
             return self._bin[found]
         try:

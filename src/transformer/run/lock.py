@@ -44,6 +44,14 @@ class RunLock:
         self.release()
 
 
+def make_run_dir(run_dir: Path) -> None:
+    """Create ``run_dir`` and its parents (an existing one is fine); UserError when it cannot be."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"{run_dir}: cannot create the run directory ({e.strerror or e})") from None
+
+
 def lock_run(run_dir: str | Path, what: str = "transformer train") -> RunLock | None:
     """Take ``run_dir``'s writer lock (the folder is made if missing); None where locks are
     not available. Raises UserError when another process holds it, naming its pid."""
@@ -52,10 +60,7 @@ def lock_run(run_dir: str | Path, what: str = "transformer train") -> RunLock | 
         import fcntl
     except ImportError:  # not a POSIX system: no advisory locks
         return None
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"{run_dir}: cannot create the run directory ({e.strerror or e})") from None
+    make_run_dir(run_dir)
     path = run_dir / LOCK
     while True:
         try:

@@ -25,7 +25,7 @@ import yaml
 from ..errors import UserError
 from ..model.dropout import Dropout
 from ..run import files, layout, weights
-from ..run.lock import RunLock, lock_run
+from ..run.lock import RunLock, lock_run, make_run_dir
 from . import checkpoint as ckpt
 from .config import TrainConfig
 from .distributed import Dist, reshard_position
@@ -492,10 +492,7 @@ def check_run_dir(run_dir: Path, cfg: TrainConfig) -> None:
     """Refuse to resume a run under a different config: only the fields declared
     ``resumable`` in TrainConfig may change. Only a directory holding a checkpoint holds a
     run: a failed first attempt leaves nothing that binds."""
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"{run_dir}: cannot create the run directory ({e.strerror})") from None
+    make_run_dir(run_dir)
     path = run_dir / layout.CONFIG
     if not (path.is_file() and layout.latest_checkpoint(run_dir) is not None):
         return
