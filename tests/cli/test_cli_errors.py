@@ -3,6 +3,9 @@ the offending file or option, no traceback; and nothing lost: an existing --outp
 keeps its content and no partial or temporary file appears."""
 from __future__ import annotations
 
+import errno
+import os
+
 from pathlib import Path
 
 import pytest
@@ -293,3 +296,25 @@ def test_help_exits_0(command, cli):
 def test_help_real_process(real_cli):
     done = real_cli("--help")
     assert done.returncode == 0 and done.stdout.startswith("usage: transformer") and done.stderr == ""
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EACCES])
+def test_a_write_the_machine_refuses_anywhere_is_one_line(code, cli, tmp_path, monkeypatch, one_line_error):
+    """A full disk, a read-only one, a quota or a permission met where no writer catches it
+    (here: where the run directory is made) is one line naming the file, exit 2; an OSError
+    of another kind is a fault of the code and keeps its traceback."""
+    import transformer.train.trainer as trainer
+
+    def refuse(*args, **kwargs):
+        raise OSError(code, os.strerror(code), str(tmp_path / "run" / "somewhere"))
+
+    monkeypatch.setattr(trainer.Trainer, "__init__", refuse)
+    config = tmp_path / "c.yaml"
+    config.write_text("max_steps: 1\n", encoding="utf-8")
+    result = cli("train", "--config", config, "--out", tmp_path / "run")
+    one_line_error(result, "train", "somewhere", os.strerror(code))
+    assert result.code == 2
+
+    monkeypatch.setattr(trainer.Trainer, "__init__", lambda *a, **k: (_ for _ in ()).throw(OSError(errno.EIO, "I/O")))
+    with pytest.raises(OSError):
+        cli("train", "--config", config, "--out", tmp_path / "run")

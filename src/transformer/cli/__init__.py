@@ -4,12 +4,17 @@ found by name, so a new command is a new file here and nothing else."""
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import pkgutil
 import sys
 
 from .. import __version__
 from ..errors import UserError
+
+# What the machine can refuse a command, whatever it was asked (a full disk, a read-only one,
+# a quota, a file it may not touch), rather than a fault of the code.
+_ENVIRONMENT_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
 
 # The order in `transformer --help`; any other command module follows alphabetically.
 ORDER = ["demo", "train", "translate", "generate", "evaluate", "average", "attention", "explain", "serve", "export",
@@ -44,3 +49,13 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 1
+    except OSError as e:
+        # The machine refused a write or a read (disk full, read-only, quota, permissions) in
+        # a place no writer catches: one line, as for any user error. Every writer writes to
+        # a temporary name and renames it (run/files.py), so nothing was half-written.
+        if e.errno not in _ENVIRONMENT_ERRORS:
+            raise
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"transformer {args.command}: error: {where}{e.strerror or e}; files written before are intact",
+              file=sys.stderr)
+        return 2
