@@ -37,6 +37,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 from ..errors import UserError
+from .subwords import read_sentencepiece
 
 __all__ = ["MarianSubwords", "SOURCE_SPM", "TARGET_SPM", "VOCAB", "TARGET_VOCAB", "TOKENIZER_CONFIG",
            "MARIAN_FILES"]
@@ -105,7 +106,8 @@ class MarianSubwords:
             raise UserError(f"{folder}: {TOKENIZER_CONFIG} says separate_vocabs but there is no {TARGET_VOCAB}")
         vocab = _read_vocab(folder / VOCAB)
         target_vocab = _read_vocab(folder / TARGET_VOCAB) if separate else None
-        return cls(_read_spm(folder / SOURCE_SPM), _read_spm(folder / TARGET_SPM), vocab, target_vocab, config, folder)
+        return cls(read_sentencepiece(folder / SOURCE_SPM), read_sentencepiece(folder / TARGET_SPM), vocab,
+                   target_vocab, config, folder)
 
     # ---- text -> ids ----------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -202,12 +204,3 @@ def _read_vocab(path: Path) -> dict[str, int]:
     if not (isinstance(vocab, dict) and vocab and all(isinstance(i, int) and i >= 0 for i in vocab.values())):
         raise UserError(f"{path}: not a vocabulary (a JSON object of piece: id, ids 0 or more)")
     return vocab
-
-
-def _read_spm(path: Path) -> spm.SentencePieceProcessor:
-    processor = spm.SentencePieceProcessor()
-    try:
-        processor.Load(str(path))
-    except (RuntimeError, OSError) as e:
-        raise UserError(f"{path}: not a valid sentencepiece model ({e})") from None
-    return processor

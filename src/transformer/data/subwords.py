@@ -36,6 +36,17 @@ __all__ = ["Subwords", "train_subwords", "PAD_ID", "BOS_ID", "EOS_ID", "UNK_ID"]
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 
 
+def read_sentencepiece(path: Path, advice: str = "") -> spm.SentencePieceProcessor:
+    """The sentencepiece model stored in ``path``; UserError when the file is not one
+    (``advice``, what to do about it, ends the message)."""
+    processor = spm.SentencePieceProcessor()
+    try:
+        processor.Load(str(path))
+    except (RuntimeError, OSError) as e:
+        raise UserError(f"{path}: not a valid sentencepiece model ({e}){advice}") from None
+    return processor
+
+
 class Subwords:
     """A loaded sentencepiece model: text <-> subword ids.
 
@@ -62,12 +73,7 @@ class Subwords:
         path = Path(path)
         if not path.is_file():
             raise UserError(f"{path}: subword model not found; train one first or check the path")
-        processor = spm.SentencePieceProcessor()
-        try:
-            processor.Load(str(path))
-        except (RuntimeError, OSError) as e:
-            raise UserError(f"{path}: not a valid sentencepiece model ({e}); retrain or re-copy it") from None
-        return cls(processor, path)
+        return cls(read_sentencepiece(path, "; retrain or re-copy it"), path)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Subwords:
