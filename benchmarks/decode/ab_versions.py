@@ -65,6 +65,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=64, help="test_2016_flickr sentences")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--json", help="also write the times here, with the machine (transformer.hardware)")
     args = ap.parse_args()
     import os
 
@@ -89,6 +90,9 @@ def main() -> None:
                                capture_output=True)
     print(f"\n{args.n} sentences one at a time, fp32, compiled step, {args.threads} thread(s), {args.rounds} rounds "
           f"(medians); old {args.old}, new {args.new}\n")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": hardware.describe(), "args": vars(args), "times": times},
+                                              indent=1), encoding="utf-8")
     print("| search | old, s | new, s | new / old | same translations |")
     print("|---|---|---|---|---|")
     for search in ("beam1", "beam4"):
