@@ -22,6 +22,28 @@ def rows(model) -> list[tuple[str, str, tuple[int, ...], int]]:
     return [(name, name, tuple(p.shape), p.numel()) for name, p in model.named_parameters()]
 
 
+def others(model) -> list[tuple[str, int]]:
+    """(group, count) of a language model's parameters outside :func:`rows`' matrices: the
+    norms' gains (and LayerNorm's biases), Qwen2's q/k/v biases, the matrices' biases, an
+    output bias; they and the matrices add up to the model's parameter count."""
+    listed = {param for _, param, _, _ in rows(model)}
+    norm = "RMSNorm" if model.cfg.norm == "rms" else "LayerNorm"
+    groups: dict[str, int] = {}
+    for name, p in model.named_parameters():
+        if name in listed:
+            continue
+        if ".norm." in name or name.startswith("norm."):
+            group = f"{norm} gains" if name.endswith("weight") else f"{norm} biases"
+        elif name.endswith("_proj.bias") and ".self_attn." in name and not model.cfg.bias:
+            group = "q/k/v biases"  # Qwen2: biases on these three projections only
+        elif name.endswith("bias"):
+            group = "output bias" if "." not in name else "matrix biases"
+        else:
+            group = name
+        groups[group] = groups.get(group, 0) + p.numel()
+    return list(groups.items())
+
+
 def run(args: argparse.Namespace) -> int:
     import json
 
@@ -30,9 +52,11 @@ def run(args: argparse.Namespace) -> int:
     model, meta = load_model(args.model)
     cfg, table = model.cfg, rows(model)
     total = model.num_parameters()
+    rest = others(model) if cfg.decoder_only else []
     if args.json:
         print(json.dumps({"weights": meta["path"], "config": cfg.to_dict(), "parameters": total,
-                          "matrices": [{"name": n, "parameter": p, "shape": list(s), "count": c} for n, p, s, c in table]}))
+                          "matrices": [{"name": n, "parameter": p, "shape": list(s), "count": c} for n, p, s, c in table],
+                          "others": [{"name": n, "count": c} for n, c in rest]}))
         return 0
     family = "decoder-only language model" if cfg.decoder_only else "encoder-decoder translation model"
     print(f"{meta['path']}: {family}, {cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads} heads"
@@ -44,6 +68,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {name:<{width}}  {shown:>12}  {count:>12,}  {param}")
     matrices = sum(c for *_, c in table)
     if cfg.decoder_only:
-        print(f"  the matrices above hold {matrices:,} of the {total:,} parameters; the rest are the "
-              f"{'RMSNorm' if cfg.norm == 'rms' else 'LayerNorm'} gains{' and the biases' if cfg.bias else ''}")
+        print(f"  the matrices above hold {matrices:,} of the {total:,} parameters; the rest are "
+              + ", ".join(f"{name} ({count:,})" for name, count in rest))
     return 0

@@ -5,7 +5,9 @@ they come when the client streams.
 Requests with the same sampling settings (:class:`Sampling`: max_new_tokens, temperature,
 top_k, top_p) share a batch, streaming or not; each row samples with its own seed, so its
 text is the one it gets alone (see :mod:`transformer.decode.sample`), and the one
-``transformer generate --seed S`` prints.
+``transformer generate --seed S`` prints. A row ends at the model's stop id (an imported
+model's EOS, or any of import.json's ``stop_ids``), as ``transformer generate`` ends it: the
+stop token is its last, and the batch runs on only while some row has not stopped.
 """
 from __future__ import annotations
 
@@ -146,13 +148,18 @@ class LMService(ServiceCore):
 
     # ---- in the batcher's thread ------------------------------------------------------
     def _generate(self, key: Sampling, rows: list[Row]) -> list[Continuation]:
-        tokenizer = self.generator.tokenizer
+        tokenizer, stop_id = self.generator.tokenizer, self.generator.stop_id
+        stops = set() if stop_id is None else {stop_id} if isinstance(stop_id, int) else set(stop_id)
         texts = [TextPieces(tokenizer) for _ in rows]
+        ended = [False] * len(rows)  # the row has produced a stop id (kept, as HF keeps EOS); it adds no more
         if not all(row.cancelled for row in rows):
             for token in generate_stream(self.generator.model, [r.ids for r in rows], key.max_new_tokens,
                                          key.temperature, key.top_k, key.top_p, [r.seed for r in rows],
-                                         compile=self.generator.decoding.compile):
-                for row, text, t in zip(rows, texts, token.tolist()):
+                                         stop_id=stop_id, compile=self.generator.decoding.compile):
+                for i, (row, text, t) in enumerate(zip(rows, texts, token.tolist())):
+                    if ended[i]:
+                        continue
+                    ended[i] = t in stops
                     piece = text.add(t)
                     if row.sink is not None and not row.cancelled:
                         row.sink({"text": piece, "token": t})

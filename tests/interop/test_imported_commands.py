@@ -1,0 +1,160 @@
+"""Every command on a run imported from a tiny Hugging Face checkpoint (built in the test):
+the service stops at the model's EOS and draws its attention, ``info`` names every weight,
+the exports write what they can express and refuse the rest in one line, and GPT-2's padding
+id (a real token there) is read as text."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from hf_checkpoints import PROMPT, TEXT, build_checkpoint
+from transformer.cli import main
+from transformer.generator import Generator
+from transformer.run import load_model
+
+pytest.importorskip("transformers")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """family -> (HF folder, HF model, run directory), each imported once, when first asked for."""
+    made: dict[str, tuple[Path, torch.nn.Module, Path]] = {}
+
+    def get(family: str):
+        if family not in made:
+            root = tmp_path_factory.mktemp(family)
+            folder, hf = build_checkpoint(family, root / "hf")
+            assert main(["import", str(folder), "--out", str(root / "run")]) == 0
+            made[family] = folder, hf, root / "run"
+        return made[family]
+    return get
+
+
+def greedy(run: Path, n: int = 12, **options) -> Generator:
+    return Generator.from_pretrained(run, warn=False, precision="fp32", temperature=0.0, max_new_tokens=n,
+                                     **{"compile": "off", **options})
+
+
+# ---- serve ----------------------------------------------------------------------------------
+
+def _client(run: Path):
+    from starlette.testclient import TestClient
+
+    from transformer.serve import ServeConfig, create_app
+
+    return TestClient(create_app(greedy(run), ServeConfig(), model_name="imported"))
+
+
+def _events(body: str) -> list[tuple[str, dict]]:
+    out = []
+    for block in body.strip().split("\n\n"):
+        lines = block.split("\n")
+        event = lines[0].removeprefix("event: ") if lines[0].startswith("event: ") else "message"
+        out.append((event, json.loads(lines[-1].removeprefix("data: "))))
+    return out
+
+
+def test_service_stops_at_the_models_eos(runs, tmp_path):
+    """A stop id of import.json (here: the first token of the free greedy run
+    that is not its first) ends the served
+    continuation there, in JSON and streamed, as ``transformer generate`` ends it."""
+    _, _, imported = runs("llama3")
+    free = greedy(imported)
+    ids = free.encode(PROMPT)
+    with torch.no_grad():
+        from transformer.decode.sample import generate_stream
+
+        produced = [int(t) for t in generate_stream(free.model, [ids], 12, 0.0)]
+    end = next(k for k in range(1, len(produced) - 1) if produced[k] not in produced[:k]) + 1
+    stop = produced[end - 1]  # the first new token after the first
+    run = tmp_path / "run"
+    shutil.copytree(imported, run)
+    record = json.loads((run / "import.json").read_text())
+    (run / "import.json").write_text(json.dumps({**record, "stop_ids": [stop, 10**6]}))
+    expected = greedy(run).generate([PROMPT])[0]
+    assert expected == free.tokenizer.decode(produced[:end])
+
+    with _client(run) as client:
+        answer = client.post("/generate", json={"prompt": PROMPT}).json()
+        assert (answer["text"], answer["tokens"]) == (expected, end)
+        streamed = _events(client.post("/generate", json={"prompt": PROMPT, "stream": True}).text)
+    pieces = [data for event, data in streamed if event == "message"]
+    assert [p["token"] for p in pieces if p["token"] is not None] == produced[:end]
+    assert "".join(p["text"] for p in pieces) == expected
+    assert streamed[-1][0] == "done" and streamed[-1][1]["text"] == expected
+
+
+def test_explorer_and_attention_on_an_imported_run(runs):
+    _, _, run = runs("llama3")
+    with _client(run) as client:
+        page = client.get("/")
+        assert page.status_code == 200 and "<html" in page.text.lower()
+        assert client.get("/static/explorer.js").status_code == 200
+        maps = client.post("/attention", json={"text": PROMPT}).json()
+        health = client.get("/health").json()
+    n = len(maps["tokens"])
+    assert n == len(greedy(run).encode(PROMPT))
+    assert (maps["n_layers"], maps["n_heads"]) == (2, 4) and health["vocab_size"] == load_model(run)[0].cfg.vocab_size
+    rows = torch.tensor(maps["self_attention"])  # (L, H, T, T), causal, each row sums to 1
+    assert rows.shape == (2, 4, n, n)
+    assert torch.allclose(rows.sum(-1), torch.ones(2, 4, n), atol=1e-2)
+    assert not rows.triu(1).any()
+
+
+# ---- GPT-2: the padding id is a real token --------------------------------------------------
+
+def test_gpt2_attention_reads_its_padding_id_as_text(runs):
+    """GPT-2 has no spare id: the import pads with a real token's id. The served attention of a
+    text holding that token is HF's, so are the logits."""
+    from transformer.serve.attention import lm_attention_maps
+
+    _, hf, run = runs("gpt2")
+    generator = greedy(run)
+    pad = generator.model.cfg.pad_id
+    ids = generator.tokenizer.encode(TEXT)
+    assert pad in ids
+    maps = lm_attention_maps(generator, TEXT, decimals=6)
+    hf.set_attn_implementation("eager")  # the kernel that returns its weights
+    tokens = torch.tensor([ids])
+    with torch.no_grad():
+        theirs = hf(tokens, output_attentions=True)
+        masked = generator.model(tokens)  # padding inferred from the ids: that token hidden
+        logits = generator.model(tokens, padded=False)
+    ours = torch.tensor(maps["self_attention"], dtype=torch.float32)  # (L, H, T, T)
+    assert torch.allclose(ours, torch.stack([a[0] for a in theirs.attentions]), atol=1e-5)
+    assert (logits - theirs.logits).abs().max() <= 1e-5 < (masked - theirs.logits).abs().max()
+
+
+# ---- info -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("family", ["gpt2", "llama3", "qwen2"])
+def test_info_names_every_weight(runs, family, capsys):
+    _, hf, run = runs(family)
+    capsys.readouterr()  # what the import printed
+    assert main(["info", "--model", str(run), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    model = load_model(run)[0]
+    cfg = model.cfg
+    assert info["parameters"] == model.num_parameters() == sum(p.numel() for p in hf.parameters())
+    names = [m["name"] for m in info["matrices"]]
+    assert names[0] == "We" and names[-1] == "Whead"
+    per_layer = ["WQ", "WK", "WV", "WO"] + (["W_gate", "W_up", "W_down"] if cfg.ffn_activation == "swiglu"
+                                           else ["W_up", "W_down"])
+    assert [n for n in names if n.startswith("layer 1 ")] == [f"layer 1 {w}" for w in per_layer]
+    wk = next(m for m in info["matrices"] if m["name"] == "layer 1 WK")
+    assert wk["shape"] == [cfg.kv_heads * cfg.d_head, cfg.d_model]
+    rest = {g["name"]: g["count"] for g in info["others"]}
+    assert sum(m["count"] for m in info["matrices"]) + sum(rest.values()) == info["parameters"]
+    assert ("q/k/v biases" in rest) == (family == "qwen2")
+    if family == "qwen2":
+        assert rest["q/k/v biases"] == cfg.n_layers * (cfg.d_model + 2 * cfg.kv_heads * cfg.d_head)
+        assert rest["RMSNorm gains"] == (2 * cfg.n_layers + 1) * cfg.d_model
+    assert main(["info", "--model", str(run)]) == 0
+    text = capsys.readouterr().out
+    assert ("q/k/v biases" in text) == (family == "qwen2")
