@@ -63,9 +63,6 @@ class SearchConfig:
 
     def __post_init__(self) -> None:
         whole_numbers_as_floats(self)
-        self._check_search()
-
-    def _check_search(self) -> None:
         _need(isinstance(self.beam, int) and self.beam >= 1, "beam", "must be at least 1", self.beam)
         _need(isinstance(self.alpha, float), "alpha", "must be a number", self.alpha)
         _need(self.length_norm in LENGTH_NORMS, "length_norm", f"must be one of {', '.join(LENGTH_NORMS)}",
@@ -90,9 +87,6 @@ class SamplingConfig:
 
     def __post_init__(self) -> None:
         whole_numbers_as_floats(self)
-        self._check_sampling()
-
-    def _check_sampling(self) -> None:
         _need(isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1, "max_new_tokens",
               "must be at least 1", self.max_new_tokens)
         _need(isinstance(self.temperature, float) and self.temperature >= 0, "temperature",
@@ -113,9 +107,6 @@ class RuntimeConfig:
     compile: str = "auto"  # on, off, auto: a compiled decoding step (on: built if missing; auto: if built); decode/static.py
 
     def __post_init__(self) -> None:
-        self._check_runtime()
-
-    def _check_runtime(self) -> None:
         _need(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", "must be positive",
               self.max_tokens)
         _need(isinstance(self.device, str), "device", "must be a device name such as cpu or cuda:0", self.device)
@@ -132,10 +123,8 @@ class DecodingConfig(RuntimeConfig, SamplingConfig, SearchConfig, Frozen):
     :class:`SamplingConfig` and :class:`RuntimeConfig`."""
 
     def __post_init__(self) -> None:
-        whole_numbers_as_floats(self)
-        self._check_search()
-        self._check_sampling()
-        self._check_runtime()
+        for kind in (SearchConfig, SamplingConfig, RuntimeConfig):
+            kind.__post_init__(self)  # each part checks its own fields
 
     search = part(SearchConfig)
     sampling = part(SamplingConfig)

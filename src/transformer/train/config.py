@@ -93,9 +93,6 @@ class DataConfig:
     embedding_init: str | None = None  # word vectors (word2vec text or binary, GloVe text) that start the embedding rows of the pieces they hold (see data/word_vectors.py)
 
     def __post_init__(self) -> None:
-        self._check_data()
-
-    def _check_data(self) -> None:
         if isinstance(self.text_files, str):  # text_files: one.txt
             object.__setattr__(self, "text_files", [self.text_files])
         _typed(self, _names(DataConfig))
@@ -165,9 +162,6 @@ class OptimConfig:
     threads: int = resumable(0)  # torch CPU threads (0 = torch's default)
 
     def __post_init__(self) -> None:
-        self._check_optim()
-
-    def _check_optim(self) -> None:
         if isinstance(self.betas, (list, tuple)) and all(_is_number(b) for b in self.betas):
             object.__setattr__(self, "betas", [float(b) for b in self.betas])
         _typed(self, _names(OptimConfig))
@@ -198,9 +192,6 @@ class ScheduleConfig:
     max_minutes: float = resumable(0.0)  # wall-clock limit on training (0 = none); checkpoints then stops
 
     def __post_init__(self) -> None:
-        self._check_schedule()
-
-    def _check_schedule(self) -> None:
         _typed(self, _names(ScheduleConfig))
         _not_negative(self, "max_epochs", "max_minutes", "lr_scale", "peak_lr", "min_lr", "lr_decay_steps")
         _positive(self, "max_steps", "warmup")
@@ -221,9 +212,6 @@ class CheckpointConfig:
     max_bad_steps: int = resumable(20)  # consecutive non-finite steps before the run stops
 
     def __post_init__(self) -> None:
-        self._check_checkpoints()
-
-    def _check_checkpoints(self) -> None:
         _typed(self, _names(CheckpointConfig))
         _not_negative(self, "patience", "average_last")
         _positive(self, "eval_every", "save_every", "keep_last", "max_bad_steps")
@@ -238,9 +226,6 @@ class LoggingConfig:
     progress: bool = resumable(True)  # show a progress bar on the terminal
 
     def __post_init__(self) -> None:
-        self._check_logging()
-
-    def _check_logging(self) -> None:
         _typed(self, _names(LoggingConfig))
         _positive(self, "log_every")
 
@@ -263,11 +248,8 @@ class TrainConfig(LoggingConfig, CheckpointConfig, ScheduleConfig, OptimConfig, 
     def __post_init__(self) -> None:
         if self.label_smoothing is None:
             object.__setattr__(self, "label_smoothing", 0.0 if self.is_language_model else 0.1)
-        self._check_data()
-        self._check_optim()
-        self._check_schedule()
-        self._check_checkpoints()
-        self._check_logging()
+        for kind in (DataConfig, OptimConfig, ScheduleConfig, CheckpointConfig, LoggingConfig):
+            kind.__post_init__(self)  # each part checks its own fields
         _typed(self, ("model", "decoding"))
         _need(isinstance(self.model, dict) and self.model.get("preset", "tiny") in PRESETS,
               f"model.preset must be one of {sorted(PRESETS)}")
