@@ -305,25 +305,15 @@ def _is_number(value: Any) -> bool:
 
 
 def _has_type(value: Any, annotation: str) -> bool:
+    """Whether ``value`` is of the type a field's ``annotation`` names (one of :data:`_TYPE_NAMES`)."""
+    if annotation.endswith(" | None"):
+        return value is None or _has_type(value, annotation.removesuffix(" | None"))
+    if annotation.startswith("list["):
+        return isinstance(value, list) and all(_has_type(v, annotation[len("list["):-1]) for v in value)
     if annotation == "int":
         return isinstance(value, int) and not isinstance(value, bool)
-    if annotation == "float":
-        return isinstance(value, float)
-    if annotation == "bool":
-        return isinstance(value, bool)
-    if annotation == "str":
-        return isinstance(value, str)
-    if annotation == "str | None":
-        return value is None or isinstance(value, str)
-    if annotation == "dict[str, Any]":
-        return isinstance(value, dict)
-    if annotation == "float | None":
-        return value is None or isinstance(value, float)
-    if annotation == "list[str]":
-        return isinstance(value, list) and all(isinstance(v, str) for v in value)
-    if annotation == "list[float]":
-        return isinstance(value, list) and all(isinstance(v, float) for v in value)
-    return True
+    kind = {"float": float, "bool": bool, "str": str, "dict[str, Any]": dict}.get(annotation)
+    return kind is None or isinstance(value, kind)
 
 
 def _parse_value(text: str) -> Any:
