@@ -1,7 +1,8 @@
 """The decoder-only language model's steps as records (formula, code, named shapes, telling
 numbers), in the seed's terms: We, positions (or the rotation of q and k), masked
 self-attention, Add & Norm, the gated FFN's W_gate / W_up / W_down, the final norm, Whead,
-softmax and the choice of the next token.
+softmax and the choice of the next token. Their words stand in ``step_texts.toml`` beside the
+translation model's (:func:`~transformer.viz.steps.record`).
 
 Each builder takes tensors that :func:`transformer.viz.lm_walkthrough.walk_lm` computed with
 the model's own sub-modules; nothing here runs the model. Shape legend: T prompt tokens,
@@ -17,7 +18,8 @@ from torch import Tensor
 
 from ..decode.sample import filter_logits
 from ..model.rotary import apply_rotary
-from .steps import MODEL, Step, _r, above_diagonal, clip, dims, row_norm, row_sum_error, strongest_links, top_pieces
+from .steps import (Step, _r, above_diagonal, clip, dims, head_shapes, output_shapes, projection_dims, record, row_norm,
+                    row_sum_error, strongest_links, top_pieces)
 
 D_MODEL = "d_model"
 
@@ -30,9 +32,7 @@ def embedding_step(cfg, scale: float, looked_up: Tensor, x: Tensor, pieces: list
     """(1): looked_up = We[x] (1, T, C); x = looked_up * scale (1.0 for GPT and Llama)."""
     C = cfg.d_model
     scaled = scale != 1.0
-    formula = "X = We[x]" + (" * sqrt(d_model)" if scaled else " (a row of We per token)")
-    st = Step("1", "Token embedding We", "词嵌入 We", formula,
-              MODEL + "embedding.py: TokenEmbedding.forward; lm.py: LanguageModel.hidden")
+    st = record("lm", "1", "scaled" if scaled else None)
     st.shapes = [f"We: {dims(('V', cfg.vocab_size, 'tokens'), (D_MODEL, C, None))}",
                  f"X: {dims(t_dims, (D_MODEL, C, None))}"]
     st.numbers = {"pieces": pieces, "ids": ids, "scale": _r(scale), "row_norm": row_norm(looked_up),
@@ -47,8 +47,7 @@ def embedding_step(cfg, scale: float, looked_up: Tensor, x: Tensor, pieces: list
 def learned_positions_step(cfg, wpos: Tensor, x_embed: Tensor, t_dims) -> Step:
     """(2), GPT-2: a trained row Wpos[p] added to each token's row; wpos (T, C)."""
     T = wpos.size(0)
-    st = Step("2", "Learned positions Wpos", "位置编码（学习的 Wpos）", "X_input = We[x] + Wpos[p], p = 0 .. T-1",
-              MODEL + "embedding.py: LearnedPositions.at")
+    st = record("lm", "2")
     st.shapes = [f"Wpos: {dims(('max_len', cfg.max_len, 'positions'), (D_MODEL, cfg.d_model, None))}",
                  f"Wpos[:T]: {dims(t_dims, (D_MODEL, cfg.d_model, None))}"]
     st.numbers = {"wpos_row_norm": _r(wpos.norm(dim=-1).mean()), "we_row_norm": row_norm(x_embed)}
@@ -66,10 +65,7 @@ def rotary_step(cfg, rotary, q: Tensor, k: Tensor, q_rot: Tensor, t_dims) -> Ste
     q (1, H, T, D), k (1, H_kv, T, D): layer 1's before the rotation, q_rot after it."""
     D, T = cfg.d_head, q.size(2)
     p, half = T - 1, D // 2
-    st = Step("2", "Rotary positions (RoPE)", "位置编码（旋转位置编码 RoPE）",
-              "nothing is added to X; in every layer q and k of position p are turned: for each pair "
-              "(x_i, x_{i+d_k/2}), angle = p * theta^(-2i/d_k): x' = x cos(angle) + rotate_half(x) sin(angle)",
-              MODEL + "rotary.py: Rotary, apply_rotary; layers.py: DecoderLayer.forward")
+    st = record("lm", "2", "rotary")
     st.shapes = [f"cos, sin tables: {dims(('max_len', cfg.max_len, 'positions'), ('d_k', D, None))}",
                  f"q, k of one head: {dims(t_dims, ('d_k', D, None))}"]
     slow = p * cfg.rope_theta ** (-2 * (half - 1) / D)
@@ -104,15 +100,11 @@ def relative_shift(rotary, q: Tensor, k: Tensor, m: int, n: int, s: int) -> tupl
 
 def scores_step(cfg, a, pieces: list[str], t_dims) -> Step:
     """(3a): a is layer 1's opened-up attention (``engine.AttentionParts``)."""
-    H, D, C = cfg.n_heads, cfg.d_head, cfg.d_model
-    h_dims = ("H", H, "heads")
+    D = cfg.d_head
     raw = a.raw_scores[0]  # (H, T, T)
-    st = Step("3a", "Masked self-attention: Q, K, V and the scores", "掩码多头自注意力：Q、K、V 与分数",
-              "Q = X WQ, K = X WK, V = X WV (split into H heads of d_k);  Score = Q K^T / sqrt(d_k)",
-              MODEL + "attention.py: MultiHeadAttention.project_qkv, attention")
-    st.shapes = [f"WQ: {dims((D_MODEL, C, None), ('H*d_k', H * D, None))}; WK, WV: "
-                 f"{dims((D_MODEL, C, None), ('H_kv*d_k', cfg.kv_heads * D, None))}",
-                 f"Q: {dims(h_dims, t_dims, ('d_k', D, None))}", f"Score: {dims(h_dims, t_dims, t_dims)}"]
+    st = record("lm", "3a")
+    st.shapes = [f"WQ: {projection_dims(cfg)}; WK, WV: {projection_dims(cfg, kv=True)}",
+                 *head_shapes(cfg, "Q", t_dims, t_dims)]
     last = (raw[0, -1] / math.sqrt(D)).tolist()
     st.numbers = {"sqrt_d_k": _r(math.sqrt(D)), "score_std": _r((raw / math.sqrt(D)).std()),
                   "head1_last_row_scaled": [_r(v, 3) for v in last]}
@@ -133,9 +125,7 @@ def mask_softmax_step(cfg, a, pieces: list[str], t_dims) -> Step:
     """(3b): the causal mask and softmax of layer 1."""
     w = a.weights[0]  # (H, T, T)
     T = w.size(-1)
-    st = Step("3b", "Causal mask and softmax", "因果掩码与 Softmax",
-              "weights = softmax(Score + M), M[i, j] = -inf for j > i: a token sees itself and the tokens before it",
-              MODEL + "masks.py: causal_mask; attention.py: attention")
+    st = record("lm", "3b")
     st.shapes = [f"M: {dims(('T', T, None), ('T', T, None))}",
                  f"weights: {dims(('H', cfg.n_heads, 'heads'), t_dims, t_dims)}"]
     above = above_diagonal(w)
@@ -157,14 +147,17 @@ def mask_softmax_step(cfg, a, pieces: list[str], t_dims) -> Step:
 def concat_step(cfg, a, t_dims) -> Step:
     """(3c): heads concatenated, then WO."""
     C = cfg.d_model
-    st = Step("3c", "Heads concatenated, then WO", "多头拼接与 WO", "MultiHead = Concat(head_1, ..., head_H) WO",
-              MODEL + "attention.py: MultiHeadAttention.attend (out_proj is WO)")
+    st = record("lm", "3c")
     st.shapes = [f"Concat: {dims(t_dims, ('H*d_k', cfg.n_heads * cfg.d_head, None))}",
                  f"WO: {dims(('H*d_k', cfg.n_heads * cfg.d_head, None), (D_MODEL, C, None))}",
                  f"output: {dims(t_dims, (D_MODEL, C, None))}"]
     st.numbers = {"concat_norm": row_norm(a.concat), "output_norm": row_norm(a.out)}
     st.lines = [f"mean row norm: concat {st.numbers['concat_norm']:.3f} -> after WO {st.numbers['output_norm']:.3f}"]
     return st
+
+
+NORM_FORMULA = {"rms": "RMSNorm(x) = x / sqrt(mean(x^2) + eps) * g",
+                "layer": "LayerNorm(x) = (x - mean) / sqrt(var + eps) * g + b"}
 
 
 def norm_name(cfg) -> str:
@@ -199,11 +192,7 @@ def add_norm_step(cfg, block, x_in: Tensor, y: Tensor, s: Tensor, t_dims) -> Ste
     """(4): x_in the attention sub-layer's input, y its output, s = x_in + y."""
     pre = block.norm_first
     nm = norm_name(cfg)
-    rms = "RMSNorm(x) = x / sqrt(mean(x^2) + eps) * g" if cfg.norm == "rms" else \
-        "LayerNorm(x) = (x - mean) / sqrt(var + eps) * g + b"
-    st = Step("4", f"Add & Norm ({nm})", "残差连接与归一化",
-              (f"pre-norm: X = X + MultiHead({nm}(X)); " if pre else f"post-norm: X = {nm}(X + MultiHead(X)); ") + rms,
-              MODEL + "layers.py: SublayerConnection.forward, make_norm")
+    st = record("lm", "4", "pre-norm" if pre else None, norm=nm, definition=NORM_FORMULA[cfg.norm])
     st.shapes = [f"X + MultiHead: {dims(t_dims, (D_MODEL, cfg.d_model, None))}"]
     ratio = float(y[0].norm(dim=-1).mean() / x_in[0].norm(dim=-1).mean())
     st.numbers = {"pre_norm": pre, "sublayer_to_input_norm_ratio": _r(ratio), **norm_effect(block.norm, x_in if pre else s)}
@@ -218,9 +207,7 @@ def ffn_step(cfg, parts: dict[str, Tensor], t_dims) -> Step:
     d_ff, C = cfg.d_ff, cfg.d_model
     ff = ("d_ff", d_ff, None)
     if cfg.ffn_activation == "swiglu":
-        st = Step("5", "Gated FFN: W_gate, W_up, W_down", "前馈神经网络（门控：W_gate、W_up、W_down）",
-                  "gate = x W_gate, up = x W_up, h = SiLU(gate) * up, FFN(x) = h W_down;  SiLU(z) = z * sigmoid(z)",
-                  MODEL + "layers.py: FeedForward.hidden, FeedForward.forward")
+        st = record("lm", "5", "swiglu")
         st.shapes = [f"W_gate, W_up: {dims((D_MODEL, C, None), ff)} each", f"W_down: {dims(ff, (D_MODEL, C, None))}",
                      f"gate, up, h: {dims(t_dims, ff)}", f"FFN(x): {dims(t_dims, (D_MODEL, C, None))}"]
         gate, h = parts["gate"], parts["hidden"]
@@ -237,8 +224,7 @@ def ffn_step(cfg, parts: dict[str, Tensor], t_dims) -> Step:
                     "of its sum of squares"]
         return st
     act = cfg.ffn_activation
-    st = Step("5", "FFN: W_up, W_down", "前馈神经网络", f"FFN(x) = {act}(x W_up) W_down",
-              MODEL + "layers.py: FeedForward.hidden, FeedForward.forward")
+    st = record("lm", "5", activation=act)
     st.shapes = [f"W_up: {dims((D_MODEL, C, None), ff)}", f"W_down: {dims(ff, (D_MODEL, C, None))}",
                  f"h: {dims(t_dims, ff)}"]
     zero = float((parts["hidden"] <= 0).float().mean())
@@ -250,9 +236,7 @@ def ffn_step(cfg, parts: dict[str, Tensor], t_dims) -> Step:
 def layers_step(cfg, final_norm, before: Tensor, later: list[str], t_dims) -> Step:
     """(6): the other layers, then the final norm; ``before`` (1, T, C) the last layer's output."""
     nm = norm_name(cfg)
-    st = Step("6", f"x N layers, then the final {nm}", "N 层堆叠与最终归一化",
-              f"X = Layer_N(... Layer_1(X)); H = {nm}(X)" if final_norm is not None else "X = Layer_N(... Layer_1(X))",
-              MODEL + "transformer.py: Decoder.forward")
+    st = record("lm", "6", None if final_norm is None else "final-norm", norm=nm)
     st.shapes = [f"H: {dims(t_dims, (D_MODEL, cfg.d_model, None))}"]
     st.numbers = {"later_layers": later}
     st.lines = [f"{cfg.n_layers} layers" + "".join("; " + line for line in later)]
@@ -266,11 +250,9 @@ def head_step(cfg, model, logits: Tensor, t_dims) -> Step:
     """(7): logits (1, T, V) = H Whead."""
     tied = model.out_proj is None
     V = cfg.vocab_size
-    st = Step("7", "Whead: the logits", "线性层 Whead", "Logits = H Whead" + (" + b" if cfg.output_bias else ""),
-              MODEL + "lm.py: LanguageModel.project")
-    st.shapes = [f"Whead: {dims((D_MODEL, cfg.d_model, None), ('V', V, 'tokens'))}"
-                 + (" = We^T (tied: the embedding table is reused)" if tied else " (its own matrix, untied from We)"),
-                 f"Logits: {dims(t_dims, ('V', V, 'tokens'))}"]
+    st = record("lm", "7", "bias" if cfg.output_bias else None)
+    st.shapes = output_shapes(cfg, "Whead", " = We^T (tied: the embedding table is reused)" if tied else
+                              " (its own matrix, untied from We)", t_dims, ("V", V, "tokens"))
     last = logits[0, -1]
     st.numbers = {"tied": tied, "last_logit_min": _r(last.min()), "last_logit_max": _r(last.max())}
     st.lines = [f"last token's logits range {last.min():.2f} .. {last.max():.2f} over the {V} tokens"]
@@ -280,8 +262,7 @@ def head_step(cfg, model, logits: Tensor, t_dims) -> Step:
 def softmax_step(logits: Tensor, ids: list[int], show, t_dims, V: int) -> Step:
     """(8): P = softmax(logits); the prompt scored by the model it is fed to."""
     probs = logits[0].float().softmax(-1)  # (T, V)
-    st = Step("8", "Softmax", "Softmax", "P(next token) = softmax(Logits), each row sums to 1",
-              "src/transformer/decode/sample.py: next_tokens")
+    st = record("lm", "8")
     st.shapes = [f"P: {dims(t_dims, ('V', V, 'tokens'))}"]
     T = probs.size(0)
     top = top_pieces(probs[-1], show, min(5, V))
@@ -306,9 +287,7 @@ def choice_step(logits: Tensor, show, decoding) -> Step:
     greedy = int(last.argmax())
     p = last.softmax(-1)[0]
     t, k, top_p = decoding.temperature, decoding.top_k, decoding.top_p
-    st = Step("9", "The next token", "选择下一个词",
-              "greedy: argmax P;  sampling: draw from softmax(filter_top_k_top_p(Logits / temperature))",
-              "src/transformer/decode/sample.py: next_tokens, filter_logits")
+    st = record("lm", "9")
     st.numbers = {"greedy": show(greedy), "greedy_p": _r(p[greedy]), "temperature": t, "top_k": k, "top_p": top_p}
     st.lines = [f"greedy (temperature 0) takes '{show(greedy)}' (p = {float(p[greedy]):.3f})"]
     if t == 0:

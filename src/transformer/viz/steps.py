@@ -1,20 +1,25 @@
 """The ten steps' records: for each, the formula, where the code is, the tensor shapes with
 their dimension names, and a few telling numbers (text for people, a dict for --json).
 
+The words of every step (title, Chinese title, formula, code), the language model's as well,
+stand in ``step_texts.toml``; :func:`record` starts a step with them, and the builders here
+and in :mod:`.lm_steps` add the shapes and numbers.
+
 Each builder takes tensors that :func:`transformer.viz.walkthrough.walk` computed with the
 model's own sub-modules; nothing here runs the model.
 """
 from __future__ import annotations
 
 import math
+import tomllib
 from dataclasses import dataclass, field
+from importlib.resources import files
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-MODEL = "src/transformer/model/"
 
 
 @dataclass
@@ -27,6 +32,22 @@ class Step:
     shapes: list[str] = field(default_factory=list)  # "name: (S=9 source tokens, d_model=128)"
     numbers: dict[str, Any] = field(default_factory=dict)  # for --json
     lines: list[str] = field(default_factory=list)  # the same numbers, as text
+
+
+TEXTS = tomllib.loads((files(__package__) / "step_texts.toml").read_text(encoding="utf-8"))
+
+
+def record(walk: str, number: str, *cases: str | None, **fill: str) -> Step:
+    """A new step ``number`` of ``walk`` ("translation" or "lm") with its words from
+    ``step_texts.toml``: title, Chinese title, formula and code, each case's words (its
+    sub-table; a None case is skipped) over the step's, ``{name}`` filled in from ``fill``."""
+    table = TEXTS[walk][number]
+    words = {k: v for k, v in table.items() if isinstance(v, str)}
+    for case in filter(None, cases):
+        words.update(table[case])
+    for name, value in fill.items():
+        words = {k: v.replace("{" + name + "}", value) for k, v in words.items()}
+    return Step(number, **words)
 
 
 def dims(*named: tuple[str, int, str | None]) -> str:
@@ -87,12 +108,23 @@ def strongest_links(w: Tensor, rows: list[str], cols: list[str], skip_diagonal: 
     return out
 
 
+def projection_dims(cfg, kv: bool = False) -> str:
+    """The shape of W^Q (d_model, H*d_k), or with ``kv`` of W^K and W^V (d_model, H_kv*d_k)."""
+    heads = ("H_kv*d_k", cfg.kv_heads * cfg.d_head, None) if kv else ("H*d_k", cfg.n_heads * cfg.d_head, None)
+    return dims(("d_model", cfg.d_model, None), heads)
+
+
+def head_shapes(cfg, names: str, q_dims, k_dims) -> list[str]:
+    """The shapes of one attention's per-head tensors ``names`` (H, rows, d_k) and its scores."""
+    h_dims = ("H", cfg.n_heads, "heads")
+    return [f"{names}: {dims(h_dims, q_dims, ('d_k', cfg.d_head, None))}", f"Score: {dims(h_dims, q_dims, k_dims)}"]
+
+
 def embedding_step(cfg, scale: float, looked_up: Tensor, x_embed: Tensor, src_p, src_ids, s_dims) -> Step:
     """(1): looked_up = E[x] (1, S, C), x_embed = looked_up * sqrt(d_model)."""
     C = cfg.d_model
     pe_norm = math.sqrt(C / 2)
-    st = Step("1", "Input embedding", "词嵌入", "X_embed = E[x] * sqrt(d_model)",
-              MODEL + "embedding.py: TokenEmbedding.forward")
+    st = record("translation", "1")
     st.shapes = [f"E: {dims(('V', cfg.vocab_size, 'subwords'), ('d_model', C, None))}",
                  f"X_embed: {dims(s_dims, ('d_model', C, None))}"]
     st.numbers = {"pieces": src_p, "ids": src_ids, "sqrt_d_model": _r(scale),
@@ -108,9 +140,7 @@ def positions_step(cfg, pe: Tensor, s_dims) -> Step:
     """(2): pe = the rows of the positional table added, (S, C)."""
     S, C = pe.size(0), cfg.d_model
     cos = lambda a, b: float(F.cosine_similarity(a, b, dim=0))  # noqa: E731
-    st = Step("2", "Positional encoding", "位置编码",
-              "PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d_model)); "
-              "X_input = X_embed + PE", MODEL + "embedding.py: sinusoid_table, PositionalEncoding.forward")
+    st = record("translation", "2")
     st.shapes = [f"PE[:S]: {dims(s_dims, ('d_model', C, None))}", f"X_input: {dims(s_dims, ('d_model', C, None))}"]
     st.numbers = {"layout": cfg.sinusoid_layout, "pe_pos0_first4": [_r(v) for v in pe[0, :4]],
                   "pe_pos1_first4": [_r(v) for v in pe[1, :4]] if S > 1 else []}
@@ -130,18 +160,15 @@ def attention_steps(cfg, a, rows, cols, q_dims, k_dims, where: str) -> list[Step
     H, D, C = cfg.n_heads, cfg.d_head, cfg.d_model
     h_dims, d_dims = ("H", H, "heads"), ("d_k", D, None)
     w = a.weights[0]  # (H, S, S)
-    st_a = Step("3a", "Q, K, V and the scores", "多头自注意力：Q、K、V 与注意力分数",
-                "Q_i = X W_i^Q, K_i = X W_i^K, V_i = X W_i^V;  Score_i = Q_i K_i^T",
-                MODEL + "attention.py: MultiHeadAttention.project_qkv, attend, attention")
-    st_a.shapes = [f"W^Q, W^K, W^V: {dims(('d_model', C, None), ('H*d_k', H * D, None))} each "
+    st_a = record("translation", "3a")
+    st_a.shapes = [f"W^Q, W^K, W^V: {projection_dims(cfg)} each "
                    f"(H={H} blocks W_i of d_model x d_k={D})",
-                   f"Q, K, V: {dims(h_dims, q_dims, d_dims)}", f"Score: {dims(h_dims, q_dims, k_dims)}"]
+                   *head_shapes(cfg, "Q, K, V", q_dims, k_dims)]
     raw = a.raw_scores[0]
     st_a.numbers = {"where": where, "score_std": _r(raw.std()), "score_min": _r(raw.min()), "score_max": _r(raw.max())}
     st_a.lines = [f"{where}: Q K^T ranges {raw.min():.2f} .. {raw.max():.2f} (std {raw.std():.2f})"]
     unscaled = a.raw_scores[0].softmax(-1)
-    st_b = Step("3b", "Scaling and softmax", "缩放与 Softmax",
-                "Attention_Weights = softmax(Q K^T / sqrt(d_k)), each row sums to 1", MODEL + "attention.py: attention")
+    st_b = record("translation", "3b")
     st_b.shapes = [f"weights: {dims(h_dims, q_dims, k_dims)}"]
     st_b.numbers = {"sqrt_d_k": _r(math.sqrt(D)), "scaled_score_std": _r((raw / math.sqrt(D)).std()),
                     "row_sum_max_abs_err": row_sum_error(w),
@@ -151,9 +178,7 @@ def attention_steps(cfg, a, rows, cols, q_dims, k_dims, where: str) -> list[Step
                   f"rows sum to 1 (largest error {st_b.numbers['row_sum_max_abs_err']:.1e}); mean largest weight per row "
                   f"{st_b.numbers['mean_max_weight']:.2f} (without the scaling it would be {st_b.numbers['mean_max_weight_unscaled']:.2f})",
                   "strongest link to another token, per head: " + "; ".join(st_b.numbers["strongest_links"])]
-    st_c = Step("3c", "Heads concatenated, then W_O", "多头拼接与 W_O 融合",
-                "head_i = Attention_Weights_i V_i;  MultiHead = Concat(head_1, ..., head_H) W_O",
-                MODEL + "attention.py: MultiHeadAttention.attend (out_proj is W_O)")
+    st_c = record("translation", "3c")
     st_c.shapes = [f"head_i: {dims(q_dims, d_dims)} x {H}", f"Concat: {dims(q_dims, ('H*d_k', H * D, None))}",
                    f"W_O: {dims(('d_model', C, None), ('d_model', C, None))}", f"output: {dims(q_dims, ('d_model', C, None))}"]
     st_c.numbers = {"concat_norm": row_norm(a.concat), "output_norm": row_norm(a.out)}
@@ -163,9 +188,7 @@ def attention_steps(cfg, a, rows, cols, q_dims, k_dims, where: str) -> list[Step
 
 def add_norm_step(block, x_in: Tensor, y: Tensor, s: Tensor, s_dims, C: int) -> Step:
     """(4): x_in the sub-layer's input, y its output, s the residual sum."""
-    st = Step("4", "Add & Norm", "残差连接与归一化",
-              "pre-norm: X + MultiHead(LayerNorm(X))" if block.norm_first else "LayerNorm(X + MultiHead(X))",
-              MODEL + "layers.py: SublayerConnection.forward")
+    st = record("translation", "4", "pre-norm" if block.norm_first else None)
     st.shapes = [f"X + MultiHead(X): {dims(s_dims, ('d_model', C, None))}"]
     ratio = float(y[0].norm(dim=-1).mean() / x_in[0].norm(dim=-1).mean())
     st.numbers = {"sublayer_to_input_norm_ratio": _r(ratio), **norm_stats(block.norm, s if not block.norm_first else x_in)}
@@ -190,8 +213,7 @@ def zeroed(ffn: dict[str, Tensor]) -> float:
 def ffn_step(cfg, layer, ffn: dict[str, Tensor], s: Tensor, s_dims) -> Step:
     """(5): ffn = the FFN's parts (``engine.ffn_parts``), s the residual sum."""
     act = cfg.ffn_activation
-    st = Step("5", "Feed-forward network (then Add & Norm again)", "前馈神经网络", FFN_FORMULA[act] + ";  then Add & Norm",
-              MODEL + "layers.py: FeedForward.forward, EncoderLayer.forward")
+    st = record("translation", "5", ffn=FFN_FORMULA[act])
     st.shapes = [f"x W1 + b1: {dims(s_dims, ('d_ff', cfg.d_ff, None))}", f"FFN(x): {dims(s_dims, ('d_model', cfg.d_model, None))}"]
     zero = zeroed(ffn)
     st.numbers = {"activation": act, "fraction_zeroed": _r(zero)}
@@ -204,9 +226,7 @@ def ffn_step(cfg, layer, ffn: dict[str, Tensor], s: Tensor, s_dims) -> Step:
 def masked_step(cfg, a, tgt_p, t_dims) -> Step:
     w = a.weights[0]  # (H, T, T)
     above = above_diagonal(w)
-    st = Step("6", "Masked multi-head self-attention", "掩码多头注意力",
-              "softmax(Q K^T / sqrt(d_k) + M) V, M[i, j] = -inf for j > i (a position sees itself and earlier ones)",
-              MODEL + "masks.py: causal_mask; layers.py: DecoderLayer.forward")
+    st = record("translation", "6")
     h_dims = ("H", cfg.n_heads, "heads")
     st.shapes = [f"target input (<s> + translation): {dims(t_dims, ('d_model', cfg.d_model, None))}",
                  f"mask: {dims(('T', t_dims[1], None), ('T', t_dims[1], None))}", f"weights: {dims(h_dims, t_dims, t_dims)}"]
@@ -224,9 +244,7 @@ def masked_step(cfg, a, tgt_p, t_dims) -> Step:
 def cross_step(cfg, a, tgt_p, src_p, t_dims, s_dims) -> Step:
     h_dims, d_dims = ("H", cfg.n_heads, "heads"), ("d_k", cfg.d_head, None)
     w = a.weights[0]  # (H, T, S)
-    st = Step("7", "Encoder-decoder (cross) attention", "交叉注意力",
-              "Q = Y W^Q (decoder), K = memory W^K, V = memory W^V (encoder output);  softmax(Q K^T / sqrt(d_k)) V",
-              MODEL + "transformer.py: Transformer.start_cache; layers.py: DecoderLayer.forward")
+    st = record("translation", "7")
     st.shapes = [f"Q: {dims(h_dims, t_dims, d_dims)}", f"K, V (computed once, cached): {dims(h_dims, s_dims, d_dims)}",
                  f"weights: {dims(h_dims, t_dims, s_dims)}"]
     st.numbers = {"row_sum_max_abs_err": row_sum_error(w),
@@ -238,9 +256,7 @@ def cross_step(cfg, a, tgt_p, src_p, t_dims, s_dims) -> Step:
 
 def decoder_ffn_step(cfg, ffn: dict[str, Tensor], t_dims) -> Step:
     zero = zeroed(ffn)
-    st = Step("8", "FFN and Add & Norm again (decoder)", "重复前馈神经网络与残差连接、归一化",
-              FFN_FORMULA[cfg.ffn_activation] + ";  then Add & Norm",
-              MODEL + "layers.py: DecoderLayer.forward; transformer.py: Decoder.forward")
+    st = record("translation", "8", ffn=FFN_FORMULA[cfg.ffn_activation])
     st.shapes = [f"hidden: {dims(t_dims, ('d_ff', cfg.d_ff, None))}", f"decoder output: {dims(t_dims, ('d_model', cfg.d_model, None))}"]
     st.numbers = {"fraction_zeroed": _r(zero)}
     st.lines = [f"{cfg.ffn_activation}: {zero:.1%} of the hidden units are exactly 0 in decoder layer 1"]
@@ -254,13 +270,17 @@ def alignment(w: Tensor, tgt_ids, id_to_piece, src_p, eos_id) -> list[str]:
     return [f"{p}<-{src_p[int(mean[t].argmax())]}" for t, p in enumerate(predicted)]
 
 
+def output_shapes(cfg, matrix: str, note: str, t_dims, v_dims) -> list[str]:
+    """The output projection's shapes: ``matrix`` (d_model, V), then ``note`` (what it is
+    when tied to the embedding), and the logits (T, V)."""
+    return [f"{matrix}: {dims(('d_model', cfg.d_model, None), v_dims)}{note}", f"Logits: {dims(t_dims, v_dims)}"]
+
+
 def linear_step(cfg, model, logits, t_dims, V) -> Step:
     tied = model.out_proj is None
-    st = Step("9", "Linear (output projection)", "线性层", "Logits = Output_decoder W_vocab" + (" (+ b)" if cfg.output_bias else ""),
-              MODEL + "transformer.py: Transformer.project")
-    st.shapes = [f"W_vocab: {dims(('d_model', cfg.d_model, None), ('V', V, 'subwords'))}"
-                 + (" = E^T, the embedding table shared (tied)" if tied else ""),
-                 f"Logits: {dims(t_dims, ('V', V, 'subwords'))}"]
+    st = record("translation", "9", "bias" if cfg.output_bias else None)
+    st.shapes = output_shapes(cfg, "W_vocab", " = E^T, the embedding table shared (tied)" if tied else "", t_dims,
+                              ("V", V, "subwords"))
     st.numbers = {"tied": tied, "logit_min": _r(logits.min()), "logit_max": _r(logits.max())}
     st.lines = [f"logits range {logits.min():.2f} .. {logits.max():.2f}" + ("; W_vocab is the embedding table E" if tied else "")]
     return st
@@ -268,8 +288,7 @@ def linear_step(cfg, model, logits, t_dims, V) -> Step:
 
 def softmax_step(cfg, logits, tgt_p, tgt_ids, id_to_piece, t_dims, V) -> Step:
     probs = logits[0].float().softmax(-1)  # (T, V)
-    st = Step("10", "Softmax", "Softmax", "P(next token) = softmax(Logits), each row sums to 1",
-              "src/transformer/decode/common.py: next_token_logprobs; decode/greedy.py, beam.py")
+    st = record("translation", "10")
     st.shapes = [f"P: {dims(t_dims, ('V', V, 'subwords'))}"]
 
     def top5(t: int) -> list[list]:
