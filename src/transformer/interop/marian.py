@@ -141,29 +141,21 @@ def config_to_marian(cfg: ModelConfig) -> "MarianConfig":
 # ---- the weights --------------------------------------------------------------------------
 def _module_pairs(model: Transformer, hf: "MarianMTModel") -> Iterator[tuple[str, nn.Module, nn.Module]]:
     """(our name, our module, HF module) for every Linear and LayerNorm of the two stacks."""
-
-    def attention(name, ours, theirs):
-        for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
-            yield f"{name}.{proj}", getattr(ours, proj), getattr(theirs, proj)
-
-    def ffn(name, ours, theirs):
-        yield f"{name}.ffn.fc1", ours.ffn.fc1, theirs.fc1
-        yield f"{name}.ffn.fc2", ours.ffn.fc2, theirs.fc2
-
-    for i, (ours, theirs) in enumerate(zip(model.encoder.layers, hf.model.encoder.layers)):
-        name = f"encoder.layers.{i}"
-        yield from attention(f"{name}.self_attn", ours.self_attn, theirs.self_attn)
-        yield f"{name}.attn_block.norm", ours.attn_block.norm, theirs.self_attn_layer_norm
-        yield from ffn(name, ours, theirs)
-        yield f"{name}.ffn_block.norm", ours.ffn_block.norm, theirs.final_layer_norm
-    for i, (ours, theirs) in enumerate(zip(model.decoder.layers, hf.model.decoder.layers)):
-        name = f"decoder.layers.{i}"
-        yield from attention(f"{name}.self_attn", ours.self_attn, theirs.self_attn)
-        yield f"{name}.self_block.norm", ours.self_block.norm, theirs.self_attn_layer_norm
-        yield from attention(f"{name}.cross_attn", ours.cross_attn, theirs.encoder_attn)
-        yield f"{name}.cross_block.norm", ours.cross_block.norm, theirs.encoder_attn_layer_norm
-        yield from ffn(name, ours, theirs)
-        yield f"{name}.ffn_block.norm", ours.ffn_block.norm, theirs.final_layer_norm
+    # each stack's attention sub-layers: (our attention, our block, HF's attention, HF's norm after it)
+    attentions = {"encoder": [("self_attn", "attn_block", "self_attn", "self_attn_layer_norm")],
+                  "decoder": [("self_attn", "self_block", "self_attn", "self_attn_layer_norm"),
+                              ("cross_attn", "cross_block", "encoder_attn", "encoder_attn_layer_norm")]}
+    for stack, sublayers in attentions.items():
+        for i, (ours, theirs) in enumerate(zip(getattr(model, stack).layers, getattr(hf.model, stack).layers)):
+            name = f"{stack}.layers.{i}"
+            for attn, block, hf_attn, hf_norm in sublayers:
+                ours_attn, theirs_attn = getattr(ours, attn), getattr(theirs, hf_attn)
+                for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
+                    yield f"{name}.{attn}.{proj}", getattr(ours_attn, proj), getattr(theirs_attn, proj)
+                yield f"{name}.{block}.norm", getattr(ours, block).norm, getattr(theirs, hf_norm)
+            yield f"{name}.ffn.fc1", ours.ffn.fc1, theirs.fc1
+            yield f"{name}.ffn.fc2", ours.ffn.fc2, theirs.fc2
+            yield f"{name}.ffn_block.norm", ours.ffn_block.norm, theirs.final_layer_norm
 
 
 def _tensor_pairs(model: Transformer, hf: "MarianMTModel") -> Iterator[tuple[str, Tensor, Tensor]]:
