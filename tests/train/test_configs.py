@@ -70,3 +70,18 @@ def test_the_config_is_five_parts_of_one_concern_each():
                                (LoggingConfig, dict(log_every="often"), "log_every")):
         with pytest.raises(UserError, match=f"^config: {message}"):
             part(**bad)
+
+
+def test_set_reaches_into_the_model_and_decoding_sections():
+    from transformer.errors import UserError
+    from transformer.train.config import apply_overrides
+
+    data = apply_overrides({}, ["model.d_model=64", "decoding.beam=5", "max_steps=3"])
+    assert (data["model"], data["decoding"], data["max_steps"]) == ({"preset": "tiny", "d_model": 64}, {"beam": 5}, 3)
+    with pytest.raises(UserError, match=r"^--set model\.d_modle: unknown model option; choose from \[.*'d_model'"):
+        apply_overrides({}, ["model.d_modle=64"])
+    with pytest.raises(UserError, match=r"^--set decoding\.bem: unknown decoding option; choose from \[.*'beam'"):
+        apply_overrides({}, ["decoding.bem=5"])
+    for key in ("train.max_steps", "model", "decoding"):
+        with pytest.raises(UserError, match=rf"^--set {key}: unknown option; choose from"):
+            apply_overrides({}, [f"{key}=3"])

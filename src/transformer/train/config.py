@@ -338,24 +338,21 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     model = data.get("model") or ({} if fine_tune else {"preset": "tiny"})
     data = {**data, "model": dict(model), "decoding": dict(data.get("decoding") or {})}
     known = {f.name for f in dataclasses.fields(TrainConfig)}
-    model_known = {f.name for f in dataclasses.fields(ModelConfig)} | {"preset"}
+    # the sections whose keys --set reaches with a dot: model.d_model=256, decoding.beam=5
+    sections = {"model": {f.name for f in dataclasses.fields(ModelConfig)} | {"preset"},
+                "decoding": set(DECODING_FIELDS)}
     for item in overrides:
         if "=" not in item:
             raise UserError(f"--set {item!r}: expected key=value, e.g. --set max_steps=200")
         key, _, raw = item.partition("=")
         key = key.strip()
         value = _parse_value(raw)
-        if key.startswith("model."):
-            sub = key[len("model."):]
-            if sub not in model_known:
-                raise UserError(f"--set {key}: unknown model option; choose from {sorted(model_known)}")
-            data["model"][sub] = value
-        elif key.startswith("decoding."):
-            sub = key[len("decoding."):]
-            if sub not in DECODING_FIELDS:
-                raise UserError(f"--set {key}: unknown decoding option; choose from {sorted(DECODING_FIELDS)}")
-            data["decoding"][sub] = value
-        elif key in known and key not in ("model", "decoding"):
+        section, dot, sub = key.partition(".")
+        if dot and section in sections:
+            if sub not in sections[section]:
+                raise UserError(f"--set {key}: unknown {section} option; choose from {sorted(sections[section])}")
+            data[section][sub] = value
+        elif key in known and key not in sections:
             data[key] = value
         else:
             raise UserError(f"--set {key}: unknown option; choose from {sorted(known - {'model'})} or model.* or decoding.*")
