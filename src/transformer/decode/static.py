@@ -138,8 +138,11 @@ class _Steps:
 
     def step(self, logprobs: bool):
         if logprobs not in self.steps:
-            make = _translation_step if is_translation(self.owner()) else _language_model_step
-            self.steps[logprobs] = make(self, logprobs)
+            model = self.owner()
+            make = _translation_step if is_translation(model) else _language_model_step
+            # the cache slots 0 .. max_len - 1 on the model's device: a step passes the first `upto`
+            slots = torch.arange(model.cfg.max_len, device=next(model.parameters()).device)
+            self.steps[logprobs] = make(self, slots, logprobs)
         return self.steps[logprobs]
 
 
@@ -151,10 +154,7 @@ def _held(model: nn.Module) -> _Steps:
     return held
 
 
-def _translation_step(steps: _Steps, logprobs: bool):
-    model = steps.owner()
-    slots = torch.arange(model.cfg.max_len, device=next(model.parameters()).device)
-
+def _translation_step(steps: _Steps, slots: torch.Tensor, logprobs: bool):
     def step(tgt, index, k, v, cross_kv, memory_mask, upto, group=1):
         _one_token(tgt)
         if memory_mask is None:  # no padding in the sources: a mask that hides nothing
@@ -166,10 +166,7 @@ def _translation_step(steps: _Steps, logprobs: bool):
     return step
 
 
-def _language_model_step(steps: _Steps, logprobs: bool):
-    model = steps.owner()
-    slots = torch.arange(model.cfg.max_len, device=next(model.parameters()).device)
-
+def _language_model_step(steps: _Steps, slots: torch.Tensor, logprobs: bool):
     def step(tokens, real, index, k, v, key_mask, next_position, upto):
         _one_token(tokens)
         return steps.runner(1, logprobs)(tokens, real, index, slots[:upto], k, v, key_mask, next_position)
