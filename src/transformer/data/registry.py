@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UserError
-from ..run.files import atomic_write
+from ..run.files import atomic_write, home_cache
 from .corpus import read_lines, read_parallel
 
 __all__ = ["Dataset", "MULTI30K", "TextFile", "TINY_SHAKESPEARE", "DATA_ENV_VAR", "find_data_dir", "load_multi30k",
@@ -110,10 +110,7 @@ def find_data_dir(data_dir: str | Path | None = None) -> Path | None:
     env = os.environ.get(DATA_ENV_VAR)
     if env:
         return Path(env).expanduser()
-    try:
-        return Path.home() / ".cache" / "transformer" / "data"
-    except RuntimeError:
-        return None
+    return home_cache("data")
 
 
 def fetch_url(url: str, timeout: float = 60.0) -> bytes:

@@ -35,7 +35,7 @@ from functools import cache
 from pathlib import Path
 
 from ..errors import UserError
-from ..run.files import atomic_write, file_sha256
+from ..run.files import atomic_write, file_sha256, home_cache
 
 DIR_ENV_VAR = "TRANSFORMER_COMPILED_DIR"
 SWITCH_ENV_VAR = "TRANSFORMER_COMPILE"
@@ -75,10 +75,7 @@ def cache_root() -> Path | None:
     xdg = os.environ.get("XDG_CACHE_HOME", "")
     if xdg and Path(xdg).is_absolute():  # (the XDG spec: a relative value is ignored)
         return Path(xdg) / "transformer" / "compiled"
-    try:
-        return Path.home() / ".cache" / "transformer" / "compiled"
-    except RuntimeError:
-        return None
+    return home_cache("compiled")
 
 
 def run_folder(run_dir: str | Path) -> Path | None:

@@ -7,7 +7,8 @@ A full disk, a read-only filesystem or a quota reaches the writers as OSError fr
 own files, but libraries wrap it: safetensors raises ``SafetensorError("... (os error 28)")``
 and ``torch.save`` a ``RuntimeError`` that names no cause at all. :func:`storage_error` finds
 the OSError inside the first, :class:`RecordingWriter` catches it for the second, so both
-end as the same one-line error as Python's own."""
+end as the same one-line error as Python's own. :func:`home_cache` names where the caches
+(downloaded data, compiled decoding steps) live by default."""
 from __future__ import annotations
 
 import errno
@@ -162,3 +163,12 @@ def atomic_dir(path: str | Path, fill: Callable[[Path], None], make_room: Callab
 
 def file_sha256(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def home_cache(name: str) -> Path | None:
+    """``~/.cache/transformer/<name>`` (it need not exist yet); None when no home directory
+    can be found."""
+    try:
+        return Path.home() / ".cache" / "transformer" / name
+    except RuntimeError:
+        return None
