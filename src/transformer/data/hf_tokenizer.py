@@ -38,11 +38,17 @@ def _tokenizer_config(folder: Path) -> dict:
     path = folder / TOKENIZER_CONFIG
     if not path.is_file():
         return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserError(f"{path}: not a readable tokenizer config ({e})") from None
+    data = read_json(path, "not a readable tokenizer config")
     return data if isinstance(data, dict) else {}
+
+
+def read_json(path: Path, unreadable: str = "not readable JSON"):
+    """The JSON value in ``path``; UserError ``<path>: <unreadable> (<why>)`` when the file
+    cannot be read or parsed."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{path}: {unreadable} ({e})") from None
 
 
 class PretrainedTokenizer:

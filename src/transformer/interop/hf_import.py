@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from ..config import ModelConfig
-from ..data.hf_tokenizer import HF_TOKENIZER, SP_TOKENIZER, TOKENIZER_CONFIG, load_pretrained_tokenizer
+from ..data.hf_tokenizer import HF_TOKENIZER, SP_TOKENIZER, TOKENIZER_CONFIG, load_pretrained_tokenizer, read_json
 from ..errors import UserError
 from ..extras import require
 from ..model.lm import LanguageModel
@@ -63,13 +63,19 @@ class Imported:
 
 
 def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserError(f"{path}: not readable JSON ({e})") from None
+    data = read_json(path)
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a JSON object")
     return data
+
+
+def write_run(out: Path, fill) -> None:
+    """Write the run directory ``out`` whole or not at all: ``fill(tmp)`` writes its files
+    into a temporary folder that then takes its name (:func:`~transformer.run.files.atomic_dir`)."""
+    try:
+        atomic_dir(out, fill)
+    except OSError as e:
+        raise UserError(f"{out}: cannot write the run ({e.strerror or e})") from None
 
 
 def fetch(source: str) -> tuple[Path, str]:
@@ -257,9 +263,6 @@ def import_pretrained(source: str, out: str | Path) -> Imported:
         nonlocal result
         result = Imported(out, family, cfg, tokenizer_file, sum(math.prod(s) for s in shapes.values()))
 
-    try:
-        atomic_dir(out, fill)
-    except OSError as e:
-        raise UserError(f"{out}: cannot write the run ({e.strerror or e})") from None
+    write_run(out, fill)
     assert result is not None
     return result

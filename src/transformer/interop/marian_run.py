@@ -56,9 +56,8 @@ def import_marian_run(source: Path, out: Path) -> None:
     empty folder), all at once: it is filled beside ``out`` and renamed into place, so a
     failed import leaves no ``out``. UserError, one line, for a folder that is not a
     complete Marian model or holds one our model cannot express."""
-    from ..run.files import atomic_dir
     from ..run.weights import write_weights_file
-    from .hf_import import IMPORT_RECORD
+    from .hf_import import IMPORT_RECORD, write_run
     from .marian import from_marian
 
     source, out = Path(source), Path(out)
@@ -84,10 +83,7 @@ def import_marian_run(source: Path, out: Path) -> None:
         (tmp / CONFIG).write_text(_run_config(source, hf.generation_config, model.cfg), encoding="utf-8")
         (tmp / IMPORT_RECORD).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
 
-    try:
-        atomic_dir(out, fill)
-    except OSError as e:
-        raise UserError(f"{out}: cannot write the run ({e.strerror or e})") from None
+    write_run(out, fill)
 
 
 def _setting(gen, name: str):
