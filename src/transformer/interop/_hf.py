@@ -65,14 +65,17 @@ def hf_special_ids(cfg: ModelConfig) -> dict[str, int]:
     return dict(pad_token_id=cfg.pad_id, bos_token_id=cfg.bos_id, eos_token_id=cfg.eos_id)
 
 
-def check_lm_export(cfg: ModelConfig, where: str, hf_name: str) -> None:
+def check_lm_export(cfg: ModelConfig, where: str, hf_name: str, norm: str) -> None:
     """The checks HF Llama and HF GPT-2 both need of our config: decoder-only, pre-norm with
-    a final norm, unscaled embeddings, no output bias. ``hf_name``: "HF Llama", ..."""
+    a final norm, unscaled embeddings, no output bias, and the family's ``norm`` ("layer" or
+    "rms"). ``hf_name``: "HF Llama", ..."""
     check(cfg.decoder_only, where, "needs a decoder-only model (kind='decoder-only')")
     check(cfg.norm_first and cfg.use_final_norm, where,
           f"{hf_name} is pre-norm with a final norm: needs norm_first=True and final_norm on")
     check(not cfg.embed_scale, where, f"{hf_name} does not scale embeddings: needs embed_scale=False")
     check(not cfg.output_bias, where, f"{hf_name}'s lm_head has no bias: needs output_bias=False")
+    norm_name = {"layer": "LayerNorm", "rms": "RMSNorm"}[norm]
+    check(cfg.norm == norm, where, f"{hf_name} uses {norm_name}: needs norm={norm!r}, the model has {cfg.norm!r}")
 
 
 def new_hf_lm(model: LanguageModel, hf_class: type, config_to: Callable[[ModelConfig], Any], where: str):

@@ -99,8 +99,7 @@ def config_to_gpt2(cfg: ModelConfig) -> "GPT2Config":
     from transformers import GPT2Config
 
     where = "to_gpt2"
-    check_lm_export(cfg, where, "HF GPT-2")
-    _check(cfg.norm == "layer", where, f"HF GPT-2 uses LayerNorm: needs norm='layer', the model has {cfg.norm!r}")
+    check_lm_export(cfg, where, "HF GPT-2", norm="layer")
     _check(cfg.positions in ("learned", "sinusoidal"), where,
            f"HF GPT-2 adds a position table to the embeddings; positions={cfg.positions!r} cannot be expressed")
     _check(cfg.ffn_activation in _TO_HF, where,

@@ -138,8 +138,7 @@ def config_to_llama(cfg: ModelConfig) -> "LlamaConfig":
     from transformers import LlamaConfig
 
     where = "to_llama"
-    check_lm_export(cfg, where, "HF Llama")
-    _check(cfg.norm == "rms", where, f"HF Llama uses RMSNorm: needs norm='rms', the model has {cfg.norm!r}")
+    check_lm_export(cfg, where, "HF Llama", norm="rms")
     _check(cfg.positions == "rope", where,
            f"HF Llama uses rotary positions: needs positions='rope', the model has {cfg.positions!r}")
     _check(cfg.ffn_activation == "swiglu", where,
