@@ -141,10 +141,7 @@ def _conv_pairs(model: LanguageModel, hf: "GPT2LMHeadModel"):
 
 
 def _is_gpt2(hf_model: object) -> bool:
-    require("transformers", "interop", __name__)
-    from transformers import GPT2LMHeadModel
-
-    return isinstance(hf_model, GPT2LMHeadModel)
+    return isinstance(hf_model, require("transformers", "interop", __name__).GPT2LMHeadModel)
 
 
 # ---- import ---------------------------------------------------------------------------------

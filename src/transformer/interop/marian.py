@@ -185,10 +185,7 @@ def _check_positions(model: Transformer, hf: "MarianMTModel", where: str) -> flo
 
 
 def _is_marian(hf_model: object) -> bool:
-    require("transformers", "interop", __name__)
-    from transformers import MarianMTModel
-
-    return isinstance(hf_model, MarianMTModel)
+    return isinstance(hf_model, require("transformers", "interop", __name__).MarianMTModel)
 
 
 # ---- import ---------------------------------------------------------------------------------
