@@ -8,20 +8,17 @@ and streamed piece by piece as the tokens come.
 from __future__ import annotations
 
 import json
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
-from .decode import static
 from .decode.config import DecodingConfig
-from .decode.precision import decoding_model
 from .decode.sample import generate_stream
 from .errors import UserError
+from .front import FrontDoor, given, open_model, run_decoding, vocabulary_fits
 from .model import LanguageModel
-from .run import load_model, run_file, run_root
-from .translator import run_decoding
+from .run import run_file, run_root
 
 
 def load_tokenizer(path: str | Path):
@@ -61,7 +58,7 @@ class TextPieces:
         return piece
 
 
-class Generator:
+class Generator(FrontDoor):
     """Continue prompts with a trained :class:`~transformer.model.LanguageModel`.
 
     ``decoding`` gives max_new_tokens, temperature (0 = greedy), top_k, top_p, seed, precision
@@ -71,13 +68,13 @@ class Generator:
     one, else from BOS.
     """
 
+    too_long = "a prompt of {n} tokens is longer than the model's context; continuing its last {room} tokens"
+    keep_last = True
+
     def __init__(self, model: LanguageModel, tokenizer, decoding: DecodingConfig | None = None,
                  *, warn: bool = True) -> None:
-        self.requested_precision = (decoding or DecodingConfig()).precision  # before auto is resolved
-        self.model, self.decoding = decoding_model(model, decoding or DecodingConfig(), warn)
+        super().__init__(model, decoding, warn)
         self.tokenizer = tokenizer
-        self.warn = warn
-        self.truncated = 0
         # a pretrained model ends its text with EOS; a model trained here has none (characters) or
         # uses it for a newline (subwords)
         self.stop_id: int | list[int] | None = self.model.cfg.eos_id if _pretrained(tokenizer) else None
@@ -86,21 +83,16 @@ class Generator:
     def from_pretrained(cls, path: str | Path, *, warn: bool = True, **options) -> "Generator":
         """A generator for a run directory (or a weights file in one); ``options`` are
         :class:`DecodingConfig` fields that override the run's ``decoding`` settings."""
-        decoding = run_decoding(path, {k: v for k, v in options.items() if v is not None})
-        model, _ = load_model(path, decoding.device)
-        if not model.cfg.decoder_only:
-            raise UserError(f"{path}: a translation model; generate needs a language model (use translate)")
+        decoding = run_decoding(path, given(options))
+        model = open_model(path, decoding, language_model=True)
         if run_file(path, "config.yaml") is None:
             raise UserError(f"{path}: no config.yaml beside the weights; give the run directory")
         tokenizer = load_tokenizer(path)
-        # an imported model's embedding may have more rows than its tokenizer has tokens (Qwen pads it)
-        fits = tokenizer.vocab_size <= model.cfg.vocab_size if _pretrained(tokenizer) else \
-            tokenizer.vocab_size == model.cfg.vocab_size
-        if not fits:
+        if not vocabulary_fits(tokenizer.vocab_size, model.cfg.vocab_size, imported=_pretrained(tokenizer)):
             raise UserError(f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model was built for "
                             f"{model.cfg.vocab_size}; these files belong to different runs")
         generator = cls(model, tokenizer, decoding, warn=warn)
-        static.keep_packages_for(generator.model, run_root(path))
+        generator._keep_compiled_steps(path)
         record = run_root(path) / "import.json"  # an imported model may end its text with any of several ids
         if generator.stop_id is not None and record.is_file():
             try:
@@ -111,29 +103,12 @@ class Generator:
                 generator.stop_id = stops
         return generator
 
-    def compiles(self) -> tuple[bool, bool]:
-        """Whether generation runs through the compiled step (``decoding.compile``: ``on``;
-        ``auto`` with the step built already, or for a long generation), and whether that step
-        has to be built first (tens of seconds to minutes; kept in the user's cache)."""
-        d = self.decoding
-        if not static.should_compile(d.compile, self.model, logprobs=False, new_tokens=d.max_new_tokens):
-            return False, False
-        return True, not static.has_package(self.model, logprobs=False)
-
-    def prepare(self) -> None:
-        """Load, or build, the compiled step now (see :meth:`compiles`), not at the first token."""
-        static.prepare(self.model, logprobs=False)
+    def _step(self) -> tuple[int, bool, int]:
+        return 1, False, self.decoding.max_new_tokens  # one row per prompt, logits (sampling scales them)
 
     def encode(self, prompt: str) -> list[int]:
-        ids = self.tokenizer.encode(prompt) if prompt else (self.tokenizer.encode("\n") or [self.model.cfg.bos_id])
-        room = self.model.cfg.max_len - 1
-        if len(ids) > room:
-            self.truncated += 1
-            if self.warn:
-                warnings.warn(f"a prompt of {len(ids)} tokens is longer than the model's context; "
-                              f"continuing its last {room} tokens", stacklevel=3)
-            ids = ids[-room:]
-        return ids
+        return self._fit(self.tokenizer.encode(prompt) if prompt else
+                         (self.tokenizer.encode("\n") or [self.model.cfg.bos_id]))
 
     def stream(self, prompts: list[str], seed_offset: int = 0) -> Iterator[list[str]]:
         """For each new token, the text it adds to each row (possibly "" while a multi-byte

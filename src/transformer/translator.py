@@ -1,10 +1,8 @@
 """Text in, text out: subwords, batching by length, decoding, order restored."""
 from __future__ import annotations
 
-import copy
 import filecmp
 import itertools
-import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,12 +11,14 @@ import torch
 
 from .data import Subwords
 from .data.marian_tokenizer import SOURCE_SPM, TARGET_SPM, TARGET_VOCAB, VOCAB, MarianSubwords
-from .decode import Ensemble, Hypothesis, beam_search, greedy_search, pad_batch, static
+from .decode import Ensemble, Hypothesis, beam_search, greedy_search, pad_batch
 from .decode.config import DecodingConfig
-from .decode.precision import decoding_model
 from .errors import UserError
+from .front import FrontDoor, given, open_model, run_decoding, vocabulary_fits
 from .model import Transformer
-from .run import CONFIG, find_subwords, load_model, read_run_config, run_file, run_root
+from .run import find_subwords, run_file
+
+__all__ = ["Translation", "Translator", "load_translator", "run_decoding", "tokenizer_files"]
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class Translation:
     tokens: list[int]
 
 
-class Translator:
+class Translator(FrontDoor):
     """Translate lines with a trained model and the subword model it was trained with.
 
     Lines are encoded exactly as in training, sorted by length into batches of at most
@@ -45,14 +45,14 @@ class Translator:
         translator.translate(["A dog runs."])
     """
 
+    too_long = ("a line of {n} subwords is longer than the model's limit ({room}); "
+                "translating its first {room} subwords only")
+    keep_last = False
+
     def __init__(self, model: Transformer | Ensemble, subwords: Subwords | MarianSubwords,
                  decoding: DecodingConfig | None = None, *, warn: bool = True) -> None:
-        self.requested_precision = (decoding or DecodingConfig()).precision  # before auto is resolved
-        self.model, self.decoding = decoding_model(model, decoding or DecodingConfig(), warn)
+        super().__init__(model, decoding, warn)
         self.subwords = subwords
-        self.device = torch.device(self.decoding.device)
-        self.truncated = 0  # lines cut to fit, over this translator's life
-        self.warn = warn
 
     @classmethod
     def from_pretrained(cls, path: str | Path | list[str | Path], *, warn: bool = True, **options) -> "Translator":
@@ -61,24 +61,8 @@ class Translator:
         :class:`DecodingConfig`, e.g. ``beam=1``) say otherwise."""
         return load_translator(path, warn=warn, **options)
 
-    def with_decoding(self, **changes) -> "Translator":
-        """The same translator (the same model, already converted) with other search settings."""
-        if {"precision", "device"} & set(changes):
-            raise ValueError("with_decoding: precision and device need a new Translator (the model is converted)")
-        other = copy.copy(self)
-        other.decoding, other.truncated = self.decoding.replace(**changes), 0
-        return other
-
     def encode(self, line: str) -> list[int]:
-        ids = self.subwords.encode(line)
-        room = self.model.cfg.max_len - 1  # one position for EOS
-        if len(ids) > room:
-            self.truncated += 1
-            if self.warn:
-                warnings.warn(f"a line of {len(ids)} subwords is longer than the model's limit "
-                              f"({room}); translating its first {room} subwords only", stacklevel=3)
-            ids = ids[:room]
-        return ids + [self.model.cfg.eos_id]
+        return self._fit(self.subwords.encode(line)) + [self.model.cfg.eos_id]
 
     @torch.inference_mode()
     def translate_nbest(self, lines: list[str], n_best: int | None = None,
@@ -127,20 +111,8 @@ class Translator:
         while chunk := list(itertools.islice(it, chunk_lines)):
             yield self.translate_nbest(chunk, n_best, progress)
 
-    def compiles(self) -> tuple[bool, bool]:
-        """Whether the search runs through the compiled step
-        (:func:`~transformer.decode.static.should_compile` of ``decoding.compile``: ``on``, or
-        ``auto`` with the step built already; batches of more than
-        :data:`~transformer.decode.static.MAX_COMPILED_ROWS` rows decode eagerly all the same),
-        and whether that step has to be built first (tens of seconds to minutes; kept in the
-        user's cache)."""
-        if not static.should_compile(self.decoding.compile, self.model, group=self.decoding.beam):
-            return False, False
-        return True, not static.has_package(self.model, self.decoding.beam, logprobs=True)
-
-    def prepare(self) -> None:
-        """Load, or build, the compiled step now (see :meth:`compiles`), not in the first batch."""
-        static.prepare(self.model, self.decoding.beam, logprobs=True)
+    def _step(self) -> tuple[int, bool, int]:
+        return self.decoding.beam, True, 0  # a row per beam, log-probabilities
 
     def _decode(self, src: torch.Tensor, n_best: int) -> list[list[Hypothesis]]:
         d = self.decoding
@@ -165,10 +137,10 @@ def load_translator(models: str | Path | list[str | Path], *, warn: bool = True,
     paths = [Path(models)] if isinstance(models, (str, Path)) else [Path(p) for p in models]
     if not paths:
         raise UserError("no model given")
-    decoding = run_decoding(paths[0], {k: v for k, v in options.items() if v is not None})
+    decoding = run_decoding(paths[0], given(options))
     loaded, subwords_file = [], None
     for path in paths:
-        model, _ = load_model(path, decoding.device)
+        model = open_model(path, decoding, language_model=False)
         found = tokenizer_files(path)
         if subwords_file is None:
             subwords_file = found
@@ -180,16 +152,13 @@ def load_translator(models: str | Path | list[str | Path], *, warn: bool = True,
     subwords = MarianSubwords.load(subwords_file.parent) if subwords_file.name == SOURCE_SPM \
         else Subwords.load(subwords_file)
     for path, model in zip(paths, loaded):
-        # a Marian vocabulary may number fewer pieces than the model has rows (HF then reads
-        # a piece from the sentencepiece model), never more
-        fits = subwords.vocab_size <= model.cfg.target_vocab_size if isinstance(subwords, MarianSubwords) \
-            else subwords.vocab_size == model.cfg.target_vocab_size
-        if not fits:
+        if not vocabulary_fits(subwords.vocab_size, model.cfg.target_vocab_size,
+                               imported=isinstance(subwords, MarianSubwords)):
             raise UserError(f"{subwords_file}: {subwords.vocab_size} subwords, but the model in {path} was built for "
                             f"{model.cfg.target_vocab_size}; these files belong to different runs")
     translator = Translator(loaded[0] if len(loaded) == 1 else Ensemble(loaded), subwords, decoding, warn=warn)
-    if len(loaded) == 1 and (root := run_root(paths[0])) is not None:
-        static.keep_packages_for(translator.model, root)
+    if len(loaded) == 1:
+        translator._keep_compiled_steps(paths[0])
     return translator
 
 
@@ -206,22 +175,3 @@ def tokenizer_files(path: str | Path) -> list[Path]:
 
 def _same_files(a: list[Path], b: list[Path]) -> bool:
     return [p.name for p in a] == [p.name for p in b] and all(filecmp.cmp(x, y, shallow=False) for x, y in zip(a, b))
-
-
-def run_decoding(path: str | Path, options: dict | None = None) -> DecodingConfig:
-    """The decoding settings for a model path: the defaults, then the ``decoding`` section of
-    its run's config.yaml, then ``options`` (field: value; from the command line, named
-    ``--field``). Checked before anything big is loaded: a bad value is a one-line error."""
-    run = read_run_config(path).get("decoding") or {}
-    where = run_file(path, CONFIG)  # a section can only have come from there
-    if not isinstance(run, dict):
-        raise UserError(f"{where}: decoding must be a mapping of setting: value")
-    try:
-        base = DecodingConfig.from_dict(run, where=f"{where}: decoding")
-    except (ValueError, TypeError) as e:
-        raise UserError(f"{where}: decoding: {e}") from None
-    try:
-        return base.replace(**(options or {}))
-    except ValueError as e:  # the message starts with the field's name: give it its option's spelling
-        name, _, rest = str(e).partition(" ")
-        raise UserError(f"--{name.replace('_', '-')} {rest}") from None

@@ -1,0 +1,155 @@
+"""What the two front doors share: a run opened for decoding.
+
+:class:`~transformer.translator.Translator` and :class:`~transformer.generator.Generator`
+differ in their search and in how text becomes ids; everything else is this one base:
+
+    settings    the defaults, then the ``decoding`` section of the run's config.yaml, then
+                the caller's options (:func:`run_decoding`), checked before the weights load
+    weights     :func:`open_model`: on the settings' device, refused with one line when the
+                run is the other kind of model
+    vocabulary  :func:`vocabulary_fits`: a tokenizer trained here numbers exactly the model's
+                rows, an imported one (Marian, Hugging Face) at most as many
+    precision   the model converted once (:func:`~transformer.decode.precision.decoding_model`);
+                ``requested_precision`` keeps what was asked (``auto``), ``decoding.precision``
+                what it resolved to
+    compiling   :meth:`FrontDoor.compiles` and :meth:`FrontDoor.prepare` on the step the
+                search runs (the subclass names it: :meth:`FrontDoor._step`), kept in the
+                run's folder of the user's cache (:meth:`FrontDoor._keep_compiled_steps`)
+    length      :meth:`FrontDoor._fit`: ids longer than the model takes are cut, with a
+                warning or counted in ``truncated``; the subclass says which end it keeps
+"""
+from __future__ import annotations
+
+import copy
+import warnings
+from pathlib import Path
+from typing import Self
+
+import torch
+from torch import nn
+
+from . import hardware
+from .decode import static
+from .decode.config import DecodingConfig
+from .decode.precision import decoding_model
+from .errors import UserError
+from .run import CONFIG, load_model, read_run_config, run_file, run_root
+
+
+def run_decoding(path: str | Path, options: dict | None = None) -> DecodingConfig:
+    """The decoding settings for a model path: the defaults, then the ``decoding`` section of
+    its run's config.yaml, then ``options`` (field: value; from the command line, named
+    ``--field``). Checked before anything big is loaded: a bad value is a one-line error."""
+    run = read_run_config(path).get("decoding") or {}
+    where = run_file(path, CONFIG)  # a section can only have come from there
+    if not isinstance(run, dict):
+        raise UserError(f"{where}: decoding must be a mapping of setting: value")
+    try:
+        base = DecodingConfig.from_dict(run, where=f"{where}: decoding")
+    except (ValueError, TypeError) as e:
+        raise UserError(f"{where}: decoding: {e}") from None
+    try:
+        return base.replace(**(options or {}))
+    except ValueError as e:  # the message starts with the field's name: give it its option's spelling
+        name, _, rest = str(e).partition(" ")
+        raise UserError(f"--{name.replace('_', '-')} {rest}") from None
+
+
+def given(options: dict) -> dict:
+    """The options a caller set: None stands for "the run's own setting"."""
+    return {k: v for k, v in options.items() if v is not None}
+
+
+def open_model(path: str | Path, decoding: DecodingConfig, *, language_model: bool) -> nn.Module:
+    """The model of the run (or weights file) at ``path`` on ``decoding.device``; a one-line
+    error when it is a translation model where a language model is wanted, or the reverse."""
+    model, _ = load_model(path, decoding.device)
+    if model.cfg.decoder_only != language_model:
+        raise UserError(f"{path}: a translation model; generate needs a language model (use translate)"
+                        if language_model else
+                        f"{path}: a language model; translate needs a translation model (use generate)")
+    return model
+
+
+def vocabulary_fits(tokens: int, rows: int, *, imported: bool) -> bool:
+    """Whether a tokenizer of ``tokens`` ids belongs with a model of ``rows`` embedding rows:
+    one trained here numbers exactly as many; an imported one may number fewer (Qwen pads its
+    embedding; Hugging Face reads a piece missing from a Marian vocab.json from the
+    sentencepiece model), never more."""
+    return tokens <= rows if imported else tokens == rows
+
+
+class FrontDoor:
+    """The base of :class:`~transformer.translator.Translator` and
+    :class:`~transformer.generator.Generator`: the model converted for decoding, its
+    settings, the count of inputs cut to fit, and the compiled step.
+
+    A subclass gives :meth:`_step` (which compiled step its search runs) and, for
+    :meth:`_fit`, ``too_long`` (the warning: ``{n}`` ids, ``{room}`` kept) and ``keep_last``
+    (True: an input keeps its last ``max_len - 1`` ids, else its first).
+    """
+
+    too_long: str
+    keep_last: bool
+
+    def __init__(self, model: nn.Module, decoding: DecodingConfig | None, warn: bool) -> None:
+        decoding = decoding or DecodingConfig()
+        self.requested_precision = decoding.precision  # before auto is resolved
+        self.model, self.decoding = decoding_model(model, decoding, warn=False)
+        # warned here, not by decoding_model, so that the warning points at whoever built the front door
+        if warn and (note := hardware.slow_precision_warning(decoding.precision, decoding.device)):
+            warnings.warn(note, stacklevel=3)
+        self.device = torch.device(self.decoding.device)
+        self.warn = warn
+        self.truncated = 0  # inputs cut to fit, over this object's life
+
+    def with_decoding(self, **changes) -> Self:
+        """The same front door (the same model, already converted) with other search settings."""
+        if {"precision", "device"} & set(changes):
+            name = type(self).__name__
+            raise ValueError(f"with_decoding: precision and device need a new {name} (the model is converted)")
+        other = copy.copy(self)
+        other.decoding, other.truncated = self.decoding.replace(**changes), 0
+        return other
+
+    def compiles(self) -> tuple[bool, bool]:
+        """Whether the search runs through the compiled step
+        (:func:`~transformer.decode.static.should_compile` of ``decoding.compile``: ``on``, or
+        ``auto`` with the step built already or a generation long enough to pay for it;
+        translation batches of more than :data:`~transformer.decode.static.MAX_COMPILED_ROWS`
+        rows decode eagerly all the same), and whether that step has to be built first (tens
+        of seconds to minutes; kept in the user's cache)."""
+        group, logprobs, new_tokens = self._step()
+        if not static.should_compile(self.decoding.compile, self.model, group=group, logprobs=logprobs,
+                                     new_tokens=new_tokens):
+            return False, False
+        return True, not static.has_package(self.model, group, logprobs=logprobs)
+
+    def prepare(self) -> None:
+        """Load, or build, the compiled step now (see :meth:`compiles`), not in the first batch."""
+        group, logprobs, _ = self._step()
+        static.prepare(self.model, group, logprobs=logprobs)
+
+    def _step(self) -> tuple[int, bool, int]:
+        """The compiled step the search runs: (rows per input: 1, or the beam size; whether it
+        gives log-probabilities rather than logits; the new tokens of a generation, 0 when
+        not known ahead)."""
+        raise NotImplementedError
+
+    def _keep_compiled_steps(self, path: str | Path) -> None:
+        """Keep the compiled steps in the user's cache folder of the run ``path`` belongs to
+        (none: they stay in memory)."""
+        if (root := run_root(path)) is not None:
+            static.keep_packages_for(self.model, root)
+
+    def _fit(self, ids: list[int]) -> list[int]:
+        """``ids`` cut to the ``max_len - 1`` the model takes (one position is left: for EOS,
+        or the first new token), counted in ``truncated`` and, with ``warn``, warned about
+        (the warning points at the caller of the public method that encodes)."""
+        room = self.model.cfg.max_len - 1
+        if len(ids) <= room:
+            return ids
+        self.truncated += 1
+        if self.warn:
+            warnings.warn(self.too_long.format(n=len(ids), room=room), stacklevel=4)
+        return ids[-room:] if self.keep_last else ids[:room]
