@@ -158,3 +158,60 @@ def test_info_names_every_weight(runs, family, capsys):
     assert main(["info", "--model", str(run)]) == 0
     text = capsys.readouterr().out
     assert ("q/k/v biases" in text) == (family == "qwen2")
+
+
+# ---- exports --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("family", ["llama3", "qwen2", "gpt2"])
+def test_ctranslate2_export_computes_the_imported_model(runs, family, tmp_path, capsys):
+    """``transformer export --format ctranslate2`` on an imported run: Llama 3's rotary
+    scaling, Qwen2's q/k/v biases and padded vocabulary, GPT-2's tied head. CTranslate2's
+    logits are ours and its greedy tokens too."""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    import numpy as np
+
+    _, _, run = runs(family)
+    out = tmp_path / "ct2"
+    assert main(["export", "--model", str(run), "--format", "ctranslate2", "--out", str(out)]) == 0
+    assert "ctranslate2 language model" in capsys.readouterr().out
+    assert (out / "tokenizer.json").is_file() and (out / "README.txt").is_file()
+    vocab = json.loads((out / "vocabulary.json").read_text(encoding="utf-8"))
+    generator = greedy(run, n=30)
+    model = generator.model
+    assert len(vocab) == model.cfg.vocab_size
+    ids = generator.encode(TEXT)  # longer than Llama 3's original context (16): the scaling counts
+    assert len(ids) > 16
+    theirs = ctranslate2.Generator(str(out), device="cpu", compute_type="float32", intra_threads=1)
+    with torch.no_grad():
+        logits = model(torch.tensor([ids]), padded=False)[0]  # (T, V)
+    ct2_logits = torch.as_tensor(np.array(theirs.forward_batch([[vocab[i] for i in ids]])))[0]
+    assert (ct2_logits - logits).abs().max() <= 1e-4
+    from transformer.decode.sample import generate_stream
+
+    ours = [int(t) for t in generate_stream(model, [ids], 30, 0.0)]
+    result = theirs.generate_batch([[vocab[i] for i in ids]], max_length=30, sampling_topk=1,
+                                   include_prompt_in_result=False, end_token=[])
+    assert result[0].sequences_ids[0] == ours
+
+
+def test_ctranslate2_export_names_the_spare_ids(runs, tmp_path):
+    """Qwen2's embedding has 8 rows more than its tokenizer has tokens: they get names of their own."""
+    pytest.importorskip("ctranslate2")
+    _, _, run = runs("qwen2")
+    out = tmp_path / "ct2"
+    assert main(["export", "--model", str(run), "--format", "ctranslate2", "--out", str(out)]) == 0
+    vocab = json.loads((out / "vocabulary.json").read_text(encoding="utf-8"))
+    tokens = greedy(run).tokenizer.vocab_size
+    assert vocab[tokens:] == [f"<unused_{i}>" for i in range(tokens, tokens + 8)]
+    assert len(set(vocab)) == len(vocab)
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "marian"])
+def test_other_exports_of_a_language_model_are_refused_in_one_line(runs, fmt, tmp_path, capsys):
+    _, _, run = runs("llama3")
+    capsys.readouterr()
+    assert main(["export", "--model", str(run), "--format", fmt, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"transformer export: error: --format {fmt} exports a translation model; a language model "
+                   "exports to --format ctranslate2")
+    assert not (tmp_path / "out").exists()

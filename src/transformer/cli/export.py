@@ -5,6 +5,9 @@
     transformer export --model RUN_DIR --format onnx --out DIR
 
 Each directory gets a copy of the run's ``subwords.model`` and a README.txt on loading it.
+A language model run (trained here, or imported by ``transformer import``) exports to
+CTranslate2 (``ctranslate2.Generator``) with a copy of its tokenizer file; its ONNX and
+Marian exports are refused in one line (those formats hold a translation model here).
 The export is written into a temporary directory beside DIR and renamed when complete, so
 a failure leaves no half-written DIR. DIR must not exist, or be an empty directory.
 """
@@ -69,12 +72,17 @@ def run(args: argparse.Namespace) -> int:
     from ..data import Subwords
     from ..errors import UserError
     from ..extras import require
-    from ..run import atomic_dir, find_subwords, load_model
+    from ..run import atomic_dir, find_subwords, load_model, read_model_config
 
     _check(args)
+    if read_model_config(args.model).decoder_only and args.format != "ctranslate2":
+        raise UserError(f"--format {args.format} exports a translation model; a language model exports to "
+                        "--format ctranslate2")
     for module in NEEDS[args.format]:
         require(module, "export", f"--format {args.format}")
     model, meta = load_model(Path(args.model))
+    if model.cfg.decoder_only:
+        return _language_model(args, model, meta)
     spm_path = find_subwords(args.model)
     subwords = Subwords.load(spm_path)
     if subwords.vocab_size != model.cfg.target_vocab_size:
@@ -98,6 +106,62 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"{out}: cannot write ({e.strerror or e})") from None
     print(f"wrote {out} ({args.format}{note}) from {meta['path']}")
     return 0
+
+
+def _language_model(args, model, meta) -> int:
+    """A language model to CTranslate2: the spec, ``vocabulary.json`` (one string per id), a
+    copy of the tokenizer file and a README.txt with the run's stop tokens."""
+    import json
+
+    from ..data.text import load_tokenizer
+    from ..errors import UserError
+    from ..interop.ctranslate2 import save_ctranslate2_lm
+    from ..run import atomic_dir, run_root
+
+    tokenizer = load_tokenizer(args.model)
+    vocab = lm_vocabulary(tokenizer, model.cfg.vocab_size)
+    stops = [model.cfg.eos_id]
+    root = run_root(args.model)
+    record = root / "import.json" if root is not None else None
+    if record is not None and record.is_file():  # an imported model may end its text with any of several ids
+        listed = json.loads(record.read_text(encoding="utf-8")).get("stop_ids")
+        if isinstance(listed, list) and listed and all(isinstance(i, int) and 0 <= i < len(vocab) for i in listed):
+            stops = listed
+    out = Path(args.out).absolute()
+
+    def fill(tmp: Path) -> None:
+        save_ctranslate2_lm(model, tmp, vocab, quantization=args.quantization)
+        shutil.copyfile(tokenizer.path, tmp / tokenizer.path.name)
+        (tmp / "README.txt").write_text(LM_README.format(weights=meta["path"], tokenizer=tokenizer.path.name,
+                                                         stops=[vocab[i] for i in stops]), encoding="utf-8")
+
+    try:
+        atomic_dir(out, fill)
+    except ValueError as e:  # the model has something CTranslate2 cannot express
+        raise UserError(f"--format ctranslate2: {e}") from None
+    except OSError as e:
+        raise UserError(f"{out}: cannot write ({e.strerror or e})") from None
+    print(f"wrote {out} (ctranslate2 language model, {args.quantization or 'float32'} weights, "
+          f"tokenizer {tokenizer.path.name}) from {meta['path']}")
+    return 0
+
+
+def lm_vocabulary(tokenizer, size: int) -> list[str]:
+    """One string per id of a language model, as CTranslate2 takes its tokens: the tokenizer's
+    pieces in id order; ids the tokenizer lacks (Qwen2 pads its embedding) are ``<unused_N>``."""
+    from ..data.chars import FIRST_ID, Chars
+    from ..data.hf_tokenizer import PretrainedTokenizer, SentencePieceTokenizer
+
+    if isinstance(tokenizer, PretrainedTokenizer):
+        pieces = [tokenizer.tokenizer.id_to_token(i) for i in range(tokenizer.vocab_size)]
+    elif isinstance(tokenizer, SentencePieceTokenizer):
+        pieces = [tokenizer.sp.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+    elif isinstance(tokenizer, Chars):
+        pieces = ["<pad>", "<s>", "</s>"][:FIRST_ID] + tokenizer.chars
+    else:  # LineSubwords
+        pieces = tokenizer.subwords.vocab()
+    pieces = pieces[:size] + [None] * (size - len(pieces))
+    return [f"<unused_{i}>" if p is None else p for i, p in enumerate(pieces)]
 
 
 def _ctranslate2(model, subwords, spm_path, tmp: Path, args) -> str:
@@ -202,3 +266,20 @@ the docstring of transformer/interop/onnx.py gives the shapes.
 transformer.interop.onnx.greedy_onnx(dir, src, max_len) is a complete greedy loop.
 """,
 }
+
+LM_README = """A CTranslate2 language model exported by `transformer export` from {weights},
+for ctranslate2.Generator, with the run's tokenizer ({tokenizer}). CTranslate2 takes tokens
+as strings: vocabulary.json holds the string of each id, in id order.
+
+    import json, ctranslate2
+    vocab = json.load(open("vocabulary.json", encoding="utf-8"))
+    generator = ctranslate2.Generator(".", compute_type="default")  # or "int8" to quantise on load
+    ids = ...  # the prompt's ids from {tokenizer}, as `transformer generate` encodes it (BOS included if it adds one)
+    result = generator.generate_batch([[vocab[i] for i in ids]], max_length=50, sampling_topk=1,
+                                      include_prompt_in_result=False, end_token={stops})
+    new_ids = result[0].sequences_ids[0]  # decode them with {tokenizer}
+
+A tokenizer.json reads with `tokenizers.Tokenizer.from_file`, a tokenizer.model with
+sentencepiece. end_token lists the tokens that end the model's text; greedy decoding
+(sampling_topk=1) gives `transformer generate --temperature 0`'s tokens.
+"""

@@ -55,7 +55,11 @@ token is left out of the result unless ``return_end_token=True``). A batch of pr
 different lengths is handled by CTranslate2 itself (no PAD is fed to it). Everything the
 model's config offers exports: pre- or post-norm, LayerNorm with or without biases or
 RMSNorm, learned / sinusoidal / rotary positions, scaled embeddings, relu / gelu /
-gelu_tanh / silu / swiglu, grouped-query attention, a tied or untied head and an output bias.
+gelu_tanh / silu / swiglu, grouped-query attention, a tied or untied head and an output bias,
+Qwen2's q/k/v biases (the fused projection's bias) and Llama 3's rotary scaling
+(``RotaryScalingType.Llama3`` with its factor, low / high frequency factors and original
+context). An imported model's embedding may have more rows than its tokenizer has tokens
+(Qwen2 pads it): the caller names the spare ids (``<unused_N>`` in ``transformer export``).
 
 Refused (ValueError), for both kinds: a post-norm model with a final norm (CTranslate2 has
 a final norm only in pre-norm models), and a vocabulary that is not one distinct string
@@ -274,9 +278,12 @@ def to_ctranslate2_lm_spec(model: LanguageModel, vocab: list[str]) -> "Transform
         rotary_dim=0 if rope else None,  # 0: the whole head
         rotary_interleave=False,  # "rotate half", as ours and HF's
         rotary_base=float(cfg.rope_theta),
+        **_rope_scaling(cfg.rope_scaling),
         num_heads_kv=None if cfg.kv_heads == cfg.n_heads else cfg.kv_heads,
     )
     dec = spec.decoder
+    if cfg.rope_scaling is not None:
+        _llama3_factors(dec, cfg.rope_scaling)
     dec.embeddings.weight = _np(model.embed.weight)
     dec.scale_embeddings = bool(cfg.embed_scale)
     if not rope:
@@ -286,6 +293,28 @@ def to_ctranslate2_lm_spec(model: LanguageModel, vocab: list[str]) -> "Transform
     _projection(dec.projection, model)
     spec.register_vocabulary(list(vocab))
     return _finish(spec, cfg, vocab)
+
+
+def _rope_scaling(scaling: dict[str, float] | None) -> dict:
+    """The spec options of Llama 3's rotary frequency scaling (none when unscaled)."""
+    if scaling is None:
+        return {}
+    from ctranslate2.specs.attention_spec import RotaryScalingType
+
+    return dict(rotary_scaling_type=RotaryScalingType.Llama3,
+                original_max_position_embeddings=int(scaling["original_max_position_embeddings"]))
+
+
+def _llama3_factors(dec, scaling: dict[str, float]) -> None:
+    """Each self-attention's Llama 3 factors. The spec declares the low and high frequency
+    factors only, but CTranslate2 reads ``rotary_scaling_factor`` for this scaling too
+    (without it the factor is 1: no scaling), so it is added past the spec's guard; the
+    parity test (tests/interop/test_imported_commands.py) holds CTranslate2 to our logits."""
+    for layer in dec.layer:
+        att = layer.self_attention
+        att.rotary_low_freq_factor = np.float32(scaling["low_freq_factor"])
+        att.rotary_high_freq_factor = np.float32(scaling["high_freq_factor"])
+        object.__setattr__(att, "rotary_scaling_factor", np.float32(scaling["factor"]))
 
 
 def save_ctranslate2(model: Transformer, out_dir: str | Path, vocab: list[str],
