@@ -37,6 +37,16 @@ _HELP = {
 }
 
 
+def check_count(args: argparse.Namespace, name: str, must: str = "at least 1") -> None:
+    """A count option (``--steps``, ``--num-samples``, ...) below 1: one line naming it
+    ("--steps must be at least 1, got 0")."""
+    from ..errors import UserError
+
+    value = getattr(args, name)
+    if value < 1:
+        raise UserError(f"--{name.replace('_', '-')} must be {must}, got {value}")
+
+
 def add_decoding_options(p: argparse.ArgumentParser, *names: str) -> None:
     """``--beam``, ``--alpha``, ... for the named DecodingConfig fields. No argparse
     ``choices``: a bad value is reported as one line naming the option, without the usage."""

@@ -17,11 +17,10 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..decode import greedy_search
-    from ..errors import UserError
     from ..train.synthetic import make_batch, train_synthetic
+    from ._options import check_count
 
-    if args.steps < 1:
-        raise UserError(f"--steps must be at least 1, got {args.steps}")
+    check_count(args, "steps")
     start = time.perf_counter()
     model, acc = train_synthetic(args.task, steps=args.steps, seed=args.seed)
     print(f"{args.task}: held-out exact match {acc:.2%} after {time.perf_counter() - start:.0f}s")

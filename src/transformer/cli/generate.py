@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ._options import add_decoding_options, decoding_options, prepare_compiled
+from ._options import add_decoding_options, check_count, decoding_options, prepare_compiled
 
 SEPARATOR = "-" * 15  # between samples, as nanoGPT's sample.py prints them
 
@@ -22,11 +22,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import UserError
     from ..generator import Generator
 
-    if args.num_samples < 1:
-        raise UserError(f"--num-samples must be at least 1, got {args.num_samples}")
+    check_count(args, "num_samples")
     prompt = args.prompt
     if prompt is None:
         prompt = "" if sys.stdin.isatty() else _read_stdin()

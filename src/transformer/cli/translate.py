@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import TextIO
 
-from ._options import add_decoding_options, decoding_options, prepare_compiled
+from ._options import add_decoding_options, check_count, decoding_options, prepare_compiled
 
 CHUNK_LINES = 2000  # lines read and translated at a time: enough to fill batches of similar lengths
 
@@ -34,13 +34,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..data import count_lines
-    from ..errors import UserError
     from ..run.files import atomic_write
     from ..translator import load_translator
     from ._progress import line_progress, stderr_is_terminal
 
-    if args.chunk_lines < 1:
-        raise UserError(f"--chunk-lines must be positive, got {args.chunk_lines}")
+    check_count(args, "chunk_lines", must="positive")
     with _input_lines(args.input) as lines:  # opened first: a missing file fails before the model loads
         translator = load_translator(args.model, warn=False, **decoding_options(args))
         prepare_compiled(translator)
