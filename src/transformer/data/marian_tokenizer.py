@@ -29,7 +29,6 @@ Only the standard library and sentencepiece: translating with an imported model 
 """
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,6 +36,7 @@ from pathlib import Path
 import sentencepiece as spm
 
 from ..errors import UserError
+from .hf_tokenizer import read_json
 from .subwords import read_sentencepiece
 
 __all__ = ["MarianSubwords", "SOURCE_SPM", "TARGET_SPM", "VOCAB", "TARGET_VOCAB", "TOKENIZER_CONFIG",
@@ -98,7 +98,8 @@ class MarianSubwords:
         for name in MARIAN_FILES:
             if not (folder / name).is_file():
                 raise UserError(f"{folder}: no {name}; a Marian tokenizer needs {', '.join(MARIAN_FILES)}")
-        config = _read_json(folder / TOKENIZER_CONFIG) if (folder / TOKENIZER_CONFIG).is_file() else {}
+        config_file = folder / TOKENIZER_CONFIG
+        config = read_json(config_file, "not a readable JSON file") if config_file.is_file() else {}
         if not isinstance(config, dict):
             raise UserError(f"{folder / TOKENIZER_CONFIG}: not a JSON object")
         separate = bool(config.get("separate_vocabs", False))
@@ -192,15 +193,8 @@ def _language_code(text: str) -> str:
     return ""
 
 
-def _read_json(path: Path):
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserError(f"{path}: not a readable JSON file ({type(e).__name__}: {e})") from None
-
-
 def _read_vocab(path: Path) -> dict[str, int]:
-    vocab = _read_json(path)
+    vocab = read_json(path, "not a readable JSON file")
     if not (isinstance(vocab, dict) and vocab and all(isinstance(i, int) and i >= 0 for i in vocab.values())):
         raise UserError(f"{path}: not a vocabulary (a JSON object of piece: id, ids 0 or more)")
     return vocab
