@@ -215,3 +215,26 @@ def test_other_exports_of_a_language_model_are_refused_in_one_line(runs, fmt, tm
     assert err == (f"transformer export: error: --format {fmt} exports a translation model; a language model "
                    "exports to --format ctranslate2")
     assert not (tmp_path / "out").exists()
+
+
+# ---- the compiled decoding step -------------------------------------------------------------
+
+def test_compiled_step_on_an_imported_run(tmp_path, capfd):
+    """``transformer generate --compile on`` on an imported Qwen2 with Llama 3's rotary scaling
+    (both features in one model, one build): the compiled step's greedy text is the eager one's."""
+    from hf_checkpoints import LLAMA3_ROPE
+
+    folder, _ = build_checkpoint("qwen2", tmp_path / "hf", rope_parameters=LLAMA3_ROPE)
+    run = tmp_path / "run"
+    assert main(["import", str(folder), "--out", str(run)]) == 0
+    cfg = load_model(run)[0].cfg
+    assert cfg.qkv_bias and cfg.rope_scaling is not None
+    capfd.readouterr()
+    argv = ["generate", "--model", str(run), "--prompt", PROMPT, "--max-new-tokens", "40", "--temperature", "0",
+            "--precision", "fp32"]
+    assert main([*argv, "--compile", "off"]) == 0
+    eager = capfd.readouterr()
+    assert main([*argv, "--compile", "on"]) == 0
+    compiled = capfd.readouterr()
+    assert "compiling the decoding step" in compiled.err and "cannot build" not in compiled.err
+    assert compiled.out == eager.out and len(eager.out) > len(PROMPT) + 10
