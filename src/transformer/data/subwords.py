@@ -52,13 +52,16 @@ class Subwords:
 
     Build one with :func:`train_subwords` or :meth:`load`. Ids are plain ``int``s; ``encode``
     adds no BOS/EOS (the batch collate does that) and ``decode`` drops pad/BOS/EOS ids.
+    ``pad_id``, ``bos_id``, ``eos_id`` and ``unk_id`` are the special ids, read from the model.
     """
 
     def __init__(self, processor: spm.SentencePieceProcessor, path: Path | None = None):
         self._sp = processor
         self.path = path
+        self.pad_id, self.bos_id, self.eos_id, self.unk_id = (
+            processor.pad_id(), processor.bos_id(), processor.eos_id(), processor.unk_id())
         for name in ("pad_id", "bos_id", "eos_id", "unk_id"):
-            if getattr(processor, name)() < 0:
+            if getattr(self, name) < 0:
                 where = path or "subword model"
                 raise UserError(f"{where}: has no {name.removesuffix('_id')} token; train it with train_subwords")
         self._specials = {self.pad_id, self.bos_id, self.eos_id}
@@ -126,22 +129,6 @@ class Subwords:
     def vocab_size(self) -> int:
         """Number of ids, special tokens included."""
         return self._sp.get_piece_size()
-
-    @property
-    def pad_id(self) -> int:
-        return self._sp.pad_id()
-
-    @property
-    def bos_id(self) -> int:
-        return self._sp.bos_id()
-
-    @property
-    def eos_id(self) -> int:
-        return self._sp.eos_id()
-
-    @property
-    def unk_id(self) -> int:
-        return self._sp.unk_id()
 
 
 def train_subwords(
