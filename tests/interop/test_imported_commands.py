@@ -131,6 +131,20 @@ def test_gpt2_attention_reads_its_padding_id_as_text(runs):
     assert (logits - theirs.logits).abs().max() <= 1e-5 < (masked - theirs.logits).abs().max()
 
 
+def test_gpt2_text_score_reads_its_padding_id_as_text(runs):
+    """``transformer evaluate --text`` scores every id as a token, GPT-2's padding id included: HF's loss."""
+    from transformer.evaluate_lm import score_ids
+
+    _, hf, run = runs("gpt2")
+    generator = greedy(run)
+    ids = generator.tokenizer.encode(TEXT)
+    assert generator.model.cfg.pad_id in ids and len(ids) <= generator.model.cfg.max_len
+    score = score_ids(generator.model, ids)
+    with torch.no_grad():
+        loss = hf(torch.tensor([ids]), labels=torch.tensor([ids])).loss.item()
+    assert score.nll / score.tokens == pytest.approx(loss, abs=1e-5)
+
+
 # ---- info -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("family", ["gpt2", "llama3", "qwen2"])
