@@ -67,10 +67,13 @@ def test_the_other_kind_of_model_is_one_line_error(tmp_path, kind):
             else "a language model; translate needs") in message
 
 
-def test_translating_with_a_language_model_names_the_kind(tmp_path):
+def test_translating_with_a_language_model_names_the_kind(tmp_path, cli, one_line_error):
     save_weights(language_model(), tmp_path / "m.safetensors")
     with pytest.raises(UserError, match="a language model; translate needs a translation model"):
         load_translator(tmp_path / "m.safetensors")
+    (tmp_path / "in.txt").write_text("a line\n")
+    r = cli("translate", "--model", tmp_path / "m.safetensors", "--input", tmp_path / "in.txt")
+    one_line_error(r, "translate", "m.safetensors", "a language model", "use generate")
 
 
 @pytest.mark.parametrize("tokens, rows, imported, fits", [
