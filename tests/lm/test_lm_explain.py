@@ -5,16 +5,23 @@ from __future__ import annotations
 
 import json
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from transformer import ModelConfig
+from transformer.cli import main
 from transformer.decode.config import DecodingConfig
+from transformer.generator import Generator
 from transformer.model import build_model
 from transformer.model.rotary import apply_rotary
 from transformer.run import load_model
-from transformer.viz.lm_walkthrough import STEPS, walk_lm
+from transformer.viz.lm_walkthrough import STEPS, token_shower, walk_lm
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "interop"))  # tiny Hugging Face checkpoints
+from hf_checkpoints import build_checkpoint  # noqa: E402
 
 LM = dict(kind="decoder-only", vocab_size=17, d_model=16, n_heads=4, d_ff=24, n_layers=2, max_len=12, dropout=0.0,
           norm_first=True, final_norm=True, embed_scale=False)
@@ -178,3 +185,78 @@ def test_context_length_prompt_is_accepted(cli, trained_lm):
     assert r.code == 0, r.err
     assert "(16 tokens)" in r.out
     assert math.isfinite(float(r.out.split("p = ")[1].split(")")[0]))
+
+
+# ---- runs imported from tiny Hugging Face checkpoints (built in the test) ------------------
+
+PAD_PROMPT = "Hello world! the quick"  # "!" is GPT-2's pad_id here: GPT-2 has no spare id, a real token pads
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+    """family -> (the HF model in eval mode, our run directory), each imported once."""
+    pytest.importorskip("transformers", reason="the checkpoints are built with transformers")
+    made = {}
+
+    def get(family: str):
+        if family not in made:
+            root = tmp_path_factory.mktemp(family)
+            folder, hf = build_checkpoint(family, root / "hf")
+            assert main(["import", str(folder), "--out", str(root / "run")]) == 0
+            made[family] = hf, root / "run"
+        return made[family]
+    return get
+
+
+def test_rotary_step_shows_llama3_scaled_angles(cli, imported):
+    """A Llama 3 import (rope_scaling): step 2 says so in both languages, and its angles are the
+    ones the model turns q and k by (its cos / sin tables, HF's frequencies), not the unscaled
+    theta^(-2i/d_k)."""
+    hf, run = imported("llama3")
+    prompt = "Hello world, the quick"
+    r = cli("explain", "--model", run, prompt, "--json", "--step", "2")
+    assert r.code == 0, r.err
+    (step,) = json.loads(r.out)["steps"]
+    n = step["numbers"]
+    assert "Llama 3 scaling" in step["title"] and "Llama 3 频率缩放" in step["title_zh"]
+    assert "f_i / 8 where the wavelength" in step["formula"] and "L = 16 positions" in step["formula"]
+    model, _ = load_model(run)
+    half = model.cfg.d_head // 2
+    p = n["position"]
+    assert p == len(Generator.from_pretrained(run, warn=False).encode(prompt)) - 1 and p > 1
+    inv_freq = hf.model.rotary_emb.inv_freq.double()  # HF's llama3 frequencies
+    for name, i in (("angle_fastest_pair", 0), ("angle_slowest_pair", half - 1)):
+        angle = torch.tensor(n[name], dtype=torch.float64)
+        assert float(angle) == pytest.approx(p * float(inv_freq[i]), rel=1e-5, abs=1e-6)
+        assert float(angle.cos()) == pytest.approx(float(model.rotary.cos[p, i]), abs=1e-5)
+        assert float(angle.sin()) == pytest.approx(float(model.rotary.sin[p, i]), rel=1e-4, abs=1e-6)
+    unscaled = p * model.cfg.rope_theta ** (-2 * (half - 1) / model.cfg.d_head)
+    assert n["unscaled_angle_slowest_pair"] == pytest.approx(unscaled, rel=1e-4)
+    assert n["angle_slowest_pair"] == pytest.approx(unscaled / 8, rel=1e-4)  # factor 8: the slow pairs turn slower
+    assert n["angle_fastest_pair"] < 0.99 * p  # pair 0 is blended here (wavelength 2 pi between 16 / 4 and 16 / 1)
+    assert (n["pairs_slowed"], n["pairs_unchanged"], n["pairs_blended"]) == (3, 0, 1)
+    r = cli("explain", "--model", run, prompt, "--step", "2")
+    assert "(2) 位置编码（旋转位置编码 RoPE，Llama 3 频率缩放） / Rotary positions (RoPE, Llama 3 scaling)" in r.out
+    assert "Llama 3 scaling: 3 of the 4 pairs turn 8 times slower" in r.out
+    assert f"by {n['angle_slowest_pair']:.4g} rad" in r.out
+
+
+def test_a_pad_id_that_is_a_real_token_is_read_as_one(cli, imported):
+    """GPT-2 imported: its pad_id is a real token's ("!"); a prompt holding it is walked as the
+    model reads it, and the logits are HF's."""
+    hf, run = imported("gpt2")
+    gen = Generator.from_pretrained(run, warn=False, precision="fp32")
+    ids = gen.tokenizer.encode(PAD_PROMPT)
+    assert gen.model.cfg.pad_id in ids[:-1]  # a later token has it as a key
+    w = walk_lm(gen.model, ids, token_shower(gen.tokenizer), DecodingConfig())
+    with torch.no_grad():
+        theirs = hf(torch.tensor([ids])).logits
+    torch.testing.assert_close(w.logits, theirs, atol=1e-5, rtol=0)
+    assert w.checks["bit_identical"] is True and w.checks["fused_max_abs_diff"] < 1e-5
+    r = cli("explain", "--model", run, PAD_PROMPT, "--json")
+    assert r.code == 0, r.err
+    data = json.loads(r.out)
+    assert data["checks"]["bit_identical"] is True and data["checks"]["fused_max_abs_diff"] < 1e-5
+    pad_at = ids.index(gen.model.cfg.pad_id)
+    step = {s["step"]: s["numbers"] for s in data["steps"]}
+    assert step["3b"]["head1_last_row"][pad_at] > 0  # the last token attends to "!"

@@ -24,6 +24,11 @@ from .steps import (Step, _r, above_diagonal, clip, dims, head_shapes, output_sh
 D_MODEL = "d_model"
 
 
+def _sig(x: float, digits: int = 6) -> float:
+    """``x`` to ``digits`` significant digits (a slow pair's angle is a few 1e-5 rad)."""
+    return float(f"{x:.{digits}g}")
+
+
 def _vec(x: Tensor, n: int = 4) -> list[float]:
     return [_r(v) for v in x[:n].tolist()]
 
@@ -62,29 +67,61 @@ def learned_positions_step(cfg, wpos: Tensor, x_embed: Tensor, t_dims) -> Step:
 
 def rotary_step(cfg, rotary, q: Tensor, k: Tensor, q_rot: Tensor, t_dims) -> Step:
     """(2), Llama: nothing is added to X; layer l's queries and keys are rotated instead.
-    q (1, H, T, D), k (1, H_kv, T, D): layer 1's before the rotation, q_rot after it."""
+    q (1, H, T, D), k (1, H_kv, T, D): layer 1's before the rotation, q_rot after it; the
+    angles are the model's own (``rotary``'s tables, Llama 3's scaling included)."""
     D, T = cfg.d_head, q.size(2)
     p, half = T - 1, D // 2
-    st = record("lm", "2", "rotary")
+    scaling = cfg.rope_scaling
+    st = record("lm", "2", "rotary", "rotary-llama3" if scaling else None,
+                **{name: f"{value:g}" for name, value in (scaling or {}).items()})
     st.shapes = [f"cos, sin tables: {dims(('max_len', cfg.max_len, 'positions'), ('d_k', D, None))}",
                  f"q, k of one head: {dims(t_dims, ('d_k', D, None))}"]
-    slow = p * cfg.rope_theta ** (-2 * (half - 1) / D)
-    q0, q1 = q[0, 0, p], q_rot[0, 0, p]
-    st.numbers = {"position": p, "theta": cfg.rope_theta, "angle_fastest_pair": _r(p), "angle_slowest_pair": _r(slow, 6),
-                  "q_pair0_before": [_r(q0[0]), _r(q0[half])], "q_pair0_after": [_r(q1[0]), _r(q1[half])],
-                  "q_norm_before": _r(q0.norm()), "q_norm_after": _r(q1.norm())}
-    n = st.numbers
-    st.lines = [f"layer 1, head 1, the last token (position p = {p}): pair 0 turns by p * 1 = {p} rad, "
-                f"the slowest pair (i = {half - 1}) by {slow:.4g} rad",
-                f"q pair 0 ({n['q_pair0_before'][0]:.3f}, {n['q_pair0_before'][1]:.3f}) -> "
-                f"({n['q_pair0_after'][0]:.3f}, {n['q_pair0_after'][1]:.3f}); |q| {n['q_norm_before']:.4f} -> "
-                f"{n['q_norm_after']:.4f} (a rotation keeps the length)"]
+    freq, at_p = pair_angles(rotary, p)  # (D/2,) radians per position, and at position p
+    fast, slow = float(at_p[0]), float(at_p[half - 1])
+    q0, q1 = q[0, 0, p], q_rot[0, 0, p]  # head 1's query of the last token, before and after the turn
+    before, after = [_r(q0[0]), _r(q0[half])], [_r(q1[0]), _r(q1[half])]
+    st.numbers = n = {"position": p, "theta": cfg.rope_theta, "angle_fastest_pair": _sig(fast),
+                      "angle_slowest_pair": _sig(slow), "q_pair0_before": before, "q_pair0_after": after,
+                      "q_norm_before": _r(q0.norm()), "q_norm_after": _r(q1.norm())}
+    st.lines = [f"layer 1, head 1, the last token (position p = {p}): pair 0 turns by p * {float(freq[0]):.4g} = "
+                f"{fast:.6g} rad, the slowest pair (i = {half - 1}) by {slow:.4g} rad",
+                f"q pair 0 ({before[0]:.3f}, {before[1]:.3f}) -> ({after[0]:.3f}, {after[1]:.3f}); "
+                f"|q| {n['q_norm_before']:.4f} -> {n['q_norm_after']:.4f} (a rotation keeps the length)"]
+    if scaling:
+        st.lines.append(scaling_line(cfg, freq, n))
     if T > 1:
         shift = relative_shift(rotary, q[0, 0, p], k[0, 0, 0], p, 0, 3)
         n["score_p_0"], n["score_shifted"] = _r(shift[0], 5), _r(shift[1], 5)
         st.lines.append(f"q.k depends on the distance only: q at {p} with k at 0 gives {shift[0]:.5f}; the same "
                         f"vectors at {p + 3} and 3 give {shift[1]:.5f}")
     return st
+
+
+def pair_angles(rotary, p: int) -> tuple[Tensor, Tensor]:
+    """How far each pair of a head turns, read off the model's own cos / sin tables (Llama 3's
+    scaling included): per position (D/2,), from position 1's angles (each at most 1 rad, so
+    atan2 gives it whole), and at position ``p`` (D/2,), position p's angles unwrapped by it."""
+    cos, sin = rotary(torch.tensor([1, p], device=rotary.cos.device))  # (2, D): each angle twice, i and i + D/2
+    half = cos.size(-1) // 2
+    angle = torch.atan2(sin[:, :half].double(), cos[:, :half].double()).cpu()  # (2, D/2) in (-pi, pi]
+    step, seen = angle[0], angle[1]
+    return step, seen + 2 * math.pi * torch.round((p * step - seen) / (2 * math.pi))
+
+
+def scaling_line(cfg, freq: Tensor, numbers: dict) -> str:
+    """What Llama 3's scaling did to the frequencies ``freq`` (D/2,): how many pairs turn
+    ``factor`` times slower than theta^(-2i/d_k), how many are unchanged, how many blended."""
+    D, factor = cfg.d_head, cfg.rope_scaling["factor"]
+    seed = cfg.rope_theta ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)  # the unscaled formula
+    ratio = freq / seed
+    slowed = int(torch.isclose(ratio, torch.tensor(1 / factor, dtype=torch.float64), rtol=1e-5).sum())
+    kept = int(torch.isclose(ratio, torch.ones((), dtype=torch.float64), rtol=1e-5).sum())
+    numbers.update(rope_scaling=dict(cfg.rope_scaling), pairs_slowed=slowed, pairs_unchanged=kept,
+                   pairs_blended=len(freq) - slowed - kept,
+                   unscaled_angle_slowest_pair=_sig(numbers["position"] * float(seed[-1])))
+    return (f"Llama 3 scaling: {slowed} of the {len(freq)} pairs turn {factor:g} times slower than theta^(-2i/d_k), "
+            f"{kept} as before, {numbers['pairs_blended']} in between; unscaled, the slowest pair would have turned "
+            f"by {numbers['unscaled_angle_slowest_pair']:.4g} rad")
 
 
 def relative_shift(rotary, q: Tensor, k: Tensor, m: int, n: int, s: int) -> tuple[float, float]:

@@ -61,7 +61,8 @@ def walk_lm(model, ids: list[int], show: Callable[[int], str], decoding) -> LMWa
     """Run the prompt ``ids`` through ``model`` (a LanguageModel in eval mode) step by step.
 
     Args:
-        ids: the prompt's token ids (1 .. max_len of them), as the tokenizer encodes it.
+        ids: the prompt's token ids (1 .. max_len of them), as the tokenizer encodes it; every one is a
+            real token, pad_id's too.
         show: id -> a printable token ("▁" for a space, "\\n" for a newline).
         decoding: a DecodingConfig: its temperature, top_k and top_p for step 9.
     """
@@ -96,8 +97,10 @@ def walk_lm(model, ids: list[int], show: Callable[[int], str], decoding) -> LMWa
     steps += [rec.head_step(cfg, model, logits, t_dims), rec.softmax_step(logits, ids, show, t_dims, cfg.vocab_size),
               rec.choice_step(logits, show, decoding)]
 
-    ref, _, _ = model.decode(tokens, model.start_cache(1, device), return_weights=True)  # explicit attention
-    fused = model(tokens)  # what generation runs: torch's fused attention where it is faster
+    # one prompt, every id a real token (pad_id's too: an imported GPT-2 pads with a real token's id)
+    real = torch.ones_like(tokens, dtype=torch.bool)
+    ref, _, _ = model.decode(tokens, model.start_cache(1, device), return_weights=True, real=real)  # explicit attention
+    fused = model(tokens, padded=False)  # what generation runs: torch's fused attention where it is faster
     checks = {"logits_max_abs_diff": float((logits - ref).abs().max()), "bit_identical": bool(torch.equal(logits, ref)),
               "fused_max_abs_diff": float((logits - fused).abs().max())}
     return LMWalkthrough(pieces, steps, logits, checks)
