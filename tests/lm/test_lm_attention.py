@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import re
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 from PIL import Image
 
+from transformer.cli import main
 from transformer.generator import Generator
 from transformer.model.masks import causal_mask
 from transformer.model.rotary import apply_rotary
@@ -19,6 +22,9 @@ from transformer.viz.lm_walkthrough import token_shower
 
 PROMPT = "a cat sat on it"  # 15 characters: the toy context is 16
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "interop"))  # tiny Hugging Face checkpoints
+from hf_checkpoints import build_checkpoint  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -127,3 +133,29 @@ def test_kind_self_on_a_translation_model(cli, one_line_error, tmp_path):
                  tmp_path / "best.safetensors")
     r = cli("attention", "--model", tmp_path, "the animal", "--out", tmp_path / "a.png", "--kind", "self")
     one_line_error(r, "attention", "--kind self")
+
+
+def test_a_pad_id_that_is_a_real_token_keeps_its_column(cli, tmp_path):
+    """GPT-2 imported: its pad_id is a real token's ("!": GPT-2 has no spare id). The maps of a
+    prompt holding it are HF's own attention weights (output_attentions), its key column
+    included, in the maps and in the page ``transformer attention`` writes."""
+    pytest.importorskip("transformers", reason="the checkpoint is built with transformers")
+    folder, hf = build_checkpoint("gpt2", tmp_path / "hf")
+    assert main(["import", str(folder), "--out", str(tmp_path / "run")]) == 0
+    prompt = "Hello world! the quick"
+    gen = Generator.from_pretrained(tmp_path / "run", warn=False, precision="fp32")
+    ids = gen.tokenizer.encode(prompt)
+    pad_at = ids.index(gen.model.cfg.pad_id)
+    assert pad_at < len(ids) - 1  # later tokens have it as a key
+    hf.set_attn_implementation("eager")  # the implementation that returns its weights
+    with torch.no_grad():
+        theirs = torch.stack([w[0] for w in hf(torch.tensor([ids]), output_attentions=True).attentions])
+    maps = collect_prompt_attention(gen.model, prompt, ids, [str(i) for i in ids])
+    torch.testing.assert_close(maps.self_attn, theirs, atol=1e-5, rtol=0)
+    assert float(maps.self_attn[:, :, pad_at + 1:, pad_at].min()) > 0  # no row drops the "!" column
+    out = tmp_path / "att.html"
+    r = cli("attention", "--model", tmp_path / "run", prompt, "--out", out)
+    assert r.code == 0, r.err
+    page = out.read_text(encoding="utf-8")
+    data = json.loads(re.search(r'<script id="data" type="application/json">(.*?)</script>', page, re.S).group(1))
+    torch.testing.assert_close(torch.tensor(data["kinds"]["self"]["weights"]), theirs, atol=1e-4, rtol=0)

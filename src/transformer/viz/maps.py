@@ -137,10 +137,12 @@ class PromptMaps(_Shape):
 @torch.inference_mode()
 def collect_prompt_attention(model, prompt: str, ids: list[int], pieces: list[str]) -> PromptMaps:
     """The self-attention weights of ``model`` (a LanguageModel, eval mode) on ``ids``: the
-    explicit-attention path of ``decode``, the weights that give its logits."""
+    explicit-attention path of ``decode``, the weights that give its logits. Every id is a
+    real token, ``pad_id``'s too (an imported GPT-2 pads with a real token's id)."""
     device = next(model.parameters()).device
     tokens = torch.tensor([ids], device=device)
-    _, _, weights = model.decode(tokens, model.start_cache(1, device), return_weights=True)
+    real = torch.ones_like(tokens, dtype=torch.bool)  # one prompt: nothing is padding
+    _, _, weights = model.decode(tokens, model.start_cache(1, device), return_weights=True, real=real)
     return PromptMaps(prompt, pieces, torch.stack([w[0].float().cpu() for w in weights]))
 
 
