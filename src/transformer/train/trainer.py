@@ -91,9 +91,8 @@ class Trainer:
 
     def release(self) -> None:
         """Let another ``transformer train`` write this run (done when :meth:`train` returns)."""
-        if self._lock is not None:
-            self._lock.release()
-            self._lock = None
+        if self._lock is not None:  # None: not the main process, or a system without locks
+            self._lock.release()  # (a released lock releases again as a no-op)
 
     def _set_up(self) -> None:
         cfg = self.cfg
