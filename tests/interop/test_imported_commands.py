@@ -220,14 +220,34 @@ def test_ctranslate2_export_names_the_spare_ids(runs, tmp_path):
     assert len(set(vocab)) == len(vocab)
 
 
-@pytest.mark.parametrize("fmt", ["onnx", "marian"])
-def test_other_exports_of_a_language_model_are_refused_in_one_line(runs, fmt, tmp_path, capsys):
+@pytest.mark.parametrize("family", ["llama3", "qwen2"])
+def test_onnx_export_computes_the_imported_model(runs, family, tmp_path, capsys):
+    """``transformer export --format onnx`` on an imported run (Llama 3's rotary scaling and
+    grouped K/V; Qwen2's q/k/v biases): the step graph's greedy tokens are ours, past the
+    original context of Llama 3's scaling."""
+    pytest.importorskip("onnxruntime")
+    from transformer.decode.sample import generate_stream
+    from transformer.interop.onnx_lm import greedy_onnx_lm
+
+    _, _, run = runs(family)
+    out = tmp_path / "onnx"
+    capsys.readouterr()
+    assert main(["export", "--model", str(run), "--format", "onnx", "--out", str(out)]) == 0
+    assert "onnx language model, checked with onnxruntime" in capsys.readouterr().out
+    assert {p.name for p in out.iterdir()} == {"lm_step.onnx", "onnx_config.json", "tokenizer.json", "README.txt"}
+    generator = greedy(run)
+    ids = generator.encode(TEXT)
+    assert len(ids) > 16
+    ours = [int(t) for t in generate_stream(generator.model, [ids], 12, 0.0)]
+    assert greedy_onnx_lm(out, ids, 12) == ours
+
+
+def test_a_marian_export_of_a_language_model_is_refused_in_one_line(runs, tmp_path, capsys):
     _, _, run = runs("llama3")
     capsys.readouterr()
-    assert main(["export", "--model", str(run), "--format", fmt, "--out", str(tmp_path / "out")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err == (f"transformer export: error: --format {fmt} exports a translation model; a language model "
-                   "exports to --format ctranslate2")
+    assert main(["export", "--model", str(run), "--format", "marian", "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.strip() == ("transformer export: error: --format marian exports a translation "
+                                               "model; a language model exports to --format ctranslate2 or onnx")
     assert not (tmp_path / "out").exists()
 
 

@@ -6,8 +6,8 @@
 
 Each directory gets a copy of the run's ``subwords.model`` and a README.txt on loading it.
 A language model run (trained here, or imported by ``transformer import``) exports to
-CTranslate2 (``ctranslate2.Generator``) with a copy of its tokenizer file; its ONNX and
-Marian exports are refused in one line (those formats hold a translation model here).
+CTranslate2 (``ctranslate2.Generator``) or ONNX (one cached token step) with a copy of its
+tokenizer file; a Marian export of it is refused in one line.
 The export is written into a temporary directory beside DIR and renamed when complete, so
 a failure leaves no half-written DIR. DIR must not exist, or be an empty directory.
 """
@@ -75,9 +75,9 @@ def run(args: argparse.Namespace) -> int:
     from ..run import atomic_dir, find_subwords, load_model, read_model_config
 
     _check(args)
-    if read_model_config(args.model).decoder_only and args.format != "ctranslate2":
-        raise UserError(f"--format {args.format} exports a translation model; a language model exports to "
-                        "--format ctranslate2")
+    if read_model_config(args.model).decoder_only and args.format == "marian":
+        raise UserError("--format marian exports a translation model; a language model exports to "
+                        "--format ctranslate2 or onnx")
     for module in NEEDS[args.format]:
         require(module, "export", f"--format {args.format}")
     model, meta = load_model(Path(args.model))
@@ -109,13 +109,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _language_model(args, model, meta) -> int:
-    """A language model to CTranslate2: the spec, ``vocabulary.json`` (one string per id), a
-    copy of the tokenizer file and a README.txt with the run's stop tokens."""
+    """A language model to CTranslate2 (the spec and ``vocabulary.json``, one string per id)
+    or ONNX (``lm_step.onnx``, checked with onnxruntime), with a copy of the tokenizer file
+    and a README.txt."""
     import json
 
     from ..data.text import load_tokenizer
     from ..errors import UserError
-    from ..interop.ctranslate2 import save_ctranslate2_lm
     from ..run import atomic_dir, run_root
 
     tokenizer = load_tokenizer(args.model)
@@ -128,21 +128,37 @@ def _language_model(args, model, meta) -> int:
         if isinstance(listed, list) and listed and all(isinstance(i, int) and 0 <= i < len(vocab) for i in listed):
             stops = listed
     out = Path(args.out).absolute()
+    note = ""
 
     def fill(tmp: Path) -> None:
-        save_ctranslate2_lm(model, tmp, vocab, quantization=args.quantization)
+        nonlocal note
+        if args.format == "ctranslate2":
+            from ..interop.ctranslate2 import save_ctranslate2_lm
+
+            save_ctranslate2_lm(model, tmp, vocab, quantization=args.quantization)
+            note = f"{args.quantization or 'float32'} weights"
+            readme = LM_README.format(weights=meta["path"], tokenizer=tokenizer.path.name,
+                                      stops=[vocab[i] for i in stops])
+        else:
+            from ..interop.onnx_lm import check_onnx_lm, export_onnx_lm
+
+            export_onnx_lm(model, tmp)
+            worst = max(check_onnx_lm(model, tmp).values())
+            if not worst <= ONNX_TOL:
+                raise UserError(f"the ONNX graph does not reproduce the model (max abs difference {worst:.3g} "
+                                f"> {ONNX_TOL}); nothing was written")
+            note = f"checked with onnxruntime: max abs difference {worst:.1e}"
+            readme = LM_ONNX_README.format(weights=meta["path"], tokenizer=tokenizer.path.name, stops=stops)
         shutil.copyfile(tokenizer.path, tmp / tokenizer.path.name)
-        (tmp / "README.txt").write_text(LM_README.format(weights=meta["path"], tokenizer=tokenizer.path.name,
-                                                         stops=[vocab[i] for i in stops]), encoding="utf-8")
+        (tmp / "README.txt").write_text(readme, encoding="utf-8")
 
     try:
         atomic_dir(out, fill)
-    except ValueError as e:  # the model has something CTranslate2 cannot express
-        raise UserError(f"--format ctranslate2: {e}") from None
+    except ValueError as e:  # the model has something the format cannot express
+        raise UserError(f"--format {args.format}: {e}") from None
     except OSError as e:
         raise UserError(f"{out}: cannot write ({e.strerror or e})") from None
-    print(f"wrote {out} (ctranslate2 language model, {args.quantization or 'float32'} weights, "
-          f"tokenizer {tokenizer.path.name}) from {meta['path']}")
+    print(f"wrote {out} ({args.format} language model, {note}, tokenizer {tokenizer.path.name}) from {meta['path']}")
     return 0
 
 
@@ -282,4 +298,18 @@ as strings: vocabulary.json holds the string of each id, in id order.
 A tokenizer.json reads with `tokenizers.Tokenizer.from_file`, a tokenizer.model with
 sentencepiece. end_token lists the tokens that end the model's text; greedy decoding
 (sampling_topk=1) gives `transformer generate --temperature 0`'s tokens.
+"""
+
+LM_ONNX_README = """An ONNX graph of a language model exported by `transformer export` from {weights},
+with the run's tokenizer ({tokenizer}): lm_step.onnx, one token step with the KV cache as
+explicit inputs and outputs (tokens (B, 1) int64 and past_k_i / past_v_i (B, H_kv, T_past, D)
+in; logits (B, V) and present_k_i / present_v_i out: feed them back as past_*). At the first
+step feed zero-size (B, H_kv, 0, D) arrays; a prompt is fed one token at a time. Every token
+is read as text (no padding): a batch holds prompts of one length. onnx_config.json lists the
+model config and every input and output name.
+
+    from transformer.interop.onnx_lm import greedy_onnx_lm
+    new_ids = greedy_onnx_lm(".", prompt_ids, max_new_tokens=50)  # prompt_ids from {tokenizer}
+
+is a complete greedy loop; the model's text ends at any of the ids {stops}.
 """

@@ -131,7 +131,7 @@ def export_onnx(model: Transformer, out_dir: str | Path) -> Path:
 
 
 def _export(graph: nn.Module, args: tuple, dynamic_shapes: tuple, input_names: list[str],
-            output_names: list[str], path: Path) -> None:
+            output_names: list[str], path: Path, deferred_asserts: bool = False) -> None:
     """torch.export, then the ONNX conversion, then the dynamic axes named after their Dims.
 
     The ExportedProgram goes to ``torch.onnx.export`` rather than the module with
@@ -140,8 +140,12 @@ def _export(graph: nn.Module, args: tuple, dynamic_shapes: tuple, input_names: l
     ``verbose=False`` drops the exporter's progress lines, and the op registry's logged notes
     that torchvision (whose ops this model never uses) is not installed are kept to errors.
     One message from torch 2.13 itself remains, not about this model: a FutureWarning from
-    ``copy.deepcopy`` of a pytree ``LeafSpec`` inside ``run_decompositions``."""
-    program = torch.export.export(graph.eval(), args, dynamic_shapes=dynamic_shapes)
+    ``copy.deepcopy`` of a pytree ``LeafSpec`` inside ``run_decompositions``.
+    ``deferred_asserts``: a shape condition the exporter cannot prove for every length is
+    checked when the graph runs instead of refusing the export (a language model's grouped
+    K/V: torch cannot prove ``min(8 (L + 1), 16 (L + 1)) == 8 (L + 1)``, true for all L >= 0)."""
+    program = torch.export.export(graph.eval(), args, dynamic_shapes=dynamic_shapes,
+                                  prefer_deferred_runtime_asserts_over_guards=deferred_asserts)
     registry_log = logging.getLogger("torch.onnx._internal.exporter._registration")
     level = registry_log.level
     registry_log.setLevel(logging.ERROR)
