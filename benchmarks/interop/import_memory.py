@@ -71,6 +71,9 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=24)
     parser.add_argument("--keep", help="build the checkpoint and the run here instead of a temporary folder")
     args = parser.parse_args()
+    from transformer import hardware
+
+    print(f"machine: {hardware.describe_line()}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.keep or tmp)
         size = build(root / "hf", args.layers)
@@ -78,7 +81,7 @@ def main() -> None:
         peak = peak_rss_of(command)
         modules = "import torch, transformers, tokenizers, transformer.interop.hf_import"
         floor = peak_rss_of([sys.executable, "-c", modules])
-        result = {"layers": args.layers, "safetensors_bytes": size, "import_peak_rss_bytes": peak,
+        result = {"machine": hardware.describe(), "layers": args.layers, "safetensors_bytes": size, "import_peak_rss_bytes": peak,
                   "ratio": round(peak / size, 3), "modules_only_peak_rss_bytes": floor,
                   "run_bytes": (root / "run" / "best.safetensors").stat().st_size}
     print(json.dumps(result, indent=1))
