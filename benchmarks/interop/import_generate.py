@@ -10,7 +10,7 @@ compiled step built first (``--compile on``; ``auto`` uses it from then on). Bot
 greedily for exactly ``--new`` tokens (no early stop); they take turns, medians of
 ``--rounds``. Greedy tokens are compared with ours in fp32.
 
-    .venv/bin/python benchmarks/interop/import_generate.py [--new 64] [--batches 1,16]
+    .venv/bin/python benchmarks/interop/import_generate.py [--new 64] [--batches 1,16] [--also int8]
 """
 from __future__ import annotations
 
@@ -61,6 +61,7 @@ def main() -> None:
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--also", default="", help="more precisions of ours to time at compile auto, e.g. int8")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     print(f"machine: {hardware.describe_line()}", flush=True)
@@ -102,6 +103,9 @@ def main() -> None:
     systems = {f"ours (default: {d.precision}, compile {d.compile})": mine(ours), "ours fp32": mine(ours_fp32),
                f"ours compiled ({compiled.decoding.precision})": mine(compiled),
                "HF fp32": theirs(hf), "HF bf16": theirs(hf_bf16)}
+    for precision in filter(None, args.also.split(",")):
+        extra = Generator.from_pretrained(tmp / "run", precision=precision)
+        systems[f"ours {extra.decoding.precision} (compile {extra.decoding.compile})"] = mine(extra)
     ref_name, hf_name = "ours fp32", "HF fp32"
     params = sum(p.numel() for p in hf.parameters())
     print(f"{args.shape}: {params:,} parameters; prompt {args.prompt}, {args.new} new tokens, greedy; "

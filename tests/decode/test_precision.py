@@ -143,3 +143,26 @@ def test_for_inference_draws_nothing_from_the_global_rng(make_model, precision):
         before = torch.get_rng_state()
         for_inference(model, precision)
         assert torch.equal(torch.get_rng_state(), before)
+
+
+@pytest.mark.parametrize("preset", ["nanogpt-char", "llama-char"])
+def test_int8_of_a_tied_language_model_quantises_its_head_and_stays_close_to_fp32(preset):
+    """A language model's tied head is its ``embed`` (the translation model's is ``tgt_embed``):
+    int8 gives it a quantised projection of its own, and the logits stay close to fp32."""
+    from transformer import ModelConfig
+    from transformer.model import LanguageModel
+
+    torch.manual_seed(0)
+    cfg = ModelConfig.preset(preset, vocab_size=23).replace(d_model=32, n_heads=4, d_ff=64, n_layers=2,
+                                                              max_len=40, dropout=0.0, tie_embeddings=True)
+    model = LanguageModel(cfg).eval()
+    assert model.out_proj is None
+    q = for_inference(model, "int8")
+    assert isinstance(q.out_proj, QUANTISED) and model.out_proj is None
+    torch.testing.assert_close(q.out_proj.weight(), model.embed.weight,
+                               atol=model.embed.weight.abs().max().item() / 127, rtol=0)
+    tokens = torch.randint(1, 23, (2, 9))
+    with torch.inference_mode():
+        ref, low = model(tokens).float(), q(tokens).float()
+    assert (ref - low).abs().max() < 0.05 * ref.abs().max()
+    assert (ref.argmax(-1) == low.argmax(-1)).float().mean() > 0.9

@@ -272,3 +272,29 @@ def test_compiled_step_on_an_imported_run(tmp_path, capfd):
     compiled = capfd.readouterr()
     assert "compiling the decoding step" in compiled.err and "cannot build" not in compiled.err
     assert compiled.out == eager.out and len(eager.out) > len(PROMPT) + 10
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama3"])  # a tied head and an untied one
+def test_int8_generation_on_an_imported_run(runs, family, capfd, monkeypatch):
+    """``generate --precision int8`` on an imported language model: the head (tied or not)
+    is quantised like every other linear layer, and the compiled step gives the eager text
+    (its cache in the dtype the int8 layers compute in). The compiled step multiplies
+    weight-only (dequantised weights); so does eager decoding where bf16 is native, and the
+    reference here does it on every CPU (elsewhere eager int8 takes fbgemm's int8 GEMM, which
+    also quantises the activations: other numbers)."""
+    from transformer.decode import precision
+
+    run = runs(family)[2]
+    argv = ["generate", "--model", str(run), "--prompt", PROMPT, "--max-new-tokens", "24", "--temperature", "0",
+            "--precision", "int8"]
+    capfd.readouterr()
+    assert main([*argv, "--compile", "off"]) == 0  # as the CPU decodes it (int8 GEMM or weight-only)
+    eager = capfd.readouterr()
+    assert eager.err == "" and len(eager.out) > len(PROMPT)
+    if family == "qwen2":  # one build is enough to check the compiled step's cache
+        monkeypatch.setattr(precision, "int8_gemm_available", lambda: False)
+        assert main([*argv, "--compile", "off"]) == 0
+        weight_only = capfd.readouterr()
+        assert main([*argv, "--compile", "on"]) == 0
+        compiled = capfd.readouterr()
+        assert "cannot build" not in compiled.err and compiled.out == weight_only.out

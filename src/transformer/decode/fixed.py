@@ -207,11 +207,11 @@ def start_generation(model: nn.Module, batch_size: int, capacity: int | None = N
     capacity = model.cfg.max_len if capacity is None else capacity
     if not 1 <= capacity <= model.cfg.max_len:
         raise ValueError(f"capacity must be 1 to max_len={model.cfg.max_len}, got {capacity}")
-    w = model.output_layer()[0]
-    dtype = w.dtype if w.is_floating_point() else torch.bfloat16  # an int8 head computes in bf16
     attn = model.decoder.layers[0].self_attn
+    k_proj = attn.k_proj  # what the keys come out in: its weight's dtype, or an int8 layer's compute dtype
+    dtype = k_proj.weight.dtype if isinstance(k_proj.weight, torch.Tensor) else k_proj.out_dtype
     return FixedKVCache.empty(model.cfg.n_layers, batch_size, attn.n_kv_heads, capacity, attn.d_head, dtype,
-                              w.device)
+                              model.embed.weight.device)
 
 
 def generation_step(model: nn.Module, tokens: Tensor, real: Tensor, index: Tensor, k: tuple[Tensor, ...],

@@ -151,6 +151,11 @@ class Int8Linear(nn.Module):
             self._packed = torch.ops.quantized.linear_prepack(q, self.bias)
         return self._packed
 
+    @property
+    def out_dtype(self) -> torch.dtype:
+        """The dtype of what this layer outputs: its compute dtype (float32 on the int8 GEMM)."""
+        return torch.float32 if self.int8_gemm else self._scale_col.dtype
+
     def weight(self) -> Tensor:
         """The dequantised float32 weight (out, in). A method, as on ``torch.ao``'s quantised
         layers, so that code stacking plain layers' weight tensors leaves this one alone."""
@@ -169,11 +174,12 @@ class Int8Linear(nn.Module):
 
 
 def _own_output_layer(model: nn.Module) -> None:
-    """In place, on a decoding copy of a tied model: an output projection of its own (a copy
-    of the target embedding, the rows an untied projection would hold), to quantise."""
-    weight = model.tgt_embed.weight.detach()
+    """In place, on a decoding copy of a tied model (either kind): an output projection of its
+    own (a copy of the embedding it is tied to, the rows an untied projection would hold), to
+    quantise."""
+    weight = model.output_layer()[0].detach()
     # skip_init: no random initialisation, so building it draws nothing from the global RNG
     # (validation during training decodes through here, and resuming must stay exact)
-    model.out_proj = nn.utils.skip_init(nn.Linear, model.cfg.d_model, weight.size(0), bias=False,
+    model.out_proj = nn.utils.skip_init(nn.Linear, weight.size(1), weight.size(0), bias=False,
                                         dtype=weight.dtype, device=weight.device)
     model.out_proj.weight = nn.Parameter(weight.clone(), requires_grad=False)

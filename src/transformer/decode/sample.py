@@ -63,7 +63,7 @@ def generate_stream(model, prompts: list[list[int]], max_new_tokens: int, temper
     fixed-shape cache (:mod:`transformer.decode.static`), ``"off"`` eagerly on the growing
     cache, ``"auto"`` compiles when the step is built already (:func:`~transformer.decode.static.has_package`)
     or the generation is long enough to pay for building it."""
-    cfg, device = model.cfg, model.output_layer()[0].device
+    cfg, device = model.cfg, model.embed.weight.device
     if any(not p or len(p) >= cfg.max_len for p in prompts):
         raise ValueError(f"every prompt needs 1 to {cfg.max_len - 1} tokens")
     generators = None

@@ -54,7 +54,7 @@ class GrowingStep:
 
     def prefill(self, prompts: list[list[int]], capacity: int):  # noqa: ARG002
         model = self.model
-        ids, real = left_pad(prompts, model.cfg.pad_id, model.output_layer()[0].device)
+        ids, real = left_pad(prompts, model.cfg.pad_id, model.embed.weight.device)
         logits, cache = model.decode(ids, model.start_cache(len(prompts), ids.device), real=real)
         return cache, logits[:, -1]
 

@@ -86,7 +86,7 @@ def lm_attention_maps(generator: Generator, text: str, decimals: int = 3) -> dic
     out = {"tokens": token_strings(generator.tokenizer, ids), "n_layers": cfg.n_layers, "n_heads": cfg.n_heads,
            "self_attention": [], "truncated": truncated}
     if ids:
-        device = model.output_layer()[0].device
+        device = model.embed.weight.device
         tokens = torch.tensor([ids], device=device)  # (1, T)
         _, _, weights = model.decode(tokens, model.start_cache(1, device), return_weights=True,
                                      real=torch.ones_like(tokens, dtype=torch.bool))  # every id is real, pad's too
