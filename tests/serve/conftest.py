@@ -4,7 +4,8 @@ and the real server (``transformer serve`` in a subprocess on a free loopback po
 
 The run is a toy model trained for 200 steps on a synthetic word-for-word "language pair"
 (as in tests/cli), enough for its translations to depend on the input. The language-model
-fixtures (``lm_run``, ``lm_server``, ``lm_client``) serve a toy character model (serve_lm.py).
+fixtures (``lm_run``, ``lm_server``, ``lm_client``) serve a toy character model (serve_lm.py);
+``token_server`` and ``lm_token_server`` are the two wanting a token (``TOKEN``).
 """
 from __future__ import annotations
 
@@ -66,9 +67,11 @@ class Server:
     url: str  # http://127.0.0.1:PORT
     process: subprocess.Popen
     log: Path
+    page: str = ""  # the address the start-up line prints (with a token: http://...:PORT/#token=...)
+    token: str | None = None  # the token it wants (the fixtures that give it one say it here)
 
-    def get(self, path: str) -> tuple[int, dict]:
-        return request(self.url + path)
+    def get(self, path: str, headers: dict[str, str] | None = None) -> tuple[int, dict]:
+        return request(self.url + path, headers=headers)
 
     def post(self, path: str, body: object = None, *, data: bytes | None = None,
              headers: dict[str, str] | None = None) -> tuple[int, dict]:
@@ -94,17 +97,18 @@ def start_server(run_dir: Path, log: Path, *args: str, timeout: float = 90) -> S
         process = subprocess.Popen([TRANSFORMER, "serve", "--model", str(run_dir), "--port", "0", *args],
                                    stdout=out, stderr=subprocess.STDOUT, env=subprocess_env())
     deadline = time.monotonic() + timeout
-    url = None
+    url = page = None
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise AssertionError(f"server exited with {process.returncode}:\n{log.read_text()}")
         for line in log.read_text(errors="replace").splitlines():
             if line.startswith("transformer serve: http://"):
-                url = line.split()[2].rstrip("/")
+                page = line.split()[2]
+                url = page.split("#")[0].rstrip("/")
         if url:
             try:
                 if request(url + "/health", timeout=5)[0] == 200:
-                    return Server(url, process, log)
+                    return Server(url, process, log, page)
             except OSError:
                 pass
         time.sleep(0.1)
@@ -126,6 +130,18 @@ def server(run_dir, tmp_path_factory):
     """The real service, with dynamic batching (default settings, beam 4)."""
     s = start_server(run_dir, tmp_path_factory.mktemp("serve") / "server.log",
                      "--max-chars", "600", "--max-texts", "16")
+    yield s
+    stop_server(s)
+
+
+TOKEN = "s3cret+/&%=token"  # characters a URL must escape: the printed address still carries it whole
+
+
+@pytest.fixture(scope="session")
+def token_server(run_dir, tmp_path_factory):
+    """The real service with ``--token TOKEN``; its ``page`` is the address it printed."""
+    s = start_server(run_dir, tmp_path_factory.mktemp("serve-token") / "server.log", "--token", TOKEN)
+    s.token = TOKEN
     yield s
     stop_server(s)
 
@@ -157,6 +173,15 @@ def lm_run(tmp_path_factory) -> Path:
 def lm_server(lm_run, tmp_path_factory):
     """``transformer serve`` on the language model, with dynamic batching."""
     s = start_server(lm_run, tmp_path_factory.mktemp("serve-lm") / "server.log", "--max-chars", "200")
+    yield s
+    stop_server(s)
+
+
+@pytest.fixture(scope="session")
+def lm_token_server(lm_run, tmp_path_factory):
+    """``transformer serve`` on the language model with ``--token TOKEN``."""
+    s = start_server(lm_run, tmp_path_factory.mktemp("serve-lm-token") / "server.log", "--token", TOKEN)
+    s.token = TOKEN
     yield s
     stop_server(s)
 

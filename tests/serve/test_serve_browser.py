@@ -5,7 +5,9 @@ heatmap with other data, hovering a source token highlights what attends to it, 
 screenshot is saved (``explorer.png`` in the test's tmp dir; also to $EXPLORER_SCREENSHOT
 when set). With a language model the page switches to generation: a typed prompt's
 continuation arrives token by token, then its causal self-attention, where hovering a token
-shades what it attends to (``generation.png``; also to $GENERATION_SCREENSHOT)."""
+shades what it attends to (``generation.png``; also to $GENERATION_SCREENSHOT). Behind a
+token, the address ``transformer serve`` prints (``/#token=...``) opens a working page that
+drops the token from the address bar; without it, the page asks for the token in a field."""
 from __future__ import annotations
 
 import os
@@ -34,6 +36,7 @@ def browser_page(server, profile: Path):
     blocked and recorded (the page must need nothing from outside)."""
     outside: list[str] = []
     errors: list[str] = []
+    dialogs: list[str] = []
     host = urlsplit(server.url).netloc
     with sync_api.sync_playwright() as p:
         context = p.chromium.launch_persistent_context(
@@ -51,8 +54,9 @@ def browser_page(server, profile: Path):
             page = context.new_page()
             page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
             page.on("pageerror", lambda e: errors.append(str(e)))
+            page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
             page.set_default_timeout(30_000)
-            page.outside, page.errors = outside, errors
+            page.outside, page.errors, page.dialogs = outside, errors, dialogs
             yield page
         finally:
             context.close()
@@ -69,6 +73,19 @@ def page(server, tmp_path):
 def lm_page(lm_server, tmp_path):
     """The page of the language-model server."""
     with browser_page(lm_server, tmp_path / "profile") as page:
+        yield page
+
+
+@pytest.fixture
+def token_page(token_server, tmp_path):
+    """A page of the translation server that wants a token, in a fresh profile (no token stored)."""
+    with browser_page(token_server, tmp_path / "profile") as page:
+        yield page
+
+
+@pytest.fixture
+def lm_token_page(lm_token_server, tmp_path):
+    with browser_page(lm_token_server, tmp_path / "profile") as page:
         yield page
 
 
@@ -237,3 +254,82 @@ def test_generation_mode_shows_errors_from_the_server(lm_page, lm_server):
     page.wait_for_selector("#status.error")
     assert "not in the character vocabulary" in page.text_content("#status")
     assert page.outside == []
+
+
+# ---- behind a token ----------------------------------------------------------------------
+
+def translate_on(page, text: str) -> str:
+    """Translate ``text`` on the page; its translation once shown."""
+    page.evaluate("document.getElementById('translation').textContent = ''")
+    page.fill("#source", text)
+    page.press("#source", "Enter")
+    page.wait_for_function("document.getElementById('translation').textContent !== ''")
+    return page.text_content("#translation")
+
+
+def test_explorer_opened_at_the_printed_address_uses_the_token_and_hides_it(token_page, token_server, translator,
+                                                                            sentences):
+    page = token_page
+    assert "#token=" in token_server.page  # the address the start-up line printed
+    page.goto(token_server.page)
+    page.wait_for_function("document.getElementById('model-info').textContent.includes('layers')")
+    assert page.url == token_server.url + "/", "the token is still in the address bar"
+    assert token_server.token in page.evaluate("Object.values(sessionStorage)")
+
+    assert translate_on(page, sentences[0]) == translator.translate([sentences[0]])[0]
+    page.wait_for_selector("#heatmap td")  # /attention went with the token too
+    assert page.is_hidden("#token-form") and page.text_content("#status") == ""
+
+    page.reload()  # the tab keeps its token
+    page.wait_for_function("document.getElementById('model-info').textContent.includes('layers')")
+    assert translate_on(page, sentences[2]) == translator.translate([sentences[2]])[0]
+    assert page.is_hidden("#token-form") and token_server.token not in page.url
+    assert page.errors == [] and page.dialogs == [] and page.outside == []
+
+
+def test_explorer_without_the_token_asks_for_it_once(token_page, token_server, translator, sentences):
+    page = token_page
+    page.goto(token_server.url + "/")
+    page.wait_for_selector("#token-form", state="visible")  # at once, before anything is asked
+    assert "wants a token" in page.text_content("#token-message")
+    assert "#token=" in page.text_content("#token-message")
+
+    page.fill("#source", sentences[0])  # trying anyway: the same message, nothing more
+    page.click("#translate")
+    page.wait_for_function("!document.getElementById('translate').disabled")
+    assert page.is_visible("#token-form") and page.locator("#status.error").count() == 0
+    assert page.is_hidden("#result")
+
+    page.fill("#token", "wrong")
+    page.click("#use-token")
+    page.wait_for_function("document.getElementById('token-message').textContent.includes('refused')")
+    assert page.is_visible("#token-form")
+
+    page.fill("#token", token_server.token)
+    page.click("#use-token")
+    page.wait_for_function("document.getElementById('status').textContent.includes('took the token')")
+    assert page.is_hidden("#token-form")
+    assert translate_on(page, sentences[0]) == translator.translate([sentences[0]])[0]
+    assert page.dialogs == [] and page.outside == []
+    # the console's only complaints are the refused calls themselves
+    assert page.errors and all("401" in e for e in page.errors), page.errors
+
+
+def test_generation_behind_a_token_streams_with_it(lm_token_page, lm_token_server):
+    page = lm_token_page
+    page.goto(lm_token_server.page)
+    page.wait_for_function("document.getElementById('model-info').textContent.includes('language model')")
+    assert page.url == lm_token_server.url + "/"
+    page.fill("#prompt", "the cat")
+    page.fill("#max-new-tokens", "8")
+    page.fill("#seed", "3")
+    page.press("#prompt", "Enter")
+    page.wait_for_selector("#lm-heatmap td")  # the stream (POST /generate), then POST /attention
+    done = page.evaluate("window.generation.state.done")
+    assert done["tokens"] == 8 and page.evaluate("window.generation.state.events") == 8
+    code, plain = lm_token_server.post("/generate", {"prompt": "the cat", "max_new_tokens": 8, "seed": 3,
+                                                     "temperature": 1.0, "top_k": 0, "top_p": 1.0},
+                                       headers={"Authorization": f"Bearer {lm_token_server.token}"})
+    assert code == 200 and plain["text"] == done["text"]
+    assert page.is_hidden("#token-form")
+    assert page.errors == [] and page.dialogs == [] and page.outside == []

@@ -152,8 +152,11 @@ def run(args: argparse.Namespace) -> int:
         shown = f"[{host}]" if ":" in host else host
         how = (f"language model; up to {decoding.max_new_tokens} new tokens; temperature {decoding.temperature}"
                if lm else f"beam {decoding.beam}")
-        print(f"transformer serve: http://{shown}:{port}/ (model {args.model}; {how}; {resolve_precision(decoding.precision, decoding.device)}; "
-              f"{'batching up to ' + str(cfg.max_batch) if cfg.batching else 'no batching'})",
+        shows_token = args.token is not None  # see _page_url
+        fill_in = f"; ${TOKEN_ENV} goes in place of ..." if cfg.token is not None and not shows_token else ""
+        print(f"transformer serve: {_page_url(shown, port, cfg.token, shows_token)} (model {args.model}; {how}; "
+              f"{resolve_precision(decoding.precision, decoding.device)}; "
+              f"{'batching up to ' + str(cfg.max_batch) if cfg.batching else 'no batching'}{fill_in})",
               file=sys.stderr, flush=True)
         # limit_concurrency: uvicorn's own 503 for a flood of connections (above the queue's);
         # timeout_keep_alive: idle connections close, so they do not hold that budget
@@ -164,6 +167,25 @@ def run(args: argparse.Namespace) -> int:
     finally:
         sock.close()
     return 0
+
+
+def _page_url(host: str, port: int, token: str | None, show_token: bool) -> str:
+    """The explorer page's address for the start-up line; with a token, ending in ``#token=``
+    as Jupyter's does, so opening it is all it takes (the page reads the token from the
+    fragment, which browsers never send, and drops it from the address bar).
+
+    A token given with --token is shown: it is on the command line already (the process
+    list, the shell's history). One from TRANSFORMER_SERVE_TOKEN is not (``#token=...``, to
+    fill in, as Jupyter prints a token it did not make itself): the variable is how a user
+    keeps it out of sight, and this line often lands in a log more people read (a service
+    manager's, a container's).
+    """
+    from urllib.parse import quote
+
+    url = f"http://{host}:{port}/"
+    if token is None:
+        return url
+    return f"{url}#token={quote(token, safe='') if show_token else '...'}"
 
 
 def _load(model: str, decoding, lm: bool):

@@ -19,7 +19,7 @@ from fastapi.staticfiles import StaticFiles
 from .batching import Decode, DynamicBatcher
 from .config import ServeConfig
 from .errors import add_error_handlers
-from .guard import Guard
+from .guard import STATIC_URL, Guard
 
 STATIC = Path(str(files(__package__) / "static"))
 
@@ -79,9 +79,11 @@ def core_app(service: ServiceCore, model_name: str) -> FastAPI:
                 "max_batch": cfg.max_batch, "max_wait_ms": cfg.max_wait_ms, "max_queue": cfg.max_queue,
                 "timeout": cfg.timeout}
 
+    # The page and its files hold no data, so a server with a token serves them without it
+    # (see guard.OPEN_PATHS); the page's script sends the token on every API call.
     @app.get("/", include_in_schema=False)
     async def explorer() -> FileResponse:
         return FileResponse(STATIC / "index.html")
 
-    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    app.mount(STATIC_URL, StaticFiles(directory=STATIC), name="static")
     return app

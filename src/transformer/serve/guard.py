@@ -1,8 +1,11 @@
 """What every HTTP request passes before the routes see it: one ASGI middleware, :class:`Guard`.
 
 In order:
-  1. the token: with ``ServeConfig.token`` set, every route but ``/health`` wants
-     ``Authorization: Bearer TOKEN`` (compared in constant time); 401 without it;
+  1. the token: with ``ServeConfig.token`` set, every route wants ``Authorization: Bearer
+     TOKEN`` (compared in constant time), 401 without it, but for reading what holds no
+     data: ``/health``, and the explorer page with its scripts and styles (a browser opening
+     the page cannot send a header; the page's script then sends the token, taken from the
+     address's ``#token=`` fragment, on every API call, as Jupyter's pages do);
   2. the body (POST): over ``max_body_bytes`` 413, not UTF-8 400; a client that has not sent
      its body by the deadline gets 408;
   3. the deadline: ``ServeConfig.timeout`` seconds from arrival until the answer starts,
@@ -19,7 +22,12 @@ import asyncio
 import hmac
 import json
 
-OPEN_PATHS = frozenset({"/health"})  # answered without the token: liveness checks carry none
+STATIC_URL = "/static"  # where core mounts the page's scripts and styles
+# Answered without the token, to GET and HEAD only: liveness checks carry none, and the page
+# and its files are the same for everyone; the API behind them is not.
+OPEN_PATHS = frozenset({"/health", "/"})
+OPEN_PREFIXES = (STATIC_URL + "/",)
+READ_METHODS = frozenset({"GET", "HEAD"})
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 
@@ -30,7 +38,8 @@ class Guard:
         app: the ASGI app behind it.
         max_bytes: the largest request body, in bytes.
         timeout: seconds from a request's arrival until its answer starts.
-        token: None, or the bearer token every route but ``/health`` requires.
+        token: None, or the bearer token every route requires but the open ones
+            (``OPEN_PATHS``, ``OPEN_PREFIXES``).
     """
 
     DRAIN_LIMIT = 64 << 20  # an oversized body is read (and dropped) up to this, then the 413
@@ -68,7 +77,7 @@ class Guard:
         return await self._answer(scope, replay, send, deadline, gone)
 
     def _authorized(self, scope) -> bool:
-        if self.expected is None or scope["path"] in OPEN_PATHS:
+        if self.expected is None or is_open(scope["method"], scope["path"]):
             return True
         given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
         return hmac.compare_digest(given, self.expected)
@@ -135,6 +144,13 @@ class Guard:
         if timed_out and not state["started"]:
             await refuse(send, 504, f"no answer within {self.timeout:g} s (the server's --timeout); "
                                     "the request was dropped")
+
+
+def is_open(method: str, path: str) -> bool:
+    """Whether a request may pass without the token: a read of a path that holds no data.
+    ``path`` is as routed (a ``..`` under /static/ does not leave the static folder:
+    Starlette's StaticFiles refuses it with 404)."""
+    return method in READ_METHODS and (path in OPEN_PATHS or path.startswith(OPEN_PREFIXES))
 
 
 def _replay(body: bytes, receive) -> tuple:

@@ -5,6 +5,13 @@
 // Data comes from POST /attention (see transformer/serve/attention.py): maps are
 // [layer][head][query][key]; rows are queries (the token being processed or produced),
 // columns are keys (the tokens attended to). No framework, no build step, no external URLs.
+//
+// A server started with a token serves this page and its files without it, but not the API:
+// the page takes the token from its address (http://host:port/#token=..., as `transformer
+// serve` prints it; a fragment never reaches a server or its logs), keeps it in
+// sessionStorage (this tab only), removes it from the address bar, and sends
+// "Authorization: Bearer ..." on every call. Refused (401), it asks for the token once, in
+// a field on the page.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -27,9 +34,86 @@ const KINDS = {
 // What is on screen; tests read it through window.explorer.
 const state = { data: null, kind: "cross", layer: 0, head: "avg", values: [], rows: [], cols: [] };
 
+// ---- the token ------------------------------------------------------------------------
+const TOKEN_KEY = "transformer-serve-token";
+const auth = { token: null };
+
+// A refused call: the token form says so, the status line stays quiet.
+class TokenRefused extends Error {}
+
+// The token from the address's #token=... (then gone from the address bar), else the one
+// this tab stored before.
+function readToken() {
+  const fragment = new URLSearchParams(location.hash.slice(1));
+  if (fragment.has("token")) {
+    useToken(fragment.get("token"));
+    fragment.delete("token");
+    const rest = fragment.toString();
+    history.replaceState(history.state, "", location.pathname + location.search + (rest ? `#${rest}` : ""));
+    return;
+  }
+  try {
+    auth.token = sessionStorage.getItem(TOKEN_KEY);
+  } catch { // storage turned off: the token lives as long as the page
+  }
+}
+
+function useToken(token) {
+  auth.token = token.trim() || null;
+  try {
+    if (auth.token) sessionStorage.setItem(TOKEN_KEY, auth.token);
+    else sessionStorage.removeItem(TOKEN_KEY);
+  } catch { // as in readToken
+  }
+}
+
+// Shows the token form (once: it is a part of the page, not a dialog).
+function askForToken() {
+  $("token-message").textContent = auth.token
+    ? "The server refused this page's token. Paste the right one:"
+    : "This server wants a token. Open the address that transformer serve printed (it ends in " +
+      "#token=…), or paste the token here:";
+  if ($("token-form").hidden) {
+    $("token-form").hidden = false;
+    $("token").focus();
+  }
+}
+
+// The field's token, tried on a call that wants it (GET /stats).
+async function submitToken(event) {
+  event.preventDefault();
+  useToken($("token").value);
+  $("token").value = "";
+  $("token-form").hidden = true;
+  if (await checkToken()) setStatus("The server took the token.");
+}
+
+// Whether the server takes this page's token (or wants none); if not, the form asks for one.
+async function checkToken() {
+  try {
+    await api("/stats");
+    return true;
+  } catch (error) {
+    showError(error);
+    return false;
+  }
+}
+
 // ---- talking to the service ----------------------------------------------------------
+// fetch() with the token, if the page has one; a 401 asks for it and throws TokenRefused.
+async function api(path, options = {}) {
+  const headers = { ...options.headers };
+  if (auth.token) headers.Authorization = `Bearer ${auth.token}`;
+  const response = await fetch(path, { ...options, headers });
+  if (response.status === 401) {
+    askForToken();
+    throw new TokenRefused("the server wants a token");
+  }
+  return response;
+}
+
 async function postJSON(path, body) {
-  const response = await fetch(path, {
+  const response = await api(path, {
     method: "POST",
     headers: { "Content-Type": "application/json" },
     body: JSON.stringify(body),
@@ -41,7 +125,7 @@ async function postJSON(path, body) {
 
 async function showModelInfo() {
   try {
-    const health = await (await fetch("/health")).json();
+    const health = await (await api("/health")).json();
     const kind = health.kind === "language-model" ? "language model" : "translation model";
     $("model-info").textContent = `Model ${health.model || ""} (${kind}): ` +
       `${health.n_layers} layers, ${health.n_heads} heads, d_model ${health.d_model}`;
@@ -67,7 +151,7 @@ async function translate(event) {
     showAttention(attention);
     setStatus(translation.truncated.length ? "The sentence was too long for the model and was cut." : "");
   } catch (error) {
-    setStatus(error.message, true);
+    showError(error);
   } finally {
     $("translate").disabled = false;
   }
@@ -76,6 +160,11 @@ async function translate(event) {
 function setStatus(message, isError = false) {
   $("status").textContent = message;
   $("status").classList.toggle("error", isError);
+}
+
+function showError(error) {
+  if (error instanceof TokenRefused) setStatus(""); // the token form is the message
+  else setStatus(error.message, true);
 }
 
 // ---- the translation -----------------------------------------------------------------
@@ -223,6 +312,8 @@ function redraw() {
 }
 
 function start() {
+  readToken();
+  $("token-form").addEventListener("submit", submitToken);
   $("translate-form").addEventListener("submit", translate);
   $("kind").addEventListener("change", redraw);
   $("layer").addEventListener("change", redraw);
@@ -231,7 +322,8 @@ function start() {
   $("heatmap").addEventListener("mouseover", onHover);
   $("heatmap").addEventListener("mouseleave", () => showHover(null));
   showModelInfo();
+  checkToken();
 }
 
-window.explorer = { state };
+window.explorer = { state, auth };
 document.addEventListener("DOMContentLoaded", start);

@@ -2,8 +2,9 @@
 // through POST /generate, showing the tokens as they arrive (server-sent events), then draw
 // the causal self-attention of prompt + continuation (POST /attention) for one layer and
 // head (or the heads' average): a strip of tokens and a token-by-token heatmap. Hovering a
-// token shades the tokens it attends to. Uses explorer.js's helpers ($, postJSON, setStatus,
-// fillSelect, averageHeads, heat, range). No framework, no build step, no external URLs.
+// token shades the tokens it attends to. Uses explorer.js's helpers ($, api, postJSON,
+// setStatus, showError, fillSelect, averageHeads, heat, range). No framework, no build step,
+// no external URLs.
 "use strict";
 
 // What is on screen; tests read it through window.generation.state.
@@ -67,7 +68,7 @@ async function generateText(event) {
     setStatus(`${done.tokens} tokens, seed ${done.seed}.${cut}`);
     showLMAttention(await postJSON("/attention", { text: body.prompt + done.text }));
   } catch (error) {
-    setStatus(error.message, true);
+    showError(error);
   } finally {
     $("generate").disabled = false;
   }
@@ -76,7 +77,7 @@ async function generateText(event) {
 // POST /generate as server-sent events: onToken({text, token}) for each token; resolves
 // with the final "done" event's answer.
 async function streamGeneration(body, onToken) {
-  const response = await fetch("/generate", {
+  const response = await api("/generate", {
     method: "POST",
     headers: { "Content-Type": "application/json", Accept: "text/event-stream" },
     body: JSON.stringify(body),
