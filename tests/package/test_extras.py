@@ -84,6 +84,7 @@ API = {
     "to_ctranslate2_spec": (lambda i: i.to_ctranslate2_spec(_tiny_model(), [str(n) for n in range(12)]),
                             "ctranslate2", "export"),
     "export_onnx": (lambda i: i.export_onnx(_tiny_model(), "never-written"), "onnx", "export"),
+    "export_onnx_lm": (lambda i: i.export_onnx_lm(_tiny_lm(), "never-written"), "onnx", "export"),
 }
 
 

@@ -8,7 +8,8 @@
                            model to its Translator, the language model to its Generator
     ONNX                   export of the encoder and one decoder step with its KV cache, and
                            a check and greedy loop on onnxruntime (onnx.py; needs ``onnx``,
-                           ``onnxscript`` and ``onnxruntime``)
+                           ``onnxscript`` and ``onnxruntime``); the language model's one
+                           token step likewise (onnx_lm.py)
 
 The optional packages (the ``export`` extra) are imported only when a function that needs
 them is called.
@@ -19,6 +20,7 @@ from .gpt2 import from_gpt2, to_gpt2
 from .llama import from_llama, to_llama
 from .layout import to_concat_layout
 from .onnx import check_onnx, export_onnx, greedy_onnx
+from .onnx_lm import check_onnx_lm, export_onnx_lm, greedy_onnx_lm
 from .torch_nn import load_from_torch_nn
 
 __all__ = [
@@ -35,6 +37,9 @@ __all__ = [
     "export_onnx",
     "check_onnx",
     "greedy_onnx",
+    "export_onnx_lm",
+    "check_onnx_lm",
+    "greedy_onnx_lm",
     "from_marian",
     "load_marian",
     "to_marian",

@@ -43,6 +43,7 @@ from ..model import KVCache, Transformer
 
 OPSET = 18  # the lowest the exporter builds natively (lower ones are converted from it)
 ENCODER, DECODER = "encoder.onnx", "decoder_step.onnx"
+CONFIG = "onnx_config.json"  # the model config and every graph's input and output names
 
 
 def _fp32(model: Transformer) -> Transformer:
@@ -56,30 +57,48 @@ def _kv_names(prefix: str, n_layers: int) -> list[str]:
     return [f"{prefix}_{kind}_{i}" for i in range(n_layers) for kind in ("k", "v")]
 
 
-class _EncoderGraph(nn.Module):
-    def __init__(self, model: Transformer) -> None:
+def _flat(kv: tuple) -> list[Tensor]:
+    """Per-layer (K, V) pairs as the graphs take and give them: K_0, V_0, K_1, V_1, ..."""
+    return [t for pair in kv for t in pair]
+
+
+def _pairs(flat: tuple[Tensor, ...]) -> tuple[tuple[Tensor, Tensor], ...]:
+    """The reverse of :func:`_flat`: per-layer (K, V) pairs."""
+    return tuple(zip(flat[0::2], flat[1::2]))
+
+
+def _max_abs(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(a - b).max())
+
+
+def _compare_step(diffs: dict[str, float], got: list[np.ndarray], logits: Tensor, present: list[Tensor]) -> None:
+    """Raise ``diffs["logits"]`` and ``diffs["present"]`` to one step's differences: a step
+    graph's outputs ``got`` (the logits, then the grown cache) against the model's."""
+    diffs["logits"] = max(diffs["logits"], _max_abs(got[0], logits.numpy()))
+    diffs["present"] = max(diffs["present"], *(_max_abs(a, b.numpy()) for a, b in zip(got[1:], present)))
+
+
+class _Graph(nn.Module):
+    """What one exported graph computes (its ``forward``) with the parts of ``model``."""
+
+    def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
 
+
+class _EncoderGraph(_Graph):
     def forward(self, src: Tensor) -> tuple[Tensor, ...]:
         memory = self.model.encode(src)
         cache = self.model.start_cache(memory, src)
-        return (memory, *[t for kv in cache.cross_kv for t in kv])
+        return (memory, *_flat(cache.cross_kv))
 
 
-class _DecoderStepGraph(nn.Module):
-    def __init__(self, model: Transformer) -> None:
-        super().__init__()
-        self.model = model
-        self.n_layers = model.cfg.n_layers
-
+class _DecoderStepGraph(_Graph):
     def forward(self, tokens: Tensor, src_mask: Tensor, *kv: Tensor) -> tuple[Tensor, ...]:
-        n = self.n_layers
-        cross = tuple((kv[2 * i], kv[2 * i + 1]) for i in range(n))
-        past = tuple((kv[2 * n + 2 * i], kv[2 * n + 2 * i + 1]) for i in range(n))
-        cache = KVCache(cross_kv=cross, self_kv=past, memory_mask=src_mask[:, None, None, :])
+        n = self.model.cfg.n_layers
+        cache = KVCache(cross_kv=_pairs(kv[:2 * n]), self_kv=_pairs(kv[2 * n:]), memory_mask=src_mask[:, None, None, :])
         logits, cache = self.model.decode(tokens, cache)
-        return (logits[:, -1], *[t for kv_ in cache.self_kv for t in kv_])
+        return (logits[:, -1], *_flat(cache.self_kv))
 
 
 def _example_inputs(model: Transformer, batch: int = 2, src_len: int = 5, past: int = 3):
@@ -96,19 +115,14 @@ def _example_inputs(model: Transformer, batch: int = 2, src_len: int = 5, past: 
         prefix = torch.full((batch, past), cfg.bos_id, dtype=torch.long)
         prefix[:, 1:] = torch.randint(low, max(cfg.target_vocab_size, low + 1), (batch, past - 1), generator=g)
         _, cache = model.decode(prefix, cache)
-    past_kv = [t for kv in cache.self_kv for t in kv]
-    return src, tokens, src != cfg.pad_id, list(enc[1:]), past_kv
+    return src, tokens, src != cfg.pad_id, list(enc[1:]), _flat(cache.self_kv)
 
 
 @torch.no_grad()
 def export_onnx(model: Transformer, out_dir: str | Path) -> Path:
     """Write ``encoder.onnx``, ``decoder_step.onnx`` and ``onnx_config.json`` (the model
     config and the graphs' input/output names) into ``out_dir``. Returns the directory."""
-    require("onnx", "export", __name__)  # torch.onnx.export's dynamo exporter writes with these two
-    require("onnxscript", "export", __name__)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model = _fp32(model)
+    model, out_dir = _start_export(model, out_dir)
     src, tokens, src_mask, cross, past = _example_inputs(model)
     n, max_len = model.cfg.n_layers, model.cfg.max_len
     batch, src_len = Dim("batch"), Dim("src_len", max=max_len)
@@ -123,11 +137,31 @@ def export_onnx(model: Transformer, out_dir: str | Path) -> Path:
     _export(_DecoderStepGraph(model), (tokens, src_mask, *cross, *past),
             ({0: batch}, {0: batch, 1: src_len}, kv_shapes), dec_in, dec_out, out_dir / DECODER)
 
-    info = {"model_config": model.cfg.to_dict(), "opset": OPSET,
-            "encoder": {"inputs": ["src"], "outputs": enc_out},
-            "decoder_step": {"inputs": dec_in, "outputs": dec_out}}
-    (out_dir / "onnx_config.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    _write_config(out_dir, model, {"encoder": {"inputs": ["src"], "outputs": enc_out},
+                                   "decoder_step": {"inputs": dec_in, "outputs": dec_out}})
     return out_dir
+
+
+def _start_export(model: nn.Module, out_dir: str | Path) -> tuple[nn.Module, Path]:
+    """What every export starts with: the packages that write ONNX present, ``out_dir``
+    made, the model in float32 eval mode (:func:`_fp32`)."""
+    require("onnx", "export", __name__)  # torch.onnx.export's dynamo exporter writes with these two
+    require("onnxscript", "export", __name__)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return _fp32(model), out_dir
+
+
+def _write_config(out_dir: Path, model: nn.Module, graphs: dict) -> None:
+    """``onnx_config.json``: the model config, the opset and ``graphs`` (each graph's input
+    and output names)."""
+    info = {"model_config": model.cfg.to_dict(), "opset": OPSET, **graphs}
+    (out_dir / CONFIG).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+
+
+def _read_config(out_dir: str | Path) -> dict:
+    """The model config an export wrote into ``onnx_config.json``, as a mapping."""
+    return json.loads((Path(out_dir) / CONFIG).read_text(encoding="utf-8"))["model_config"]
 
 
 def _export(graph: nn.Module, args: tuple, dynamic_shapes: tuple, input_names: list[str],
@@ -161,14 +195,19 @@ def _export(graph: nn.Module, args: tuple, dynamic_shapes: tuple, input_names: l
     onnx_program.save(path)
 
 
-def _sessions(out_dir: Path):
+def _session(out_dir: str | Path, name: str):
+    """An onnxruntime session on the CPU for the graph ``out_dir / name``, on torch's number
+    of threads, its warnings kept to errors."""
     ort = require("onnxruntime", "export", __name__)
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = torch.get_num_threads()
     opts.log_severity_level = 3
-    make = lambda name: ort.InferenceSession(str(out_dir / name), opts, providers=["CPUExecutionProvider"])  # noqa: E731
-    return make(ENCODER), make(DECODER)
+    return ort.InferenceSession(str(Path(out_dir) / name), opts, providers=["CPUExecutionProvider"])
+
+
+def _sessions(out_dir: str | Path):
+    return _session(out_dir, ENCODER), _session(out_dir, DECODER)
 
 
 @torch.no_grad()
@@ -180,7 +219,6 @@ def check_onnx(model: Transformer, out_dir: str | Path, src: Tensor | None = Non
     ``past_lengths`` earlier target positions, on ``src`` (default: a padded random batch).
     Returns the largest absolute differences {"memory": .., "logits": .., "present": ..}.
     """
-    out_dir = Path(out_dir)
     model = _fp32(model)
     cfg = model.cfg
     if src is None:
@@ -188,7 +226,7 @@ def check_onnx(model: Transformer, out_dir: str | Path, src: Tensor | None = Non
     enc, dec = _sessions(out_dir)
     outs = enc.run(None, {"src": src.numpy()})
     memory = model.encode(src)
-    diffs = {"memory": float(np.abs(outs[0] - memory.numpy()).max()), "logits": 0.0, "present": 0.0}
+    diffs = {"memory": _max_abs(outs[0], memory.numpy()), "logits": 0.0, "present": 0.0}
     src_mask = (src != cfg.pad_id).numpy()
     g = torch.Generator().manual_seed(1)
     for past in past_lengths:
@@ -202,9 +240,7 @@ def check_onnx(model: Transformer, out_dir: str | Path, src: Tensor | None = Non
         feed.update(zip(_kv_names("past", cfg.n_layers), _past_arrays(cache, src.size(0), model)))
         got = dec.run(None, feed)
         logits, cache = model.decode(tgt[:, past:], cache)
-        diffs["logits"] = max(diffs["logits"], float(np.abs(got[0] - logits[:, -1].numpy()).max()))
-        ours = [t.numpy() for kv in cache.self_kv for t in kv]
-        diffs["present"] = max(diffs["present"], max(float(np.abs(a - b).max()) for a, b in zip(got[1:], ours)))
+        _compare_step(diffs, got, logits[:, -1], _flat(cache.self_kv))
     return diffs
 
 
@@ -212,7 +248,7 @@ def _past_arrays(cache: KVCache, batch: int, model: Transformer) -> list[np.ndar
     if cache.self_kv[0] is None:
         empty = np.zeros((batch, model.cfg.n_heads, 0, model.cfg.d_head), dtype=np.float32)
         return [empty] * (2 * model.cfg.n_layers)
-    return [t.numpy() for kv in cache.self_kv for t in kv]
+    return [t.numpy() for t in _flat(cache.self_kv)]
 
 
 def greedy_onnx(out_dir: str | Path, src: Tensor, max_len: int, sessions=None) -> list[list[int]]:
@@ -220,9 +256,7 @@ def greedy_onnx(out_dir: str | Path, src: Tensor, max_len: int, sessions=None) -
     sentence of ``src`` (B, S), its tokens up to and including EOS, at most ``max_len``
     (EOS forced there, as in :func:`~transformer.decode.greedy_search`). PAD and BOS are
     never chosen. Reads the config from ``onnx_config.json``."""
-    out_dir = Path(out_dir)
-    info = json.loads((out_dir / "onnx_config.json").read_text(encoding="utf-8"))
-    cfg = info["model_config"]
+    cfg = _read_config(out_dir)
     n, heads, d_head = cfg["n_layers"], cfg["n_heads"], cfg["d_model"] // cfg["n_heads"]
     enc, dec = sessions or _sessions(out_dir)
     batch = src.size(0)

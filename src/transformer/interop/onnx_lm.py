@@ -17,38 +17,32 @@ norms are inside the graph as the model computes them.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from torch.export import Dim
 
 from ..compiling import traced
-from ..extras import require
 from ..model import KVCache
 from ..model.lm import LanguageModel
-from .onnx import OPSET, _export, _fp32, _kv_names
+from .onnx import (_compare_step, _export, _flat, _fp32, _Graph, _kv_names, _pairs, _read_config, _session,
+                   _start_export, _write_config)
 
 LM_STEP = "lm_step.onnx"
 
 
-class _LMStepGraph(nn.Module):
-    def __init__(self, model: LanguageModel) -> None:
-        super().__init__()
-        self.model = model
-        self.n_layers = model.cfg.n_layers
-
+class _LMStepGraph(_Graph):
     def forward(self, tokens: Tensor, *kv: Tensor) -> tuple[Tensor, ...]:
-        n = self.n_layers
-        past = tuple((kv[2 * i], kv[2 * i + 1]) for i in range(n))
+        past = _pairs(kv)
         # the position of ``tokens`` is the cache's length (every cached token is real)
         start = torch.zeros(tokens.size(0), dtype=torch.long, device=tokens.device) + kv[0].size(2)
-        cache = KVCache(cross_kv=(None,) * n, self_kv=past, memory_mask=None, padded=False, next_position=start)
+        cache = KVCache(cross_kv=(None,) * len(past), self_kv=past, memory_mask=None, padded=False,
+                        next_position=start)
         h, cache, _ = self.model.hidden(tokens, cache, padded=False)
         logits = self.model.project(h)
-        return (logits[:, -1], *[t for kv_ in cache.self_kv for t in kv_])
+        return (logits[:, -1], *_flat(cache.self_kv))
 
 
 def _past(model: LanguageModel, ids: Tensor) -> list[Tensor]:
@@ -57,18 +51,14 @@ def _past(model: LanguageModel, ids: Tensor) -> list[Tensor]:
     if ids.size(1) == 0:
         return [torch.zeros(ids.size(0), cfg.kv_heads, 0, cfg.d_head)] * (2 * cfg.n_layers)
     _, cache, _ = model.hidden(ids, model.start_cache(ids.size(0)), padded=False)
-    return [t for kv in cache.self_kv for t in kv]
+    return _flat(cache.self_kv)
 
 
 @torch.no_grad()
 def export_onnx_lm(model: LanguageModel, out_dir: str | Path) -> Path:
     """Write ``lm_step.onnx`` and ``onnx_config.json`` (the model config and the graph's
     input/output names) into ``out_dir``. Returns the directory."""
-    require("onnx", "export", __name__)
-    require("onnxscript", "export", __name__)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model = _fp32(model)
+    model, out_dir = _start_export(model, out_dir)
     cfg = model.cfg
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, cfg.vocab_size, (2, 4), generator=g)
@@ -80,18 +70,8 @@ def export_onnx_lm(model: LanguageModel, out_dir: str | Path) -> Path:
         _export(_LMStepGraph(model), (ids[:, 3:], *_past(model, ids[:, :3])),
                 ({0: batch}, tuple([{0: batch, 2: past_len}] * (2 * n))), inputs, outputs, out_dir / LM_STEP,
                 deferred_asserts=True)
-    info = {"model_config": cfg.to_dict(), "opset": OPSET, "lm_step": {"inputs": inputs, "outputs": outputs}}
-    (out_dir / "onnx_config.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    _write_config(out_dir, model, {"lm_step": {"inputs": inputs, "outputs": outputs}})
     return out_dir
-
-
-def _session(out_dir: Path):
-    ort = require("onnxruntime", "export", __name__)
-
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = torch.get_num_threads()
-    opts.log_severity_level = 3
-    return ort.InferenceSession(str(out_dir / LM_STEP), opts, providers=["CPUExecutionProvider"])
 
 
 @torch.no_grad()
@@ -100,21 +80,17 @@ def check_onnx_lm(model: LanguageModel, out_dir: str | Path, ids: Tensor | None 
     """Run ``lm_step.onnx`` with onnxruntime after ``past_lengths`` earlier tokens of ``ids``
     (B, T) (default: random ids) and compare its logits and grown cache with ``model``'s.
     Returns the largest absolute differences {"logits": .., "present": ..}."""
-    out_dir = Path(out_dir)
     model = _fp32(model)
     cfg = model.cfg
     if ids is None:
         ids = torch.randint(0, cfg.vocab_size, (3, max(past_lengths) + 1), generator=torch.Generator().manual_seed(1))
-    session = _session(out_dir)
+    session = _session(out_dir, LM_STEP)
     names = _kv_names("past", cfg.n_layers)
     diffs = {"logits": 0.0, "present": 0.0}
     for past in past_lengths:
         got = session.run(None, {"tokens": ids[:, past:past + 1].numpy(),
                                  **{k: t.numpy() for k, t in zip(names, _past(model, ids[:, :past]))}})
-        logits = model(ids[:, :past + 1], padded=False)[:, -1]
-        present = _past(model, ids[:, :past + 1])
-        diffs["logits"] = max(diffs["logits"], float(np.abs(got[0] - logits.numpy()).max()))
-        diffs["present"] = max(diffs["present"], max(float(np.abs(a - b.numpy()).max()) for a, b in zip(got[1:], present)))
+        _compare_step(diffs, got, model(ids[:, :past + 1], padded=False)[:, -1], _past(model, ids[:, :past + 1]))
     return diffs
 
 
@@ -122,11 +98,10 @@ def greedy_onnx_lm(out_dir: str | Path, prompt: list[int], max_new_tokens: int, 
     """Greedy continuation of ``prompt`` on ``lm_step.onnx`` (a reference loop, not tuned):
     the prompt is fed one token at a time, then ``max_new_tokens`` tokens are chosen (no stop
     token: as ``generate_stream`` without ``stop_id``). Reads the config from ``onnx_config.json``."""
-    out_dir = Path(out_dir)
-    cfg = json.loads((out_dir / "onnx_config.json").read_text(encoding="utf-8"))["model_config"]
+    cfg = _read_config(out_dir)
     n, d_head = cfg["n_layers"], cfg["d_model"] // cfg["n_heads"]
     kv_heads = cfg["n_kv_heads"] or cfg["n_heads"]
-    session = session or _session(out_dir)
+    session = session or _session(out_dir, LM_STEP)
     names = _kv_names("past", n)
     feed = {name: np.zeros((1, kv_heads, 0, d_head), np.float32) for name in names}
     out: list[int] = []
