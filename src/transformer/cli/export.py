@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from ..data import Subwords
     from ..errors import UserError
     from ..extras import require
-    from ..run import atomic_dir, find_subwords, load_model, read_model_config
+    from ..run import find_subwords, load_model, read_model_config
 
     _check(args)
     if read_model_config(args.model).decoder_only and args.format == "marian":
@@ -89,23 +89,52 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"{spm_path}: {subwords.vocab_size} subwords, but the model was built for "
                         f"{model.cfg.target_vocab_size}; these files belong to different runs")
 
-    out = Path(args.out).absolute()
+    def export(tmp: Path) -> tuple[str, str]:
+        note = EXPORTERS[args.format](model, subwords, spm_path, tmp, args)
+        return note, README[args.format].format(weights=meta["path"])
+
+    out, note = _write(args, export, spm_path, "subwords.model")
+    print(f"wrote {out} ({args.format}{note}) from {meta['path']}")
+    return 0
+
+
+def _write(args, export, tokenizer: Path, tokenizer_name: str) -> tuple[Path, str]:
+    """``export(tmp)`` writes the model into a temporary directory and returns a note on the
+    export and the text of its README.txt; the directory gets that README.txt and a copy of
+    the ``tokenizer`` file (as ``tokenizer_name``), and is renamed to ``--out`` when complete
+    (``--out`` is absent or empty: :func:`_check`). Returns ``--out`` and the note. What the
+    format cannot express, or a failed write, is a one-line error."""
+    from ..errors import UserError
+    from ..run import atomic_dir
+
+    out, notes = Path(args.out).absolute(), []
 
     def fill(tmp: Path) -> None:
-        nonlocal note
-        note = EXPORTERS[args.format](model, subwords, spm_path, tmp, args)
-        shutil.copyfile(spm_path, tmp / "subwords.model")
-        (tmp / "README.txt").write_text(README[args.format].format(weights=meta["path"]), encoding="utf-8")
+        note, readme = export(tmp)
+        shutil.copyfile(tokenizer, tmp / tokenizer_name)
+        (tmp / "README.txt").write_text(readme, encoding="utf-8")
+        notes.append(note)
 
-    note = ""
     try:
-        atomic_dir(out, fill)  # out is absent or empty (checked above)
+        atomic_dir(out, fill)
     except ValueError as e:  # the model has something the format cannot express
         raise UserError(f"--format {args.format}: {e}") from None
     except OSError as e:
         raise UserError(f"{out}: cannot write ({e.strerror or e})") from None
-    print(f"wrote {out} ({args.format}{note}) from {meta['path']}")
-    return 0
+    return out, notes[0]
+
+
+def _checked_onnx(diffs: dict[str, float]) -> str:
+    """The note on an ONNX export whose graphs onnxruntime runs as the model computes
+    (``diffs``: the largest absolute differences its check found); a one-line error when
+    they differ by more than ``ONNX_TOL``, so that nothing is written."""
+    from ..errors import UserError
+
+    worst = max(diffs.values())
+    if not worst <= ONNX_TOL:
+        raise UserError(f"the ONNX export does not reproduce the model (max abs difference {worst:.3g} > "
+                        f"{ONNX_TOL}); nothing was written")
+    return f"checked with onnxruntime: max abs difference {worst:.1e}"
 
 
 def _language_model(args, model, meta) -> int:
@@ -115,8 +144,7 @@ def _language_model(args, model, meta) -> int:
     import json
 
     from ..data.text import load_tokenizer
-    from ..errors import UserError
-    from ..run import atomic_dir, run_root
+    from ..run import run_root
 
     tokenizer = load_tokenizer(args.model)
     vocab = lm_vocabulary(tokenizer, model.cfg.vocab_size)
@@ -127,37 +155,22 @@ def _language_model(args, model, meta) -> int:
         listed = json.loads(record.read_text(encoding="utf-8")).get("stop_ids")
         if isinstance(listed, list) and listed and all(isinstance(i, int) and 0 <= i < len(vocab) for i in listed):
             stops = listed
-    out = Path(args.out).absolute()
-    note = ""
 
-    def fill(tmp: Path) -> None:
-        nonlocal note
+    def export(tmp: Path) -> tuple[str, str]:
         if args.format == "ctranslate2":
             from ..interop.ctranslate2 import save_ctranslate2_lm
 
             save_ctranslate2_lm(model, tmp, vocab, quantization=args.quantization)
-            note = f"{args.quantization or 'float32'} weights"
-            readme = LM_README.format(weights=meta["path"], tokenizer=tokenizer.path.name,
-                                      stops=[vocab[i] for i in stops])
-        else:
-            from ..interop.onnx_lm import check_onnx_lm, export_onnx_lm
+            return (f"{args.quantization or 'float32'} weights",
+                    LM_README.format(weights=meta["path"], tokenizer=tokenizer.path.name,
+                                     stops=[vocab[i] for i in stops]))
+        from ..interop.onnx_lm import check_onnx_lm, export_onnx_lm
 
-            export_onnx_lm(model, tmp)
-            worst = max(check_onnx_lm(model, tmp).values())
-            if not worst <= ONNX_TOL:
-                raise UserError(f"the ONNX graph does not reproduce the model (max abs difference {worst:.3g} "
-                                f"> {ONNX_TOL}); nothing was written")
-            note = f"checked with onnxruntime: max abs difference {worst:.1e}"
-            readme = LM_ONNX_README.format(weights=meta["path"], tokenizer=tokenizer.path.name, stops=stops)
-        shutil.copyfile(tokenizer.path, tmp / tokenizer.path.name)
-        (tmp / "README.txt").write_text(readme, encoding="utf-8")
+        export_onnx_lm(model, tmp)
+        return (_checked_onnx(check_onnx_lm(model, tmp)),
+                LM_ONNX_README.format(weights=meta["path"], tokenizer=tokenizer.path.name, stops=stops))
 
-    try:
-        atomic_dir(out, fill)
-    except ValueError as e:  # the model has something the format cannot express
-        raise UserError(f"--format {args.format}: {e}") from None
-    except OSError as e:
-        raise UserError(f"{out}: cannot write ({e.strerror or e})") from None
+    out, note = _write(args, export, tokenizer.path, tokenizer.path.name)
     print(f"wrote {out} ({args.format} language model, {note}, tokenizer {tokenizer.path.name}) from {meta['path']}")
     return 0
 
@@ -190,10 +203,10 @@ def _ctranslate2(model, subwords, spm_path, tmp: Path, args) -> str:
 def _marian(model, subwords, spm_path, tmp: Path, args) -> str:
     from transformers.utils import logging as hf_logging
 
+    from ..front import run_decoding
     from ..interop.marian import save_marian
     from ..interop.marian_files import differences
     from ..run import read_run_config
-    from ..translator import run_decoding
 
     decoding = run_decoding(args.model)  # the run's own settings go into generation_config.json
     run = read_run_config(args.model)
@@ -210,16 +223,10 @@ def _marian(model, subwords, spm_path, tmp: Path, args) -> str:
 
 
 def _onnx(model, subwords, spm_path, tmp: Path, args) -> str:
-    from ..errors import UserError
     from ..interop.onnx import check_onnx, export_onnx
 
     export_onnx(model, tmp)
-    diffs = check_onnx(model, tmp)
-    worst = max(diffs.values())
-    if not worst <= ONNX_TOL:
-        raise UserError(f"the ONNX graphs do not reproduce the model (max abs difference {worst:.3g} "
-                        f"> {ONNX_TOL}); nothing was written")
-    return f", checked with onnxruntime: max abs difference {worst:.1e}"
+    return ", " + _checked_onnx(check_onnx(model, tmp))
 
 
 EXPORTERS = {"ctranslate2": _ctranslate2, "marian": _marian, "onnx": _onnx}

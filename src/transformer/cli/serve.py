@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     from ..serve.config import TOKEN_ENV
     from ..decode.precision import resolve_precision
     from ..hardware import slow_precision_warning
-    from ..translator import run_decoding
+    from ..front import run_decoding
 
     cfg = _settings(args)
     # checked before the port is taken
