@@ -42,8 +42,9 @@ def run(args: argparse.Namespace) -> int:
     from ..data import read_lines
     from ..errors import UserError
     from ..evaluate import score
+    from ..front import run_decoding
     from ..run.files import write_text_atomic
-    from ..translator import load_translator, run_decoding
+    from ..translator import load_translator
     from ._progress import line_progress
     from .translate import report_truncated
 
@@ -103,13 +104,12 @@ def run(args: argparse.Namespace) -> int:
 
 def run_text(args: argparse.Namespace) -> int:
     """``--text``: a language model's cross-entropy, perplexity and bits per byte on a text."""
-    from ..data.text import load_tokenizer
-    from ..decode.precision import decoding_model
     from ..errors import UserError
     from ..evaluate_lm import score_text
+    from ..front import run_decoding
+    from ..generator import Generator
     from ..hardware import slow_precision_warning
-    from ..run import load_model
-    from ..translator import run_decoding
+    from ..run import read_model_config
 
     given = [f"--{name.replace('_', '-')}" for name in ("src", "ref", "split", "tgt_lang", "limit", "output")
              if getattr(args, name)]
@@ -117,22 +117,20 @@ def run_text(args: argparse.Namespace) -> int:
         raise UserError(f"--text scores a language model on a text; {', '.join(given)} are for translation")
     if len(args.model) > 1:
         raise UserError("--text scores one model; give one --model")
-    options = decoding_options(args)
-    decoding = run_decoding(args.model[0], {**options, "precision": options.get("precision", "fp32")})
-    text = _read_text(args.text)  # before the slow part: fail fast
-    model, _ = load_model(args.model[0], decoding.device)
-    if not model.cfg.decoder_only:
-        raise UserError(f"{args.model[0]}: a translation model; --text scores a language model "
+    path, options = args.model[0], decoding_options(args)
+    options["precision"] = options.get("precision", "fp32")
+    run_decoding(path, options)  # before the slow part: fail fast
+    text = _read_text(args.text)
+    if not read_model_config(path).decoder_only:
+        raise UserError(f"{path}: a translation model; --text scores a language model "
                         "(score a translation model with --src and --ref, or --split)")
-    tokenizer = load_tokenizer(args.model[0])
-    if tokenizer.vocab_size > model.cfg.vocab_size:
-        raise UserError(f"{args.model[0]}: the tokenizer has {tokenizer.vocab_size} tokens but the model only "
-                        f"{model.cfg.vocab_size}; these files belong to different runs")
-    if note := slow_precision_warning(decoding.precision, decoding.device):
+    # the model, its tokenizer and settings as generate opens them (transformer/front.py)
+    generator = Generator.from_pretrained(path, warn=False, **options)
+    decoding = generator.decoding  # precision auto resolved for this machine
+    if note := slow_precision_warning(generator.requested_precision, decoding.device):
         print(f"warning: {note}", file=sys.stderr, flush=True)
-    model, decoding = decoding_model(model, decoding, warn=False)
     t0 = time.perf_counter()
-    scores = score_text(model, tokenizer, text, args.stride, decoding.max_tokens)
+    scores = score_text(generator.model, generator.tokenizer, text, args.stride, decoding.max_tokens)
     seconds = time.perf_counter() - t0
     if args.json:
         print(json.dumps({**scores.to_dict(), "precision": decoding.precision, "seconds": seconds,
