@@ -17,7 +17,7 @@ run's config says which (``transformer serve`` reads it), and ``/health`` tells 
     GET  /openapi.json, /docs
 
 Every error is JSON ``{"error": "..."}``: 400 for a body that is not UTF-8, 401 without the
-token (when the server has one; ``/health`` never wants it), 404 for the other kind of model's
+token (when the server has one; ``/health`` and the page's files never want it), 404 for the other kind of model's
 endpoint (the message names this one's), 408 for a body that does not arrive in time, 413 for
 a body, text or list over the limits, 415 for a body not sent as JSON, 422 for anything else
 malformed, 503 with ``Retry-After`` when the queue is full, 504 past the deadline (see

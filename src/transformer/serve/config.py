@@ -27,8 +27,10 @@ class ServeConfig:
         timeout: seconds a request may take from its arrival until its answer starts (its
             body read, its wait in the queue, its decoding); 504 past it, and it is
             dropped from the queue. A stream that has started is not cut.
-        token: when set, every route but ``/health`` wants ``Authorization: Bearer TOKEN``
-            (401 without it). Kept out of the repr.
+        token: when set, every route but ``/health`` and the explorer page (``/`` and its
+            static files, which hold no data) wants ``Authorization: Bearer TOKEN`` (401
+            without it); the page takes the token from ``#token=`` in its address. Kept out
+            of the repr.
     """
 
     max_beam: int = 16
