@@ -74,17 +74,23 @@ def find_subwords(path: str | Path) -> Path:
 
 def read_run_config(path: str | Path) -> dict[str, Any]:
     """The config.yaml of the run that ``path`` belongs to, as a mapping; {} when there is none."""
-    import yaml
-
     found = run_file(path, CONFIG)
     if found is None:
         return {}
-    try:
-        data = yaml.safe_load(found.read_text(encoding="utf-8")) or {}
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise UserError(f"{found}: not a readable run config ({type(e).__name__}); "
-                        "restore it from the run, or give the options it would have supplied") from None
+    data = read_yaml(found, "restore it from the run, or give the options it would have supplied") or {}
     return data if isinstance(data, dict) else {}
+
+
+def read_yaml(path: Path, remedy: str) -> Any:
+    """The YAML document in the file ``path`` (None when it is empty); a one-line UserError
+    naming the file, what is wrong and ``remedy`` when it is not readable UTF-8 YAML."""
+    import yaml
+
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        detail = (str(e).splitlines() or [type(e).__name__])[0]
+        raise UserError(f"{path}: not readable YAML ({detail}); {remedy}") from None
 
 
 def resolve_weights(path: str | Path) -> Path:
@@ -152,7 +158,13 @@ def remove_stale_files(run_dir: str | Path) -> None:
     if root.is_dir():
         stale += [*root.glob(".step-*"), *root.glob(".old-*")]
     for p in stale:
-        if p.is_dir():
-            shutil.rmtree(p, ignore_errors=True)
-        else:
-            p.unlink(missing_ok=True)
+        remove(p)
+
+
+def remove(path: Path) -> None:
+    """Delete a file, or a folder and all it holds (what is already gone is no error; a
+    folder's contents that cannot be removed are left)."""
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)

@@ -13,14 +13,12 @@ import contextlib
 import itertools
 import math
 import random
-import shutil
 import signal
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-import yaml
 
 from ..errors import UserError
 from ..model.dropout import Dropout
@@ -477,10 +475,7 @@ def undone_if_it_fails(run_dir: Path, active: bool):
     except BaseException:
         if active and not holds_run and run_dir.is_dir():
             for path in set(run_dir.iterdir()) - before:
-                if path.is_dir():
-                    shutil.rmtree(path, ignore_errors=True)
-                else:
-                    path.unlink(missing_ok=True)
+                layout.remove(path)
             if not existed:
                 with contextlib.suppress(OSError):
                     run_dir.rmdir()
@@ -495,11 +490,7 @@ def check_run_dir(run_dir: Path, cfg: TrainConfig) -> None:
     path = run_dir / layout.CONFIG
     if not (path.is_file() and layout.latest_checkpoint(run_dir) is not None):
         return
-    try:
-        saved = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: not readable YAML ({str(e).splitlines()[0]}); "
-                        "restore it or use another --out") from None
+    saved = layout.read_yaml(path, "restore it or use another --out") or {}
     if not isinstance(saved, dict) or not isinstance(saved.get("model") or {}, dict):
         what = "model is not a mapping" if isinstance(saved, dict) else "not a mapping of option: value"
         raise UserError(f"{path}: not a run config ({what}); restore it or use another --out")

@@ -1,0 +1,74 @@
+"""The run layout's two file helpers that training and inference share (run/layout.py): a YAML
+file read with a one-line error naming it, and a file or folder removed; and the trainer's uses."""
+from __future__ import annotations
+
+import pytest
+
+from transformer.errors import UserError
+from transformer.run.layout import read_run_config, read_yaml, remove
+
+
+def test_read_yaml_gives_the_document(tmp_path):
+    f = tmp_path / "settings.yaml"
+    f.write_text("beam: 4\nalpha: 0.6\n", encoding="utf-8")
+    assert read_yaml(f, "fix it") == {"beam": 4, "alpha": 0.6}
+    f.write_text("", encoding="utf-8")
+    assert read_yaml(f, "fix it") is None
+
+
+@pytest.mark.parametrize("content", [b"tgt_lang: [de\n", b"\xff\xfe not UTF-8\n"], ids=["bad-yaml", "not-utf8"])
+def test_unreadable_yaml_is_one_line_naming_the_file_and_the_remedy(tmp_path, content):
+    f = tmp_path / "config.yaml"
+    f.write_bytes(content)
+    with pytest.raises(UserError) as caught:
+        read_yaml(f, "restore it")
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith(f"{f}: not readable YAML (") and message.endswith("); restore it")
+
+
+def test_read_run_config(tmp_path):
+    assert read_run_config(tmp_path) == {}  # no config.yaml
+    (tmp_path / "config.yaml").write_text("- not a mapping\n", encoding="utf-8")
+    assert read_run_config(tmp_path) == {}
+    (tmp_path / "config.yaml").write_text("tgt_lang: de\n", encoding="utf-8")
+    assert read_run_config(tmp_path) == {"tgt_lang": "de"}
+    (tmp_path / "config.yaml").write_text("tgt_lang: [de\n", encoding="utf-8")
+    with pytest.raises(UserError, match=r"config\.yaml: not readable YAML .*give the options it would have supplied"):
+        read_run_config(tmp_path)
+
+
+def test_remove_takes_a_file_a_folder_or_nothing(tmp_path):
+    (tmp_path / "file").write_text("x", encoding="utf-8")
+    (tmp_path / "folder" / "inside").mkdir(parents=True)
+    (tmp_path / "folder" / "inside" / "file").write_text("y", encoding="utf-8")
+    for name in ("file", "folder", "never-there"):
+        remove(tmp_path / name)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_whose_config_is_unreadable_is_refused_in_one_line(tmp_path):
+    """Resuming: the trainer reads the run's config.yaml with read_yaml and its own remedy."""
+    from transformer.train.config import TrainConfig
+    from transformer.train.trainer import check_run_dir
+
+    checkpoint = tmp_path / "checkpoints" / "step-0000001"
+    checkpoint.mkdir(parents=True)
+    for name in ("model.safetensors", "state.pt"):  # a complete checkpoint: the folder holds a run
+        (checkpoint / name).write_bytes(b"")
+    (tmp_path / "config.yaml").write_text("max_steps: [3\n", encoding="utf-8")
+    with pytest.raises(UserError, match=r"config\.yaml: not readable YAML \(.*\); restore it or use another --out$"):
+        check_run_dir(tmp_path, TrainConfig())
+
+
+def test_a_failed_first_attempt_removes_what_it_wrote(tmp_path):
+    from transformer.train.trainer import undone_if_it_fails
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "kept.txt").write_text("before", encoding="utf-8")
+    with pytest.raises(RuntimeError), undone_if_it_fails(run, active=True):
+        (run / "subwords.model").write_text("new", encoding="utf-8")
+        (run / "checkpoints" / ".step-0000001.tmp").mkdir(parents=True)
+        raise RuntimeError("bad input")
+    assert [p.name for p in run.iterdir()] == ["kept.txt"]
