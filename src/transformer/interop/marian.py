@@ -52,19 +52,23 @@ _POSITION_TOL = 1e-6
 
 
 # ---- the config ---------------------------------------------------------------------------
+# Our field -> MarianConfig's: the encoder's and then the decoder's where Marian has one for
+# each stack (ours has one for both, so the two must be equal).
+_SHAPE = {"d_model": ("d_model",), "n_layers": ("encoder_layers", "decoder_layers"),
+          "n_heads": ("encoder_attention_heads", "decoder_attention_heads"),
+          "d_ff": ("encoder_ffn_dim", "decoder_ffn_dim"), "max_len": ("max_position_embeddings",)}
+
+
 def config_from_marian(hf_config: "MarianConfig", tie_embeddings: bool, src_vocab: int,
                        tgt_vocab: int) -> ModelConfig:
     """Our ModelConfig for a MarianConfig. ``tie_embeddings`` and the vocabulary sizes come
     from the model's tensors, which say more than the config flags (see :func:`from_marian`)."""
     c, where = hf_config, "from_marian"
-    _check(c.encoder_layers == c.decoder_layers, where,
-           f"encoder_layers ({c.encoder_layers}) != decoder_layers ({c.decoder_layers}); "
-           "our model has one n_layers for both stacks")
-    _check(c.encoder_attention_heads == c.decoder_attention_heads, where,
-           f"encoder_attention_heads ({c.encoder_attention_heads}) != decoder_attention_heads "
-           f"({c.decoder_attention_heads}); our model has one n_heads")
-    _check(c.encoder_ffn_dim == c.decoder_ffn_dim, where,
-           f"encoder_ffn_dim ({c.encoder_ffn_dim}) != decoder_ffn_dim ({c.decoder_ffn_dim}); our model has one d_ff")
+    for ours, (encoder, *decoder) in _SHAPE.items():
+        for name in decoder:
+            _check(getattr(c, encoder) == getattr(c, name), where,
+                   f"{encoder} ({getattr(c, encoder)}) != {name} ({getattr(c, name)}); our model has one {ours} "
+                   "for both stacks")
     _check(bool(c.scale_embedding), where,
            "scale_embedding=False is not supported: our embeddings are always scaled by sqrt(d_model)")
     _check(c.activation_function in _ACTIVATIONS, where,
@@ -79,13 +83,9 @@ def config_from_marian(hf_config: "MarianConfig", tie_embeddings: bool, src_voca
         vocab_size=src_vocab,
         tgt_vocab_size=None if tgt_vocab == src_vocab else tgt_vocab,
         tie_embeddings=tie_embeddings,
-        d_model=c.d_model,
-        n_heads=c.encoder_attention_heads,
-        d_ff=c.encoder_ffn_dim,
-        n_layers=c.encoder_layers,
+        **{ours: getattr(c, names[0]) for ours, names in _SHAPE.items()},
         dropout=float(c.dropout),
         attn_dropout=float(c.attention_dropout),
-        max_len=c.max_position_embeddings,
         norm_first=False,  # HF Marian is always post-norm (MarianConfig has no normalize_before)
         final_norm=False,  # and has no LayerNorm after either stack
         ffn_activation=_ACTIVATIONS[c.activation_function],
@@ -116,18 +116,11 @@ def config_to_marian(cfg: ModelConfig) -> "MarianConfig":
         decoder_vocab_size=cfg.target_vocab_size,
         share_encoder_decoder_embeddings=cfg.tie_embeddings,
         tie_word_embeddings=cfg.tie_embeddings,
-        d_model=cfg.d_model,
-        encoder_layers=cfg.n_layers,
-        decoder_layers=cfg.n_layers,
-        encoder_attention_heads=cfg.n_heads,
-        decoder_attention_heads=cfg.n_heads,
-        encoder_ffn_dim=cfg.d_ff,
-        decoder_ffn_dim=cfg.d_ff,
+        **{name: getattr(cfg, ours) for ours, names in _SHAPE.items() for name in names},
         activation_function=cfg.ffn_activation,
         dropout=cfg.dropout,
         attention_dropout=cfg.attn_dropout,
         activation_dropout=0.0,
-        max_position_embeddings=cfg.max_len,
         scale_embedding=True,
         pad_token_id=cfg.pad_id,
         decoder_start_token_id=cfg.bos_id,
