@@ -4,8 +4,9 @@
         the service, export, evaluation and the pictures read models through it; only the
         commands that train may import transformer.train)
     the model imports nothing of decoding, training, data, the run directory, the service, the
-        pictures, the CLI, interop or the two front doors (Translator, Generator), and no torch
-        compiler internals (torch._inductor, torch.export): compiling is decode/'s business
+        pictures, the CLI, interop, the two front doors (Translator, Generator) or their shared
+        base (front), and no torch compiler internals (torch._inductor, torch.export): compiling
+        is decode/'s business
     the data layer imports no model, and no run module that builds one (run.files and
         run.layout are below it; run.weights is above the model)
     decoding imports no training
@@ -95,12 +96,19 @@ def test_the_rule_sees_every_kind_of_import():
 
 
 # the layers above the model: it knows no corpus, search, optimizer, file layout or screen
-ABOVE_MODEL = ("decode", "train", "data", "run", "serve", "viz", "cli", "interop", "translator", "generator")
+ABOVE_MODEL = ("decode", "train", "data", "run", "serve", "viz", "cli", "interop", "translator", "generator", "front")
 
 
 def test_the_model_imports_nothing_above_it():
     found = offenders("model", lambda m: any(under(m, layer) for layer in ABOVE_MODEL))
     assert not found, f"model modules importing the layers above the model: {found}"
+
+
+def test_every_layer_above_the_model_exists():
+    """The list names real modules or packages (a misspelt or renamed one would guard nothing)."""
+    missing = [layer for layer in ABOVE_MODEL
+               if not ((PACKAGE / layer / "__init__.py").is_file() or (PACKAGE / f"{layer}.py").is_file())]
+    assert not missing, missing
 
 
 def torch_internals(source: str) -> set[str]:
