@@ -9,6 +9,7 @@ import io
 import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import pytest
@@ -75,6 +76,29 @@ def without_gemm_timing(monkeypatch) -> None:
     from transformer.decode import aot
 
     monkeypatch.setattr(aot, "INDUCTOR_OPTIONS", {**aot.INDUCTOR_OPTIONS, "max_autotune_gemm": False})
+
+
+@pytest.fixture
+def fake_builds(monkeypatch) -> list[Path]:
+    """aot.build and aot.load without inductor (used by the decode and faults tests of where
+    compiled steps live): a package is a small file that aot.load accepts only unchanged;
+    every build's path is recorded in the returned list."""
+    from transformer.decode import aot
+
+    built: list[Path] = []
+
+    def build(model, group, logprobs, path):
+        built.append(Path(path))
+        Path(path).write_bytes(b"package")
+
+    def load(path):
+        if Path(path).read_bytes() != b"package":
+            raise RuntimeError("not a package")
+        return object()
+
+    monkeypatch.setattr(aot, "build", build)
+    monkeypatch.setattr(aot, "load", load)
+    return built
 
 
 @pytest.fixture

@@ -18,26 +18,6 @@ from transformer.decode import aot, packages, static
 from transformer.decode.precision import for_inference
 
 
-@pytest.fixture
-def fake_builds(monkeypatch) -> list[Path]:
-    """aot.build and aot.load without inductor: a package is a small file; every build is
-    recorded."""
-    built = []
-
-    def build(model, group, logprobs, path):
-        built.append(Path(path))
-        Path(path).write_bytes(b"package")
-
-    def load(path):
-        if Path(path).read_bytes() != b"package":
-            raise RuntimeError("not a package")
-        return object()
-
-    monkeypatch.setattr(aot, "build", build)
-    monkeypatch.setattr(aot, "load", load)
-    return built
-
-
 def test_a_package_name_follows_the_weights_the_search_and_the_precision(make_model):
     model = make_model()
     name = aot.package_name(model, 4, True)

@@ -127,27 +127,7 @@ def test_compile_off_in_the_environment_wins(runs, cli, loads, monkeypatch):
         "and auto (the default: --compile decides); unset it or set it to off"]
 
 
-# ---- without real builds ------------------------------------------------------------------
-@pytest.fixture
-def fake_builds(monkeypatch) -> list[Path]:
-    """aot.build writes a small file, and aot.load accepts only such a file; every build is
-    recorded."""
-    built: list[Path] = []
-
-    def build(model, group, logprobs, path):
-        built.append(Path(path))
-        Path(path).write_bytes(b"package")
-
-    def load(path):
-        if Path(path).read_bytes() != b"package":
-            raise RuntimeError("not a package")
-        return object()
-
-    monkeypatch.setattr(aot, "build", build)
-    monkeypatch.setattr(aot, "load", load)
-    return built
-
-
+# ---- without real builds (fake_builds: tests/conftest.py) ---------------------------------
 def test_a_package_changed_after_its_build_is_deleted_and_built_again(make_model, tmp_path, fake_builds):
     folder = tmp_path / "cache" / "run-0123"
     model = make_model(seed=11)
