@@ -3,6 +3,9 @@ weights and a byte-level BPE tokenizer trained on a few lines (or a sentencepiec
 Llama 2), for ``transformer import`` to read. Nothing is downloaded.
 
     folder, hf_model = build_checkpoint("qwen2", tmp_path / "hf")
+
+:func:`randomize` and :func:`randomize_marian` draw a model's weights from our own generator
+(also for the parity tests, lm_parity.py and test_marian_*.py).
 """
 from __future__ import annotations
 
@@ -75,14 +78,33 @@ def sentencepiece_tokenizer(folder: Path) -> int:
 
 
 @torch.no_grad()
-def randomize(model: torch.nn.Module, seed: int = 0) -> None:
-    """Weights far from HF's init (whose tiny values make every model alike): norms near 1,
-    everything else N(0, 0.2)."""
+def randomize(model: torch.nn.Module, seed: int = 0, std: float = 0.2) -> None:
+    """Weights from our own generator, far from HF's init (whose tiny values make every model
+    alike): norm gains near 1 (LayerNorm / RMSNorm, ours and HF's: "norm" or GPT-2's ".ln_"
+    in the name), everything else N(0, std)."""
     g = torch.Generator().manual_seed(seed)
     for name, p in model.named_parameters():
         noise = torch.randn(p.shape, generator=g)
         is_norm = p.dim() == 1 and ("norm" in name or ".ln_" in name) and name.endswith("weight")
-        p.copy_(1 + 0.2 * noise if is_norm else 0.2 * noise)
+        p.copy_(1 + 0.2 * noise if is_norm else std * noise)
+
+
+@torch.no_grad()
+def randomize_marian(hf: torch.nn.Module, seed: int = 0, std: float = 0.1) -> None:
+    """A ``MarianMTModel``'s weights from our own generator, so the model does not depend on
+    how a transformers version initialises (or orders) them: LayerNorm gains near 1 and
+    biases near 0, everything else N(0, std), ``final_logits_bias`` N(0, 0.5); the
+    sinusoidal position table is kept."""
+    g = torch.Generator().manual_seed(seed)
+    for name, p in hf.named_parameters():
+        if "embed_positions" in name:
+            continue
+        noise = torch.randn(p.shape, generator=g)
+        if "layer_norm" in name:
+            p.copy_(1 + 0.1 * noise if name.endswith("weight") else 0.1 * noise)
+        else:
+            p.copy_(std * noise)
+    hf.final_logits_bias.copy_(0.5 * torch.randn(hf.final_logits_bias.shape, generator=g))
 
 
 def build_checkpoint(family: str, folder: Path, **overrides):

@@ -12,6 +12,7 @@ as our model does from the ids; a plain HF forward does not, so the left-padded 
 from __future__ import annotations
 
 import torch
+from hf_checkpoints import randomize as randomize_weights
 
 from transformer.decode import generate
 
@@ -21,14 +22,9 @@ NEW = 12  # new tokens per greedy continuation
 
 @torch.no_grad()
 def randomize(module: torch.nn.Module, seed: int, pad: int, std: float = 0.3) -> None:
-    """Weights from our own generator (independent of HF's initialisation): norm gains near
-    1 (LayerNorm / RMSNorm, ours and HF's: "norm" or GPT-2's ".ln_" in the name), everything
-    else N(0, std); then ``pad``'s output row zero, so PAD is never the argmax."""
-    g = torch.Generator().manual_seed(seed)
-    for name, p in module.named_parameters():
-        noise = torch.randn(p.shape, generator=g)
-        is_norm = ("norm" in name or ".ln_" in name) and p.dim() == 1
-        p.copy_(1 + 0.2 * noise if is_norm and name.endswith("weight") else std * noise)
+    """Weights from our own generator (:func:`hf_checkpoints.randomize`: norm gains near 1,
+    everything else N(0, std)); then ``pad``'s output row zero, so PAD is never the argmax."""
+    randomize_weights(module, seed, std)
     head = module.get_output_embeddings().weight if hasattr(module, "get_output_embeddings") \
         else module.output_layer()[0]
     head[pad].zero_()

@@ -24,6 +24,7 @@ import pytest
 import sentencepiece as spm
 import torch
 import yaml
+from hf_checkpoints import randomize_marian
 from safetensors.torch import load_file
 from transformers import GenerationConfig, MarianConfig, MarianMTModel, MarianTokenizer
 
@@ -74,16 +75,7 @@ def _model(src_vocab: int, tgt_vocab: int, pad: int, shared: bool) -> MarianMTMo
         decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
         activation_function="swish", scale_embedding=True, pad_token_id=pad, decoder_start_token_id=pad,
         eos_token_id=0, forced_eos_token_id=0)).eval()
-    g = torch.Generator().manual_seed(0)
-    for name, p in hf.named_parameters():
-        if "embed_positions" in name:
-            continue
-        noise = torch.randn(p.shape, generator=g)
-        if "layer_norm" in name:
-            p.copy_(1 + 0.1 * noise if name.endswith("weight") else 0.1 * noise)
-        else:
-            p.copy_(0.3 * noise)
-    hf.final_logits_bias.copy_(0.5 * torch.randn(hf.final_logits_bias.shape, generator=g))
+    randomize_marian(hf, seed=0, std=0.3)
     # EOS reads the position (module docstring): no embedding and no sub-layer writes POS_DIM,
     # the sub-layers are quiet enough for the residual stream to carry it through the norms
     hf.model.decoder.embed_tokens.weight[:, POS_DIM] = 0

@@ -5,6 +5,7 @@ Ids follow Marian: EOS = 0, PAD = the last id, and decoding starts from PAD.
 """
 import pytest
 import torch
+from hf_checkpoints import randomize_marian
 from transformers import MarianConfig, MarianMTModel
 from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
 
@@ -30,19 +31,10 @@ def marian_config(**overrides) -> MarianConfig:
 
 @torch.no_grad()
 def tiny_marian(seed: int = 0, std: float = 0.1, **overrides) -> MarianMTModel:
-    """A MarianMTModel in eval mode with weights drawn from our own generator, so the
-    model does not depend on how a transformers version initialises (or orders) them."""
+    """A MarianMTModel in eval mode with weights drawn from our own generator
+    (:func:`hf_checkpoints.randomize_marian`)."""
     hf = MarianMTModel(marian_config(**overrides)).eval()
-    g = torch.Generator().manual_seed(seed)
-    for name, p in hf.named_parameters():
-        if "embed_positions" in name:
-            continue
-        noise = torch.randn(p.shape, generator=g)
-        if "layer_norm" in name:
-            p.copy_(1 + 0.1 * noise if name.endswith("weight") else 0.1 * noise)
-        else:
-            p.copy_(std * noise)
-    hf.final_logits_bias.copy_(0.5 * torch.randn(hf.final_logits_bias.shape, generator=g))
+    randomize_marian(hf, seed, std)
     return hf
 
 
