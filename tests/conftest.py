@@ -135,6 +135,17 @@ def rand_tokens() -> Callable[..., torch.Tensor]:
     return make
 
 
+# ---- the toy corpus (used by the run, faults and dist tests) -----------------------------
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory) -> dict[str, Path]:
+    """tiny_corpus.py's word-for-word corpus (400 training pairs, 20 validation pairs), one
+    folder for all xdist workers: a run trained once for all of them (``build_once``) names
+    the same files in every worker's config."""
+    from tiny_corpus import build_once, corpus_files, write_corpus
+
+    return corpus_files(build_once(tmp_path_factory, "corpus", write_corpus))
+
+
 # ---- a log= callback for Trainer (used by the run and faults tests) ---------------------
 class Log(list):
     """A ``log=`` callback for Trainer that keeps the lines."""

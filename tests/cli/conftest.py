@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,19 +18,13 @@ import torch
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-TRANSFORMER = str(Path(sys.executable).with_name("transformer"))
-
-from tiny_corpus import TGT_OF, train_tiny_run  # noqa: E402
+from tiny_corpus import TGT_OF, TRANSFORMER, process_env, train_tiny_run  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def target_words() -> set[str]:
     """Every word of the synthetic target language."""
     return set(TGT_OF.values())
-
-
-def subprocess_env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
 @dataclass
@@ -54,7 +47,7 @@ def real_cli():
     (a real process: interpreter start-up, signals, stdin/stdout encodings)."""
     def run(*argv, input=None, env=None, timeout=120):
         return subprocess.run([TRANSFORMER, *map(str, argv)], input=input, capture_output=True,
-                              text=not isinstance(input, bytes), env={**subprocess_env(), **(env or {})},
+                              text=not isinstance(input, bytes), env={**process_env(), **(env or {})},
                               timeout=timeout)
 
     return run

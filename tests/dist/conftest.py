@@ -1,28 +1,18 @@
-"""Fixtures for the data-parallel tests: a tiny synthetic corpus and TINY configs; the
-``torchrun`` helpers are in dist_helpers.py.
+"""Fixtures for the data-parallel tests: TINY configs on the synthetic corpus (the ``corpus``
+fixture of tests/conftest.py); the ``torchrun`` helpers are in dist_helpers.py.
 
 Every run is a toy model in fp32 with dropout 0 for a handful of steps; a launch costs
 ~5-10 s, mostly interpreter and torch start-up in three processes.
 """
 from __future__ import annotations
 
-import fcntl
 import os
-from pathlib import Path
 
 import pytest
 import torch
-from dist_helpers import shared_dir, write_corpus
 
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-
-@pytest.fixture(scope="session")
-def corpus(tmp_path_factory) -> dict[str, Path]:
-    with open(shared_dir(tmp_path_factory) / "dist-corpus.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        return write_corpus(shared_dir(tmp_path_factory) / "dist-corpus")
 
 
 @pytest.fixture(scope="session")

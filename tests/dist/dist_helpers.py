@@ -1,9 +1,7 @@
-"""Helpers for the data-parallel tests: the synthetic corpus and ``torchrun`` launches of
-CPU processes (gloo) on one machine (imported by conftest.py and the tests)."""
+"""Helpers for the data-parallel tests: ``torchrun`` launches of CPU processes (gloo) on one
+machine, and the training records they leave (imported by the tests)."""
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,17 +10,8 @@ TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 WORKER = str(Path(__file__).with_name("ddp_worker.py"))
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, also for the torchrun workers
-from tiny_corpus import write_corpus  # noqa: E402,F401  (the corpus every test folder shares)
-
-
-def shared_dir(tmp_path_factory) -> Path:
-    """A folder shared by all xdist workers of this session."""
-    root = tmp_path_factory.getbasetemp()
-    return root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
-
-
-def env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+from tiny_corpus import process_env as env  # noqa: E402
+from tiny_corpus import read_metrics  # noqa: E402
 
 
 def torchrun(nproc: int, *args: str, extra_env: dict | None = None, timeout: float = 120):
@@ -36,10 +25,6 @@ def run_worker(nproc: int, run_dir: Path, dump: Path, overrides: list[str], extr
     in ``dump/rank{r}.safetensors``."""
     dump.mkdir(parents=True, exist_ok=True)
     return torchrun(nproc, WORKER, run_dir, dump, *overrides, extra_env=extra_env)
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if line]
 
 
 def train_records(run_dir: Path) -> dict[int, dict]:

@@ -6,17 +6,14 @@ Tolerance: with fp32 and dropout 0 the two runs add the same gradients in a diff
 order, so losses agree to rel 1e-4 and weights to 1e-5 (measured: ~1e-7)."""
 from __future__ import annotations
 
-import fcntl
 import shutil
-import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from dist_helpers import TORCHRUN, env, read_metrics, run_worker, shared_dir, train_records
+from dist_helpers import TORCHRUN, read_metrics, run_worker, train_records
 from safetensors.torch import load_file
+from tiny_corpus import build_once, sigterm_after_first_checkpoint
 
 from transformer.run import checkpoint_dirs, read_weights
 from transformer.train.checkpoint import load_training_state
@@ -36,31 +33,25 @@ def _close_weights(a: dict, b: dict) -> None:
 @pytest.fixture(scope="session")
 def reference(tmp_path_factory, overrides) -> Path:
     """One process, accum_steps=2, 8 updates: the run the others must reproduce."""
-    base = shared_dir(tmp_path_factory) / "dist-reference"
-    with open(str(base) + ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (base / "done").exists():
-            shutil.rmtree(base, ignore_errors=True)
-            from transformer.train.config import load_config
+    from transformer.train.config import load_config
 
-            Trainer(load_config(None, overrides + ["accum_steps=2", "max_steps=8"]), base / "run",
-                    log=lambda *a: None).train()
-            (base / "done").write_text("ok")
-    return base / "run"
+    def train(base: Path) -> None:
+        Trainer(load_config(None, overrides + ["accum_steps=2", "max_steps=8"]), base / "run",
+                log=lambda *a: None).train()
+
+    return build_once(tmp_path_factory, "dist-reference", train) / "run"
 
 
 @pytest.fixture(scope="session")
 def ddp(tmp_path_factory, overrides) -> Path:
-    """Two ranks, accum_steps=1, 4 updates (checkpoints at 2 and 4), each rank's weights dumped."""
-    base = shared_dir(tmp_path_factory) / "dist-ddp"
-    with open(str(base) + ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (base / "done").exists():
-            shutil.rmtree(base, ignore_errors=True)
-            done = run_worker(2, base / "run", base / "dump", overrides + ["max_steps=4"])
-            assert done.returncode == 0, done.stderr[-3000:]
-            (base / "done").write_text(done.stdout)
-    return base
+    """Two ranks, accum_steps=1, 4 updates (checkpoints at 2 and 4), each rank's weights
+    dumped; stdout.txt holds what the ranks printed."""
+    def train(base: Path) -> None:
+        done = run_worker(2, base / "run", base / "dump", overrides + ["max_steps=4"])
+        assert done.returncode == 0, done.stderr[-3000:]
+        (base / "stdout.txt").write_text(done.stdout)
+
+    return build_once(tmp_path_factory, "dist-ddp", train)
 
 
 def test_two_ranks_match_one_process_with_the_same_global_batch(reference, ddp):
@@ -76,7 +67,7 @@ def test_two_ranks_match_one_process_with_the_same_global_batch(reference, ddp):
     for step in got:
         assert got[step]["tgt_tokens_per_s"] > 0
     # Rank 0 alone writes: one log line per step, one "global batch" line.
-    assert (ddp / "done").read_text().count("global batch: 2 rank(s) x 1 micro-batch(es)") == 1
+    assert (ddp / "stdout.txt").read_text().count("global batch: 2 rank(s) x 1 micro-batch(es)") == 1
     ref4 = read_weights(reference.parent / "run/checkpoints/step-0000004/model.safetensors")[1]
     _close_weights(load_file(str(ddp / "run/checkpoints/step-0000004/model.safetensors")), ref4)
 
@@ -159,24 +150,7 @@ def test_sigterm_to_torchrun_saves_once_and_stops(overrides, tmp_path):
     config.write_text(yaml.safe_dump(apply_overrides({}, overrides + ["max_steps=1000000", "save_every=5"])))
     cmd = [TORCHRUN, "--standalone", "--nproc_per_node=2", "-m", "transformer", "train",
            "--config", str(config), "--out", str(run)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
-                            start_new_session=True)
-    try:
-        deadline = time.monotonic() + 90
-        while not checkpoint_dirs(run):
-            assert proc.poll() is None, f"training ended early: {proc.communicate()}"
-            assert time.monotonic() < deadline, "no checkpoint after 90 s"
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
-        sent = time.monotonic()
-        out, err = proc.communicate(timeout=40)
-        took = time.monotonic() - sent
-    finally:
-        if proc.poll() is None:
-            import os
-
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    _, out, err, took = sigterm_after_first_checkpoint(cmd, run, wait=90, stop=40)
     assert took < 20, f"took {took:.1f} s to stop after SIGTERM"
     stopped = [x for x in out.splitlines() if x.startswith("stopped at step")]
     assert len(stopped) == 1 and "(SIGTERM)" in stopped[0], (out, err[-3000:])

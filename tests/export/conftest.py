@@ -10,7 +10,6 @@ so that the two folders do not depend on each other.)
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,8 +18,6 @@ import torch
 
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-TRANSFORMER = str(Path(sys.executable).with_name("transformer"))
 
 from tiny_corpus import train_tiny_run  # noqa: E402
 

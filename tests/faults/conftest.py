@@ -1,9 +1,8 @@
-"""Fixtures for the fault tests: a tiny synthetic corpus, TINY configs (``make_cfg``) and a
-YAML config for real ``transformer train`` processes (the run-directory check is in
-fault_helpers.py)."""
+"""Fixtures for the fault tests: TINY configs (``make_cfg``) on the synthetic corpus (the
+``corpus`` fixture of tests/conftest.py) and a YAML config for real ``transformer train``
+processes (the run-directory check is in fault_helpers.py)."""
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 from pathlib import Path
@@ -18,27 +17,12 @@ from transformer.train.config import TrainConfig, apply_overrides, load_config
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from tiny_corpus import write_corpus  # noqa: E402
-
-
-@pytest.fixture(scope="session")
-def corpus(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.getbasetemp()
-    root = root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
-    with open(root / "faults-corpus.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        return write_corpus(root / "faults-corpus")
+from tiny_corpus import toy_overrides  # noqa: E402
 
 
 def base_overrides(corpus: dict[str, Path]) -> list[str]:
-    return [
-        "dataset=files",
-        f"train_src={corpus['train_src']}", f"train_tgt={corpus['train_tgt']}",
-        f"valid_src={corpus['valid_src']}", f"valid_tgt={corpus['valid_tgt']}",
-        "vocab_size=120", "model.preset=toy", "max_tokens=256", "precision=fp32",
-        "lr_schedule=inverse_sqrt", "peak_lr=0.002", "warmup=8",
-        "progress=false", "threads=1", "log_every=1", "eval_every=1000", "save_every=1000",
-    ]
+    """The toy model (tiny_corpus.toy_overrides), in fp32."""
+    return toy_overrides(corpus) + ["precision=fp32"]
 
 
 @pytest.fixture(scope="session")

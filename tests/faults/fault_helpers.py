@@ -3,19 +3,13 @@ nothing in a run directory is corrupt."""
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 
 import yaml
+from tiny_corpus import TRANSFORMER  # noqa: F401  (for the tests)
+from tiny_corpus import process_env as subprocess_env  # noqa: F401
 
 from transformer.train.config import TrainConfig
-
-TRANSFORMER = str(Path(sys.executable).with_name("transformer"))
-
-
-def subprocess_env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
 def check_run_dir(run: Path, finished: bool = False) -> None:

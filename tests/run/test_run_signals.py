@@ -2,15 +2,11 @@
 complete checkpoint, exits 130 within seconds, and the run resumes from that step."""
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import yaml
+from tiny_corpus import TRANSFORMER, sigterm_after_first_checkpoint
 
 from transformer.run import checkpoint_dirs, read_weights
 from transformer.train.trainer import Trainer
@@ -28,25 +24,9 @@ def _config(tmp_path: Path, overrides: list[str]) -> Path:
 def test_sigterm_saves_and_exits_130_then_resumes(tmp_path, run_overrides, make_cfg, log, metrics):
     config = _config(tmp_path, run_overrides + ["max_steps=1000000", "save_every=5"])
     run = tmp_path / "run"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    exe = Path(sys.executable).with_name("transformer")
-    proc = subprocess.Popen([str(exe), "train", "--config", str(config), "--out", str(run)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    try:
-        deadline = time.monotonic() + 60
-        while not checkpoint_dirs(run):
-            assert proc.poll() is None, f"training ended early: {proc.communicate()}"
-            assert time.monotonic() < deadline, "no checkpoint after 60 s"
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
-        sent = time.monotonic()
-        out, err = proc.communicate(timeout=20)
-        took = time.monotonic() - sent
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 130, (out, err)
+    code, out, err, took = sigterm_after_first_checkpoint(
+        [TRANSFORMER, "train", "--config", str(config), "--out", str(run)], run, wait=60, stop=20)
+    assert code == 130, (out, err)
     assert took < 10, f"took {took:.1f} s to stop after SIGTERM"
     assert "Traceback" not in err + out
     stopped = re.search(r"stopped at step (\d+) \(SIGTERM\)", out)
