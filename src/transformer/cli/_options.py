@@ -20,14 +20,14 @@ _HELP = {
     "max_tokens": ("N", int, "source tokens per batch"),
     "precision": ("P", str, f"decoding arithmetic, one of {', '.join(PRECISIONS)}: auto is bf16 where the "
                             "CPU (AVX512-BF16, AMX) or GPU computes it natively, else fp32; bf16 weights, or "
-                            "int8 weight-only quantisation (CPU; multiplied in bf16 where that is native, else "
-                            "fp32); the speed and BLEU cost: benchmarks/decode/README.md"),
+                            "int8 weights (CPU; multiplied in bf16 where that is native, else by an int8 GEMM, or in "
+                            "fp32 by the compiled step); the speed and BLEU cost: benchmarks/decode/README.md"),
     "device": ("DEVICE", str, "cpu or cuda[:N]"),
     "max_new_tokens": ("N", int, "tokens to generate after the prompt"),
     "temperature": ("T", float, "sampling temperature; 0 = greedy (always the most probable token)"),
     "top_k": ("K", int, "sample only among the K most probable tokens (0 = all)"),
     "top_p": ("P", float, "sample only among the most probable tokens whose probability reaches P (1 = all)"),
-    "seed": ("S", int, "random seed: the same seed gives the same text (default: a fresh one each run)"),
+    "seed": ("S", int, "random seed: the same seed gives the same text; none: a fresh one each run"),
     "compile": ("WHEN", str, "on, off or auto: decode through one step compiled ahead of time on a "
                              "fixed-size cache (the same output, faster per token); on builds it if it is "
                              "missing (a minute or a few, once: it is kept in your cache, "

@@ -32,7 +32,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
                    help="a request not answered within this many seconds gets 504 and is dropped (default: 60)")
     p.add_argument("--token", default=None,
-                   help="require 'Authorization: Bearer TOKEN' on every route but /health (default: "
+                   help="require 'Authorization: Bearer TOKEN' on every route but /health and the page "
+                        "(which takes it from #token= in its address) (default: "
                         "$TRANSFORMER_SERVE_TOKEN, else none; the variable keeps it out of the process list)")
     add_decoding_options(p, "beam", "alpha", "max_tokens", "max_new_tokens", "temperature", "top_k", "top_p", "seed",
                          "precision", "device", "compile")
@@ -60,7 +61,8 @@ Under load it says no rather than drowning: more than --max-queue waiting reques
 with Retry-After, a request not answered within --timeout seconds gets 504 and is dropped,
 and a request whose client went away is not decoded. It listens on 127.0.0.1 unless --host
 says otherwise; elsewhere, set a token (TRANSFORMER_SERVE_TOKEN=... or --token) and clients
-send "Authorization: Bearer TOKEN" (GET /health stays open).
+send "Authorization: Bearer TOKEN" (GET /health and the page stay open; the page takes the
+token from #token=... in its address, which the start-up line prints).
 """
 
 
