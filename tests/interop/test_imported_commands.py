@@ -107,6 +107,15 @@ def test_explorer_and_attention_on_an_imported_run(runs):
     assert not rows.triu(1).any()
 
 
+@pytest.mark.parametrize("family", ["gpt2", "llama2-sp"])
+def test_attention_focus_finds_the_words_of_an_imported_tokenizer(runs, family, capsys):
+    """--focus / --to find a word that a byte-level token (" world") or a sentencepiece piece
+    ("\u2581world") starts, as they find a character model's words."""
+    _, _, run = runs(family)
+    assert main(["attention", "--model", str(run), "Hello world", "--focus", "world", "--to", "Hello"]) == 0
+    assert "ranked by attention from 'world' to 'Hello'" in capsys.readouterr().out
+
+
 # ---- GPT-2: the padding id is a real token --------------------------------------------------
 
 def test_gpt2_attention_reads_its_padding_id_as_text(runs):

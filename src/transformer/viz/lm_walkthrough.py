@@ -41,8 +41,14 @@ def token_shower(tokenizer) -> Callable[[int], str]:
     if subwords is not None:  # LineSubwords: EOS stands for a newline
         return lambda i: "\\n" if i == tokenizer.eos_id else subwords.id_to_piece(int(i))
 
+    sp = getattr(tokenizer, "sp", None)  # a sentencepiece model: decode drops a lone piece's leading space
+
     def show(i: int) -> str:
         c = tokenizer.decode([int(i)])
+        if len(c) > 1 and c[0] == " ":  # a byte-level token that starts a word: " world"
+            c = "▁" + c[1:]
+        elif sp is not None and c.strip() and sp.id_to_piece(int(i)).startswith("▁"):
+            c = "▁" + c
         return {"": SPECIAL.get(int(i), "?"), " ": "▁", "\n": "\\n", "\t": "\\t"}.get(c, c)
 
     return show
