@@ -51,6 +51,18 @@ def test_the_same_seed_gives_the_same_samples(trained_lm, capsys):
     assert ["a" + t for t in gen.generate(["a", "a", "a"])] == samples
 
 
+
+def test_seed_help_offers_no_value_the_option_refuses(capsys):
+    """--seed takes an integer only: its help must not offer "none" as a value."""
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    seed = text.split("--seed S random seed", 1)[1].split("--precision P", 1)[0]
+    assert "without one, a fresh one each run" in seed and "none:" not in seed
+    with pytest.raises(SystemExit) as done:
+        main(["generate", "--model", "x", "--seed", "none"])
+    assert done.value.code == 2 and "invalid int value: 'none'" in capsys.readouterr().err
+
 def test_prompt_from_stdin_and_a_long_prompt_is_cut_from_the_left(trained_lm):
     long = "the cat sat on the mat and then the dog ran under the log. " * 3  # > context 16
     done = subprocess.run([sys.executable, "-m", "transformer", "generate", "--model", str(trained_lm),

@@ -27,7 +27,7 @@ _HELP = {
     "temperature": ("T", float, "sampling temperature; 0 = greedy (always the most probable token)"),
     "top_k": ("K", int, "sample only among the K most probable tokens (0 = all)"),
     "top_p": ("P", float, "sample only among the most probable tokens whose probability reaches P (1 = all)"),
-    "seed": ("S", int, "random seed: the same seed gives the same text; none: a fresh one each run"),
+    "seed": ("S", int, "random seed: the same seed gives the same text; without one, a fresh one each run"),
     "compile": ("WHEN", str, "on, off or auto: decode through one step compiled ahead of time on a "
                              "fixed-size cache (the same output, faster per token); on builds it if it is "
                              "missing (a minute or a few, once: it is kept in your cache, "
