@@ -241,7 +241,10 @@ def test_bad_input_is_one_line(cli, one_line_error, char_run, tmp_path):
                    "'λ'", "not in the character vocabulary")
     one_line_error(cli("evaluate", "--model", char_run, "--text", good, "--stride", "16"), "evaluate",
                    "stride", "15")
-    one_line_error(cli("evaluate", "--model", char_run, "--text", good, "--src", good), "evaluate", "--src")
+    one_line_error(cli("evaluate", "--model", char_run, "--text", good, "--src", good), "evaluate",
+                   "--src is for translation")
+    one_line_error(cli("evaluate", "--model", char_run, "--text", good, "--src", good, "--limit", "3"), "evaluate",
+                   "--src, --limit are for translation")
     (tmp_path / "one.txt").write_text("a", encoding="utf-8")
     one_line_error(cli("evaluate", "--model", char_run, "--text", tmp_path / "one.txt"), "evaluate",
                    "nothing to score")

@@ -114,7 +114,8 @@ def run_text(args: argparse.Namespace) -> int:
     given = [f"--{name.replace('_', '-')}" for name in ("src", "ref", "split", "tgt_lang", "limit", "output")
              if getattr(args, name)]
     if given:
-        raise UserError(f"--text scores a language model on a text; {', '.join(given)} are for translation")
+        raise UserError(f"--text scores a language model on a text; {', '.join(given)} "
+                        f"{'is' if len(given) == 1 else 'are'} for translation")
     if len(args.model) > 1:
         raise UserError("--text scores one model; give one --model")
     path, options = args.model[0], decoding_options(args)
