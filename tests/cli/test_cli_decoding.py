@@ -36,7 +36,8 @@ def run_with(trained, tmp_path):
                                         (dict(temperature=-1.0), "temperature"), (dict(top_k=-1), "top_k"),
                                         (dict(max_tokens=0), "max_tokens"), (dict(precision="fp8"), "precision"),
                                         (dict(precision="int8", device="cuda"), "precision"),
-                                        (dict(seed=-2), "seed"), (dict(max_len_b=-1), "max_len_b")])
+                                        (dict(seed=-2), "seed"), (dict(max_len_b=-1), "max_len_b"),
+                                        (dict(alpha=float("nan")), "alpha"), (dict(alpha=float("inf")), "alpha")])
 def test_bad_settings_name_their_field(bad, field):
     with pytest.raises(ValueError, match=f"^{field} "):
         DecodingConfig(**bad)
@@ -101,7 +102,8 @@ def test_evaluate_reports_the_settings_it_used(run_with, trained, cli, tmp_path)
 
 
 @pytest.mark.parametrize("argv, option", [(["--beam", "0"], "--beam"), (["--n-best", "9"], "--n-best"),
-                                          (["--max-tokens", "0"], "--max-tokens"), (["--precision", "x"], "--precision")])
+                                          (["--max-tokens", "0"], "--max-tokens"), (["--precision", "x"], "--precision"),
+                                          (["--alpha", "nan"], "--alpha")])
 def test_bad_flags_are_one_line_errors_naming_the_option(trained, cli, one_line_error, argv, option):
     one_line_error(cli("translate", "--model", trained.run, *argv, stdin="red dog\n"), "translate", option)
 

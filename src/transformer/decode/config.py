@@ -21,6 +21,7 @@ are the command-line option names (``n_best`` is ``--n-best``).
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,7 +65,8 @@ class SearchConfig:
     def __post_init__(self) -> None:
         whole_numbers_as_floats(self)
         _need(isinstance(self.beam, int) and self.beam >= 1, "beam", "must be at least 1", self.beam)
-        _need(isinstance(self.alpha, float), "alpha", "must be a number", self.alpha)
+        _need(isinstance(self.alpha, float) and math.isfinite(self.alpha), "alpha", "must be a finite number",
+              self.alpha)
         _need(self.length_norm in LENGTH_NORMS, "length_norm", f"must be one of {', '.join(LENGTH_NORMS)}",
               self.length_norm)
         _need(isinstance(self.n_best, int) and 1 <= self.n_best <= self.beam, "n_best",
