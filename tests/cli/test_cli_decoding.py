@@ -37,7 +37,8 @@ def run_with(trained, tmp_path):
                                         (dict(max_tokens=0), "max_tokens"), (dict(precision="fp8"), "precision"),
                                         (dict(precision="int8", device="cuda"), "precision"),
                                         (dict(seed=-2), "seed"), (dict(max_len_b=-1), "max_len_b"),
-                                        (dict(alpha=float("nan")), "alpha"), (dict(alpha=float("inf")), "alpha")])
+                                        (dict(alpha=float("nan")), "alpha"), (dict(alpha=float("inf")), "alpha"),
+                                        (dict(temperature=float("inf")), "temperature")])
 def test_bad_settings_name_their_field(bad, field):
     with pytest.raises(ValueError, match=f"^{field} "):
         DecodingConfig(**bad)

@@ -91,8 +91,8 @@ class SamplingConfig:
         whole_numbers_as_floats(self)
         _need(isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1, "max_new_tokens",
               "must be at least 1", self.max_new_tokens)
-        _need(isinstance(self.temperature, float) and self.temperature >= 0, "temperature",
-              "must be at least 0 (0 = greedy)", self.temperature)
+        _need(isinstance(self.temperature, float) and 0 <= self.temperature < math.inf, "temperature",
+              "must be a finite number, at least 0 (0 = greedy)", self.temperature)
         _need(isinstance(self.top_k, int) and self.top_k >= 0, "top_k", "must be at least 0 (0 = off)", self.top_k)
         _need(isinstance(self.top_p, float) and 0 < self.top_p <= 1, "top_p", "must be in (0, 1]", self.top_p)
         _need(self.seed is None or (isinstance(self.seed, int) and self.seed >= 0), "seed",
