@@ -164,6 +164,14 @@ def test_bad_requests_get_a_clear_json_error(lm_client, lm_run, body, status, me
         assert str(lm_run) not in error["error"]  # no server paths
 
 
+
+def test_an_infinite_temperature_is_refused(lm_client):
+    """Python's JSON reads Infinity: a temperature that would make every logit 0 (uniform
+    sampling, top_k ignored) is a 422, not a text."""
+    resp = lm_client.post("/generate", content=b'{"prompt": "the", "temperature": Infinity, "top_k": 2}',
+                          headers={"Content-Type": "application/json"})
+    assert resp.status_code == 422 and "temperature" in resp.json()["error"], resp.text
+
 def test_malformed_json_and_a_body_that_is_not_json(lm_client):
     resp = lm_client.post("/generate", content=b'{"prompt": "a",', headers={"Content-Type": "application/json"})
     assert resp.status_code == 422 and "malformed JSON" in resp.json()["error"]

@@ -98,7 +98,7 @@ class GenerateRequest(_Strict):
     prompt: Text = Field(description="the text to continue", examples=["the cat sat"])
     max_new_tokens: int | None = Field(None, ge=1, description="tokens to generate (at most the server's "
                                                                 "new_tokens_limit)")
-    temperature: float | None = Field(None, ge=0, description="sampling temperature; 0 = greedy")
+    temperature: float | None = Field(None, ge=0, allow_inf_nan=False, description="sampling temperature; 0 = greedy")
     top_k: int | None = Field(None, ge=0, description="sample among the k most probable tokens (0 = all)")
     top_p: float | None = Field(None, gt=0, le=1, description="nucleus: the smallest set of most probable tokens "
                                                              "whose probability reaches top_p (1 = all)")
