@@ -337,6 +337,19 @@ def test_commands_on_an_imported_run(marian, tmp_path, capsys, monkeypatch):
         assert "source pieces: " + " ".join(MarianSubwords.load(run).pieces(SENTENCES[0])) + " </s>\n" in out
 
 
+
+@pytest.mark.parametrize("format", ["marian", "ctranslate2"])
+def test_export_of_an_imported_run_says_why_it_is_refused(marian, format, tmp_path, capsys):
+    """An imported Marian run has no subwords.model: export refuses it in one line that says
+    so (it asked for the run directory it was given)."""
+    from transformer.cli import main
+
+    run = marian[3]
+    assert main(["export", "--model", str(run), "--format", format, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "an imported Marian model" in err and "give the run directory" not in err
+    assert not (tmp_path / "out").exists()
+
 def test_served(marian):
     """``transformer serve``'s app on the imported run: /translate gives HF's translations."""
     pytest.importorskip("fastapi", reason="transformer serve needs the serve extra")

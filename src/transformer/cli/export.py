@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from ..data import Subwords
     from ..errors import UserError
     from ..extras import require
-    from ..run import find_subwords, load_model, read_model_config
+    from ..run import find_subwords, load_model, read_model_config, run_root
 
     _check(args)
     if read_model_config(args.model).decoder_only and args.format == "marian":
@@ -83,6 +83,11 @@ def run(args: argparse.Namespace) -> int:
     model, meta = load_model(Path(args.model))
     if model.cfg.decoder_only:
         return _language_model(args, model, meta)
+    root = run_root(args.model)
+    if root is not None and not (root / "subwords.model").is_file() and (root / "source.spm").is_file():
+        raise UserError(f"{args.model}: an imported Marian model (Marian's own tokenizer files); export writes a "
+                        "translation model trained here, with its subwords.model (the Hugging Face folder it was "
+                        "imported from is a Marian model already)")
     spm_path = find_subwords(args.model)
     subwords = Subwords.load(spm_path)
     if subwords.vocab_size != model.cfg.target_vocab_size:
