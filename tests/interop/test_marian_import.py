@@ -350,6 +350,14 @@ def test_export_of_an_imported_run_says_why_it_is_refused(marian, format, tmp_pa
     assert err.count("\n") == 1 and "an imported Marian model" in err and "give the run directory" not in err
     assert not (tmp_path / "out").exists()
 
+
+def test_evaluate_split_on_an_imported_run_says_it_has_no_dataset(marian, capsys):
+    from transformer.cli import main
+
+    assert main(["evaluate", "--model", str(marian[3]), "--split", "test_2016_flickr"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "config names no dataset" in err and "None" not in err
+
 def test_served(marian):
     """``transformer serve``'s app on the imported run: /translate gives HF's translations."""
     pytest.importorskip("fastapi", reason="transformer serve needs the serve extra")

@@ -166,7 +166,8 @@ def _split_pairs(args) -> tuple[list[str], list[str], dict]:
         raise UserError(f"{args.model[0]}: --split needs a model inside a run directory with config.yaml "
                         "(to know the languages)")
     if run.get("dataset") != "multi30k":
-        raise UserError(f"{args.model[0]}: the run's dataset is {run.get('dataset')!r}; --split works for "
+        named = f"dataset is {run['dataset']!r}" if run.get("dataset") else "config names no dataset"
+        raise UserError(f"{args.model[0]}: the run's {named}; --split works for "
                         "dataset multi30k: give --src and --ref for other data")
     pairs = load_multi30k(args.split, run["src_lang"], run["tgt_lang"], data_dir=args.data_dir or run.get("data_dir"))
     return [s for s, _ in pairs], [t for _, t in pairs], run
