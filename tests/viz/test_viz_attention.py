@@ -274,6 +274,14 @@ def test_bad_options_one_line_error_no_file(cli, one_line_error, run_dir, tmp_pa
     assert list(tmp_path.iterdir()) == []
 
 
+
+@pytest.mark.parametrize("name", ["a.svg", "a.pdf"])
+def test_a_picture_name_that_is_not_png_is_refused(cli, one_line_error, run_dir, tmp_path, name):
+    """The picture is always a PNG: an --out named .svg or .pdf would hold PNG bytes."""
+    r = cli("attention", "--model", run_dir, SENTENCE, "--beam", "1", "--out", tmp_path / name)
+    one_line_error(r, "attention", name)
+    assert list(tmp_path.iterdir()) == []
+
 def test_missing_model_and_empty_sentence(cli, one_line_error, run_dir, tmp_path):
     out = tmp_path / "a.png"
     r = cli("attention", "--model", tmp_path / "nope", SENTENCE, "--out", out)

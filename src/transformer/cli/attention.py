@@ -6,6 +6,7 @@ nothing: the option is accepted there and changes nothing)."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from ._options import add_decoding_options, decoding_options, prepare_compiled
 
@@ -44,6 +45,10 @@ def _check(args) -> None:
         raise UserError("--vs needs --focus and --to, e.g. --focus it --to animal --vs street")
     if args.html and args.out is None:
         raise UserError("--html needs --out FILE")
+    suffix = Path(args.out).suffix.lower() if args.out is not None else ""
+    if not args.html and suffix not in ("", ".png", ".html", ".htm"):
+        raise UserError(f"--out {args.out}: the picture is a PNG; name it .png (or .html, or give --html, "
+                        "for the HTML page)")
 
 
 def _check_head(args, cfg) -> tuple[int, int]:
