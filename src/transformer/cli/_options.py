@@ -29,10 +29,11 @@ _HELP = {
     "top_p": ("P", float, "sample only among the most probable tokens whose probability reaches P (1 = all)"),
     "seed": ("S", int, "random seed: the same seed gives the same text; without one, a fresh one each run"),
     "compile": ("WHEN", str, "on, off or auto: decode through one step compiled ahead of time on a "
-                             "fixed-size cache (the same output, faster per token); on builds it if it is "
-                             "missing (a minute or a few, once: it is kept in your cache, "
-                             "~/.cache/transformer/compiled), auto uses it when it is there (and builds one "
-                             "for a generation of >= 32768 new tokens), off decodes eagerly; "
+                             "fixed-size cache (the same output, faster per token; in bf16 a score may "
+                             "differ in its last digits); on builds it if it is missing (a minute or a few, "
+                             "once: it is kept in your cache, ~/.cache/transformer/compiled), auto uses it "
+                             "when it is there (and builds one for a generation of >= 32768 new tokens), "
+                             "off decodes eagerly; "
                              "TRANSFORMER_COMPILE=off in the environment means off everywhere"),
 }
 
