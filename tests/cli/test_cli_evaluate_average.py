@@ -126,6 +126,70 @@ def test_average_more_than_available_and_out(run_copy, cli, tmp_path):
     assert not (run_copy / "averaged.safetensors").exists()
 
 
+def test_average_out_outside_the_run_decodes_on_its_own(run_copy, cli, tmp_path):
+    """Weights alone do not translate (the vocabulary lives in the run): --out elsewhere gets
+    the run's config.yaml and vocabulary beside it, and decodes as the same average in the run."""
+    out = tmp_path / "elsewhere" / "avg.safetensors"
+    r = cli("average", "--model", run_copy, "--last", 2, "--out", out)
+    assert r.code == 0, r.err
+    assert len(r.out.splitlines()) == 1 and f"decode with --model {out}" in r.out
+    for name in ("config.yaml", "subwords.model", "subwords.vocab"):
+        assert (out.parent / name).read_bytes() == (run_copy / name).read_bytes(), name
+    assert cli("average", "--model", run_copy, "--last", 2).code == 0  # the same average, in the run
+    src = "red dog runs\nthe cat\n"
+    ours = cli("translate", "--model", out, stdin=src)
+    assert ours.code == 0, ours.err
+    assert ours.out == cli("translate", "--model", run_copy / "averaged.safetensors", stdin=src).out
+    assert ours.out.strip()
+    # a second average into the same folder finds the same files there: accepted, nothing copied
+    again = cli("average", "--model", run_copy, "--last", 3, "--out", out.parent / "avg3.safetensors")
+    assert again.code == 0 and "copied" not in again.out, again.err
+    assert cli("translate", "--model", out.parent / "avg3.safetensors", stdin=src).code == 0
+
+
+def test_average_out_a_folder_makes_a_run_folder(run_copy, cli, tmp_path):
+    folder = tmp_path / "averaged"
+    folder.mkdir()
+    r = cli("average", "--model", run_copy, "--last", 2, "--out", folder)
+    assert r.code == 0, r.err
+    assert (folder / "averaged.safetensors").is_file() and (folder / "subwords.model").is_file()
+    t = cli("translate", "--model", folder, stdin="red dog runs\n")
+    assert t.code == 0 and t.out.strip(), t.err
+
+
+def test_average_out_inside_the_run_copies_nothing(run_copy, cli):
+    out = run_copy / "averages" / "avg.safetensors"
+    r = cli("average", "--model", run_copy, "--last", 2, "--out", out)
+    assert r.code == 0 and "decode with" not in r.out, r.err
+    assert sorted(p.name for p in out.parent.iterdir()) == ["avg.safetensors"]
+    assert cli("translate", "--model", out, stdin="red dog runs\n").code == 0
+
+
+@pytest.mark.parametrize("where", ["beside", "above"])
+def test_average_out_where_another_runs_vocabulary_would_be_read_is_refused(run_copy, cli, tmp_path,
+                                                                              one_line_error, where):
+    """A folder holding another vocabulary (there, or up where a decoder also looks): the
+    weights would decode with it. One line naming the file; nothing written."""
+    folder = tmp_path / "other"
+    stranger = folder / "subwords.model" if where == "beside" else folder / "chars.json"
+    folder.mkdir()
+    stranger.write_bytes(b"another run's vocabulary")
+    out = folder / "avg.safetensors" if where == "beside" else folder / "sub" / "avg.safetensors"
+    one_line_error(cli("average", "--model", run_copy, "--last", 2, "--out", out), "average", stranger, "--out")
+    assert sorted(p.name for p in folder.rglob("*")) == [stranger.name]
+
+
+def test_average_copies_every_file_decoding_reads():
+    """The names average copies beside --out cover every tokenizer file a run can hold."""
+    from transformer.data.chars import CHARS_FILE
+    from transformer.data.marian_tokenizer import SOURCE_SPM, TARGET_SPM, TARGET_VOCAB, TOKENIZER_CONFIG, VOCAB
+    from transformer.run import CONFIG, DECODING_FILES
+    from transformer.train.prepare import TOKENIZER_FILES
+
+    needed = {CONFIG, CHARS_FILE, *TOKENIZER_FILES, SOURCE_SPM, TARGET_SPM, VOCAB, TARGET_VOCAB, TOKENIZER_CONFIG}
+    assert needed <= set(DECODING_FILES), needed - set(DECODING_FILES)
+
+
 @pytest.mark.parametrize("last", ["0", "-1"])
 def test_average_last_must_be_positive(run_copy, cli, one_line_error, last):
     one_line_error(cli("average", "--model", run_copy, "--last", last), "average", "--last")

@@ -19,8 +19,8 @@ from .._lazy import lazy_names
 _LAZY = {
     **dict.fromkeys(("atomic_write", "atomic_dir", "write_text_atomic", "file_sha256"), ".files"),
     **dict.fromkeys(("CONFIG", "SUBWORDS", "METRICS", "CKPT_DIR", "WEIGHTS", "STATE", "BEST", "AVERAGED", "COMPILED",
-                     "run_file", "run_root", "find_subwords", "read_run_config", "resolve_weights", "checkpoint_dirs",
-                     "latest_checkpoint"), ".layout"),
+                     "DECODING_FILES", "run_file", "run_root", "find_subwords", "read_run_config", "resolve_weights",
+                     "checkpoint_dirs", "latest_checkpoint"), ".layout"),
     **dict.fromkeys(("lock_run", "RunLock"), ".lock"),
     **dict.fromkeys(("load_model", "read_model_config", "read_weights", "save_weights", "load_weights_into",
                      "unique_state_dict", "average_checkpoints"), ".weights"),
@@ -29,8 +29,8 @@ __all__ = list(_LAZY)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .files import atomic_dir, atomic_write, file_sha256, write_text_atomic
-    from .layout import (AVERAGED, BEST, CKPT_DIR, COMPILED, CONFIG, METRICS, STATE, SUBWORDS, WEIGHTS,
-                         checkpoint_dirs, find_subwords, latest_checkpoint, read_run_config, resolve_weights,
+    from .layout import (AVERAGED, BEST, CKPT_DIR, COMPILED, CONFIG, DECODING_FILES, METRICS, STATE, SUBWORDS,
+                         WEIGHTS, checkpoint_dirs, find_subwords, latest_checkpoint, read_run_config, resolve_weights,
                          run_file, run_root)
     from .lock import RunLock, lock_run
     from .weights import (average_checkpoints, load_model, load_weights_into, read_model_config, read_weights,

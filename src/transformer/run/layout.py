@@ -37,6 +37,12 @@ BEST = "best.safetensors"
 AVERAGED = "averaged.safetensors"
 COMPILED = "compiled"  # a folder earlier versions kept compiled decoding steps in: never read (see above)
 PREFERRED = (AVERAGED, BEST)  # the weights a run directory is read from, in this order
+# The files beside the weights that decoding reads (:func:`run_file` finds them): the config and
+# every kind of vocabulary, ours, a Hugging Face import's and a Marian import's (the data
+# modules name them too; tests/cli/test_cli_evaluate_average.py checks that none is missing).
+DECODING_FILES = (CONFIG, SUBWORDS, "subwords.vocab", "chars.json", "tokenizer.json", "tokenizer.model",
+                  "tokenizer_config.json", "special_tokens_map.json", "source.spm", "target.spm", "vocab.json",
+                  "target_vocab.json")
 
 # Temporary names a crash can leave in a run directory (run.files writes them), swept by the
 # next ``transformer train`` (which holds the run's lock, run/lock.py, so none is a live writer's).
