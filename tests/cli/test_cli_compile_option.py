@@ -20,14 +20,16 @@ def no_compiler(monkeypatch):
 
 
 @pytest.mark.parametrize("command", [["explain"], ["attention", "--focus", "dog", "--to", "dog"]])
-def test_compile_chooses_how_the_translation_is_searched_for(command, trained, cli, no_compiler, monkeypatch):
+def test_compile_chooses_how_the_translation_is_searched_for(command, trained, cli, no_compiler, monkeypatch,
+                                                             one_line_error):
     argv = [command[0], "red dog runs", "--model", trained.run, *command[1:]]
     eager = cli(*argv, "--compile", "off")
     assert eager.code == 0 and eager.err == "", eager.err
     on = cli(*argv, "--compile", "on")
     assert (on.code, on.out) == (0, eager.out) and on.err.splitlines() == FAILED
-    # --target: nothing is searched for, so nothing is compiled
-    assert cli(*argv, "--compile", "on", "--target", "rot hund").err == ""
+    # --target: nothing is searched for, so --compile is refused rather than ignored
+    one_line_error(cli(*argv, "--compile", "on", "--target", "rot hund"), command[0], "--compile", "--target")
+    assert cli(*argv, "--target", "rot hund").err == ""
     monkeypatch.setenv("TRANSFORMER_COMPILE", "off")
     assert cli(*argv, "--compile", "on").err == ""
 

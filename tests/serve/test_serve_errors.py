@@ -180,6 +180,21 @@ def test_bad_language_model_options(serve_cmd, lm_run, args, mentions):
     assert_one_line_error(*serve_cmd("--model", lm_run, *args), *mentions)
 
 
+@pytest.mark.parametrize("args", [["--beam", "2"], ["--alpha", "0.5"], ["--max-tokens", "100"], ["--max-beam", "4"]],
+                         ids=lambda args: args[0])
+def test_translation_options_on_a_language_model_are_refused(serve_cmd, lm_run, args):
+    assert_one_line_error(*serve_cmd("--model", lm_run, *args), f"{args[0]} is for a translation model",
+                          "a language model", f"(remove {args[0]})")
+
+
+@pytest.mark.parametrize("args", [["--max-new-tokens", "8"], ["--temperature", "0"], ["--top-k", "0"],
+                                  ["--top-p", "0.9"], ["--seed", "1"], ["--new-tokens-limit", "64"]],
+                         ids=lambda args: args[0])
+def test_language_model_options_on_a_translation_model_are_refused(serve_cmd, run_dir, args):
+    assert_one_line_error(*serve_cmd("--model", run_dir, *args), f"{args[0]} is for a language model",
+                          "a translation model", f"(remove {args[0]})")
+
+
 def test_a_language_model_run_without_its_characters(serve_cmd, lm_run, tmp_path):
     bad = tmp_path / "run"
     bad.mkdir()

@@ -6,9 +6,10 @@ to the config's default, and is checked once, when the config is built."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
-from ..decode.config import FIELDS, PRECISIONS
+from ..decode.config import FIELDS, PRECISIONS, SamplingConfig, SearchConfig
 from ..hardware import slow_precision_warning
 
 _HELP = {
@@ -38,13 +39,34 @@ _HELP = {
 }
 
 
+# The decoding options only translation's search reads, and those only a language model's
+# sampling reads (the rest, batch size, precision, device and compiled step, both may).
+SEARCH_OPTIONS = tuple(f.name for f in dataclasses.fields(SearchConfig))
+SAMPLING_OPTIONS = tuple(f.name for f in dataclasses.fields(SamplingConfig))
+
+
+def refuse_options(args: argparse.Namespace, names, purpose: str, instead: str) -> None:
+    """The options among ``names`` (argparse dests) that the user gave, though the command, as
+    asked (this model kind, this mode), does not use them: one line naming them and what to
+    do, never silently ignored, e.g. "--beam is for translation; --text scores a language
+    model (remove --beam)". Such options default to None (a flag to False), so only what was
+    typed counts; a name the command does not have is skipped."""
+    from ..errors import UserError
+
+    flags = [f"--{name.replace('_', '-')}" for name in names
+             if (value := getattr(args, name, None)) is not None and value is not False]
+    if flags:
+        shown = ", ".join(flags)
+        raise UserError(f"{shown} {'is' if len(flags) == 1 else 'are'} {purpose}; {instead} (remove {shown})")
+
+
 def check_count(args: argparse.Namespace, name: str, must: str = "at least 1") -> None:
     """A count option (``--steps``, ``--num-samples``, ...) below 1: one line naming it
-    ("--steps must be at least 1, got 0")."""
+    ("--steps must be at least 1, got 0"); not given (None): nothing to check."""
     from ..errors import UserError
 
     value = getattr(args, name)
-    if value < 1:
+    if value is not None and value < 1:
         raise UserError(f"--{name.replace('_', '-')} must be {must}, got {value}")
 
 

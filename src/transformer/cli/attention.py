@@ -1,14 +1,17 @@
 """``transformer attention``: heatmaps of every attention weight for one sentence (or, for a
 language model, the causal self-attention of a prompt), and the heads that link one word to
-another (the seed's "it" -> "animal"). ``--compile`` chooses how the translation is searched
-for (not with ``--target``; a language model's prompt is one forward pass, searched for
-nothing: the option is accepted there and changes nothing)."""
+another (the seed's "it" -> "animal"). ``--beam`` and ``--compile`` choose how the translation
+is searched for; an option the command, as asked, does not use (``--beam`` with ``--target`` or
+for a language model, whose prompt is one forward pass; ``--layer`` without a PNG to draw) is a
+one-line error."""
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from ._options import add_decoding_options, decoding_options, prepare_compiled
+from ._options import SEARCH_OPTIONS, add_decoding_options, decoding_options, prepare_compiled, refuse_options
+
+PICTURE = ("layer", "head", "kind")  # the PNG's: the HTML page lets its reader choose them
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -18,9 +21,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", required=True, help="run directory or .safetensors file")
     p.add_argument("--out", help="picture to write: PNG, or HTML with --html (or a .html name)")
     p.add_argument("--html", action="store_true", help="write a self-contained HTML page instead of a PNG")
-    p.add_argument("--layer", type=int, help="layer of the enlarged head, from 1 (default: the last)")
-    p.add_argument("--head", type=int, default=1, help="the enlarged head, from 1 (default: 1)")
-    p.add_argument("--kind", choices=["all", "encoder", "decoder", "cross", "self"], default="all",
+    p.add_argument("--layer", type=int, help="the PNG's enlarged head's layer, from 1 (default: the last)")
+    p.add_argument("--head", type=int, help="the PNG's enlarged head, from 1 (default: 1)")
+    p.add_argument("--kind", choices=["all", "encoder", "decoder", "cross", "self"],
                    help="which attention to draw in the PNG (default: all three; a language model has only "
                         "self, its causal self-attention)")
     p.add_argument("--target", help="use this translation instead of the model's own")
@@ -49,6 +52,13 @@ def _check(args) -> None:
     if not args.html and suffix not in ("", ".png", ".html", ".htm"):
         raise UserError(f"--out {args.out}: the picture is a PNG; name it .png (or .html, or give --html, "
                         "for the HTML page)")
+    if args.out is None:
+        refuse_options(args, PICTURE, "for the picture (--out FILE.png)", "without --out only the table is printed")
+    elif args.html or suffix in (".html", ".htm"):
+        refuse_options(args, PICTURE, "for the PNG picture", "the HTML page lets its reader pick the kind, "
+                       "layer and head")
+    args.head = 1 if args.head is None else args.head  # the defaults, once a given option is told from one left out
+    args.kind = args.kind or "all"
 
 
 def _check_head(args, cfg) -> tuple[int, int]:
@@ -75,6 +85,9 @@ def run(args: argparse.Namespace) -> int:
     if args.kind == "self":
         raise UserError("--kind self is a language model's attention; a translation model has encoder, "
                         "decoder and cross")
+    if args.target is not None:
+        refuse_options(args, (*SEARCH_OPTIONS, "compile"), "for the search of the model's own translation",
+                       "--target gives the translation")
     translator = load_translator(args.model, **{**decoding_options(args), "precision": "fp32"})  # the exact arithmetic shown
     layer, head = _check_head(args, translator.model.cfg)
     if args.target is None:  # the model's own translation is searched for (--compile: how)
@@ -99,8 +112,8 @@ def _language_model(args: argparse.Namespace) -> int:
 
     if args.kind not in ("all", "self"):
         raise UserError(f"--kind {args.kind}: a language model has only causal self-attention (--kind self)")
-    if args.target is not None:
-        raise UserError("--target is for a translation model; a language model reads the prompt as it is")
+    refuse_options(args, ("target", *SEARCH_OPTIONS, "compile"), "for a translation model",
+                   f"{args.model} is a language model, whose prompt is read as it is")
     generator = load_language_model(args.model, decoding_options(args))
     layer, head = _check_head(args, generator.model.cfg)
     ids = prompt_ids(generator, args.sentence)

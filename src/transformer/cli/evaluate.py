@@ -8,7 +8,7 @@ import json
 import sys
 import time
 
-from ._options import add_decoding_options, decoding_options, prepare_compiled
+from ._options import SEARCH_OPTIONS, add_decoding_options, decoding_options, prepare_compiled, refuse_options
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -23,7 +23,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tgt-lang", help="target language (e.g. de) for the lower-cased Moses-tokenised BLEU; "
                                       "default: tgt_lang of the run's config.yaml, and without one it is not computed")
     p.add_argument("--data-dir", help="folder holding multi30k/ (default: $TRANSFORMER_DATA)")
-    p.add_argument("--limit", type=int, default=0, help="score only the first N sentences (0 = all)")
+    p.add_argument("--limit", type=int, help="score only the first N sentences (0 = all; default: all)")
     p.add_argument("--output", help="also write the translations here")
     p.add_argument("--text", metavar="FILE",
                    help="a language model: score this UTF-8 text (cross-entropy in nats per token, perplexity, "
@@ -43,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import UserError
     from ..evaluate import score
     from ..front import run_decoding
+    from ..run import read_model_config
     from ..run.files import write_text_atomic
     from ..translator import load_translator
     from ._progress import line_progress
@@ -50,9 +51,14 @@ def run(args: argparse.Namespace) -> int:
 
     if args.text is not None:
         return run_text(args)
-    if args.stride is not None:
-        raise UserError("--stride applies to --text (scoring a language model)")
+    refuse_options(args, ("stride",), "for --text (scoring a language model)",
+                   "--src and --ref, or --split, score a translation model")
+    if not args.split:
+        refuse_options(args, ("data_dir",), "for --split (the folder holding multi30k/)",
+                       "--src and --ref are read as they are")
     decoding = run_decoding(args.model[0], decoding_options(args))  # before the slow part: fail fast
+    if read_model_config(args.model[0]).decoder_only:
+        raise UserError(f"{args.model[0]}: a language model; score it on a text with --text FILE")
     run_config = None  # the run's config.yaml, read once when something needs it
     if args.split:
         if args.src or args.ref:
@@ -64,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         raise UserError("give --src and --ref files, or --split (e.g. --split test_2016_flickr); "
                         "a language model: --text FILE")
-    if args.limit < 0:
+    if args.limit is not None and args.limit < 0:
         raise UserError(f"--limit must not be negative, got {args.limit}")
     if len(src) != len(ref):
         raise UserError(f"{args.src} has {len(src)} lines but {args.ref} has {len(ref)}; they must be aligned")
@@ -111,11 +117,10 @@ def run_text(args: argparse.Namespace) -> int:
     from ..hardware import slow_precision_warning
     from ..run import read_model_config
 
-    given = [f"--{name.replace('_', '-')}" for name in ("src", "ref", "split", "tgt_lang", "limit", "output")
-             if getattr(args, name)]
-    if given:
-        raise UserError(f"--text scores a language model on a text; {', '.join(given)} "
-                        f"{'is' if len(given) == 1 else 'are'} for translation")
+    refuse_options(args, ("src", "ref", "split", "data_dir", "tgt_lang", "limit", "output", *SEARCH_OPTIONS),
+                   "for translation", "--text scores a language model")
+    refuse_options(args, ("compile",), "for decoding (a search, token by token)",
+                   "--text scores a language model in one forward pass per window")
     if len(args.model) > 1:
         raise UserError("--text scores one model; give one --model")
     path, options = args.model[0], decoding_options(args)

@@ -2,14 +2,17 @@
 tensor shapes with their dimension names, and telling numbers for each): the translation
 model's ten steps, or a language model's prompt from We to the next token; with
 ``--training``, one training update in the seed's formulas (-log p, dLoss/dW, the step).
-``--compile`` chooses how the translation is searched for (not with ``--target``; a language
-model's walk is one forward pass over the prompt, searched for nothing: the option is
-accepted there and changes nothing)."""
+``--beam`` and ``--compile`` choose how the translation is searched for; an option the walk,
+as asked, does not use (``--beam`` with ``--target`` or for a language model, whose walk is one
+forward pass over the prompt; a sampling option for a translation model) is a one-line error."""
 from __future__ import annotations
 
 import argparse
 
-from ._options import add_decoding_options, decoding_options, prepare_compiled
+from ._options import (SAMPLING_OPTIONS, SEARCH_OPTIONS, add_decoding_options, decoding_options, prepare_compiled,
+                       refuse_options)
+
+DECODING = ("beam", "temperature", "top_k", "top_p", "compile", "device")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -32,7 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="with --training: this learning rate instead of the run's schedule at its step")
     p.add_argument("--from-init", action="store_true",
                    help="with --training: start from a random initialisation (the run's seed), not the trained weights")
-    add_decoding_options(p, "beam", "temperature", "top_k", "top_p", "compile", "device")
+    add_decoding_options(p, *DECODING)
     p.set_defaults(func=run)
 
 
@@ -42,8 +45,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.training:
         return _training(args)
-    if args.matrix is not None or args.lr is not None or args.from_init:
-        raise UserError("--matrix, --lr and --from-init go with --training")
+    refuse_options(args, ("matrix", "lr", "from_init"), "for --training",
+                   "without it, explain walks a sentence through the model")
     if args.sentence is None or not args.sentence.strip():
         raise UserError("the sentence is empty; give some text to explain (or --training for a training update)")
     if read_model_config(args.model).decoder_only:
@@ -56,6 +59,11 @@ def _translation(args: argparse.Namespace) -> int:
     from ..viz.maps import prepare_pair
     from ..viz.walkthrough import format_text, to_dict, walk
 
+    refuse_options(args, SAMPLING_OPTIONS, "for a language model", f"{args.model} is a translation model, "
+                   "whose translation is searched for, not sampled")
+    if args.target is not None:
+        refuse_options(args, (*SEARCH_OPTIONS, "compile"), "for the search of the model's own translation",
+                       "--target gives the translation")
     wanted = _steps(args.step, STEPS, "1..10, 3a, 3b, 3c")
     translator = load_translator(args.model, **{**decoding_options(args), "precision": "fp32"})  # the exact arithmetic shown
     if args.target is None:  # the model's own translation is searched for (--compile: how)
@@ -68,13 +76,12 @@ def _translation(args: argparse.Namespace) -> int:
 
 
 def _language_model(args: argparse.Namespace) -> int:
-    from ..errors import UserError
     from ..viz.lm_walkthrough import STEPS as LM_STEPS
     from ..viz.lm_walkthrough import format_text, to_dict, token_shower, walk_lm
     from ._lm import load_language_model, prompt_ids
 
-    if args.target is not None:
-        raise UserError("--target is for a translation model; a language model explains the prompt as it is")
+    refuse_options(args, ("target", *SEARCH_OPTIONS, "compile"), "for a translation model",
+                   f"{args.model} is a language model, whose prompt is walked through as it is")
     wanted = _steps(args.step, LM_STEPS, "1..9, 3a, 3b, 3c")
     generator = load_language_model(args.model, decoding_options(args))
     ids = prompt_ids(generator, args.sentence)
@@ -105,8 +112,8 @@ def _training(args: argparse.Namespace) -> int:
 
     if args.sentence is not None:
         raise UserError("--training explains an update on the run's own training batch; give no sentence with it")
-    if args.step is not None or args.target is not None:
-        raise UserError("--step and --target are for the forward walkthrough, not --training")
+    refuse_options(args, ("step", "target", *DECODING), "for the walk of a sentence through the model",
+                   "--training explains one update on the run's own batch, on the CPU")
     update = explain_update(args.model, args.matrix, args.lr, args.from_init)
     if args.json:
         print(json.dumps(update.numbers, ensure_ascii=False, indent=1))

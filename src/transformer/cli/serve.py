@@ -8,7 +8,8 @@ import os
 import socket
 import sys
 
-from ._options import add_decoding_options, decoding_options, prepare_compiled
+from ._options import (SAMPLING_OPTIONS, SEARCH_OPTIONS, add_decoding_options, decoding_options, prepare_compiled,
+                       refuse_options)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -24,8 +25,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-chars", type=int, default=1000, help="longest text (or prompt) accepted, in characters")
     p.add_argument("--max-texts", type=int, default=64, help="most texts in one request")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
-    p.add_argument("--max-beam", type=int, default=16, help="the largest beam a request may ask for (translation)")
-    p.add_argument("--new-tokens-limit", type=int, default=1024, metavar="N",
+    p.add_argument("--max-beam", type=int, help="the largest beam a request may ask for (translation; default: 16)")
+    p.add_argument("--new-tokens-limit", type=int, metavar="N",
                    help="the most tokens a /generate request may ask for (language model; default: 1024)")
     p.add_argument("--max-queue", type=int, default=128, metavar="N",
                    help="the most requests waiting for the model; beyond it 503 with Retry-After (default: 128)")
@@ -44,9 +45,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 DESCRIPTION = """\
 Serve the model of a run over HTTP: POST /translate for a translation model, POST /generate
 for a language model (the run's config says which; GET /health tells clients), POST
-/attention for the explorer page at /. --beam, --alpha and --max-tokens apply to a
-translation model; --max-new-tokens, --temperature, --top-k, --top-p and --seed to a
-language model (the defaults of requests that do not give them).
+/attention for the explorer page at /. --beam, --alpha, --max-tokens and --max-beam apply to
+a translation model; --max-new-tokens, --temperature, --top-k, --top-p, --seed and
+--new-tokens-limit to a language model (the defaults of requests that do not give them, and
+their limits); one given for the other kind is a one-line error.
 
 POST /generate takes {"prompt": "...", "max_new_tokens": N, "temperature": T, "top_k": K,
 "top_p": P, "seed": S} (all but the prompt optional) and answers {"text": ..., "tokens": N,
@@ -76,11 +78,11 @@ def _settings(args: argparse.Namespace):
     if args.threads < 0:
         raise UserError(f"--threads must be at least 0, got {args.threads}")
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
+    limits = {name: getattr(args, name) for name in ("max_beam", "new_tokens_limit") if getattr(args, name) is not None}
     try:
-        return ServeConfig(max_beam=args.max_beam, new_tokens_limit=args.new_tokens_limit, max_batch=args.max_batch,
-                           max_wait_ms=args.max_wait_ms, batching=not args.no_batching,
-                           max_chars=args.max_chars, max_texts=args.max_texts, max_queue=args.max_queue,
-                           timeout=args.timeout, token=token)
+        return ServeConfig(**limits, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
+                           batching=not args.no_batching, max_chars=args.max_chars, max_texts=args.max_texts,
+                           max_queue=args.max_queue, timeout=args.timeout, token=token)
     except ValueError as e:  # the message names the setting; give it its option's spelling
         raise UserError("--" + str(e).replace("_", "-")) from None
 
@@ -131,10 +133,16 @@ def run(args: argparse.Namespace) -> int:
     from ..hardware import slow_precision_warning
     from ..front import run_decoding
 
-    cfg = _settings(args)
     # checked before the port is taken
-    decoding = run_decoding(args.model, decoding_options(args))
     lm = read_model_config(args.model).decoder_only
+    if lm:
+        refuse_options(args, (*SEARCH_OPTIONS, "max_tokens", "max_beam"), "for a translation model",
+                       f"{args.model} is a language model, served on /generate")
+    else:
+        refuse_options(args, (*SAMPLING_OPTIONS, "new_tokens_limit"), "for a language model",
+                       f"{args.model} is a translation model, served on /translate")
+    cfg = _settings(args)
+    decoding = run_decoding(args.model, decoding_options(args))
     if lm and decoding.max_new_tokens > cfg.new_tokens_limit:
         raise UserError(f"--max-new-tokens {decoding.max_new_tokens} is larger than --new-tokens-limit "
                         f"{cfg.new_tokens_limit}")

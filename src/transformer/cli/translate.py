@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import TextIO
 
-from ._options import add_decoding_options, check_count, decoding_options, prepare_compiled
+from ._options import add_decoding_options, check_count, decoding_options, prepare_compiled, refuse_options
 
 CHUNK_LINES = 2000  # lines read and translated at a time: enough to fill batches of similar lengths
 
@@ -25,7 +25,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                    "with a terminal on stderr, a progress bar shows the lines done")
     p.add_argument("--output", help="output file (default: stdout, written chunk by chunk); "
                                     "written only when complete")
-    p.add_argument("--chunk-lines", type=int, default=CHUNK_LINES, metavar="N",
+    p.add_argument("--chunk-lines", type=int, metavar="N",
                    help=f"lines read and translated at a time; batches are sorted by length within a "
                         f"chunk (default: {CHUNK_LINES})")
     add_decoding_options(p, "beam", "alpha", "n_best", "max_tokens", "precision", "device", "compile")
@@ -39,14 +39,18 @@ def run(args: argparse.Namespace) -> int:
     from ._progress import line_progress, stderr_is_terminal
 
     check_count(args, "chunk_lines", must="positive")
+    typed = args.input is None and sys.stdin.isatty()
+    if typed:
+        refuse_options(args, ("output", "n_best", "chunk_lines"), "for input from a file or a pipe",
+                       "sentences typed at the terminal are translated one by one, the best translation shown")
     with _input_lines(args.input) as lines:  # opened first: a missing file fails before the model loads
         translator = load_translator(args.model, warn=False, **decoding_options(args))
         prepare_compiled(translator)
-        if args.input is None and sys.stdin.isatty():
+        if typed:
             return _interactive(translator)
         show = args.input is not None and stderr_is_terminal()
         with line_progress(count_lines(args.input) if show else None, show) as done:
-            chunks = translator.translate_stream(lines, args.chunk_lines, progress=done)
+            chunks = translator.translate_stream(lines, args.chunk_lines or CHUNK_LINES, progress=done)
             if args.output:
                 atomic_write(args.output, lambda tmp: _write_to_file(chunks, tmp, translator.decoding.n_best))
             else:
