@@ -1,6 +1,6 @@
 """The JSON API of the real server (``transformer serve`` in a subprocess): the same
 translations as ``transformer translate`` and the in-process Translator, n-best, input
-order, empty input, beams grouped apart, attention maps, health, stats and OpenAPI."""
+order, empty and blank input, beams grouped apart, attention maps, health, stats and OpenAPI."""
 from __future__ import annotations
 
 import subprocess
@@ -111,11 +111,27 @@ def test_attention_equals_the_maps_computed_in_process(server, translator, sente
         assert body[key] == want[key], key
 
 
-@pytest.mark.parametrize("text", ["", "   "])
-def test_attention_of_an_empty_text_is_empty(server, text):
-    code, body = server.post("/attention", {"text": text})
-    assert code == 200, body
-    assert body["translation"] == "" and body["source_tokens"] == [] and body["cross"] == []
+@pytest.fixture(scope="module")
+def client(translator):
+    """The translation app in-process, in Starlette's TestClient."""
+    from starlette.testclient import TestClient
+
+    from transformer.serve import ServeConfig, create_app
+
+    with TestClient(create_app(translator, ServeConfig())) as c:
+        yield c
+
+
+@pytest.mark.parametrize("path, what", [("/attention", "a sentence to look at"), ("/translate", "a sentence to translate")])
+@pytest.mark.parametrize("text, says", [("", "empty"), ("   ", "only white space"), ("\t\n", "only white space")])
+def test_a_blank_text_is_a_422_that_says_so(client, path, what, text, says):
+    """Nothing to translate or look at: a 422 naming the field, not a 200 with empty maps
+    (as /generate refuses an empty prompt). In a list of "texts" a blank one stays a blank line."""
+    resp = client.post(path, json={"text": text})
+    assert resp.status_code == 422, resp.text
+    assert resp.json() == {"error": f"text: {says}; give {what}"}
+    resp = client.post("/translate", json={"texts": ["red dog", text]})
+    assert resp.status_code == 200 and resp.json()["translations"][1] == ""
 
 
 def test_health_stats_and_openapi(server):

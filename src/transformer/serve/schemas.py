@@ -25,6 +25,17 @@ def _valid_unicode(text: str) -> str:
 Text = Annotated[str, AfterValidator(_valid_unicode)]  # a string a tokenizer can encode
 
 
+def _given(what: str):
+    """A validator: a text that is empty or only white space (nothing to translate or look at) is
+    a 422 that says so, not a 200 with an empty answer."""
+    def check(text: str) -> str:
+        if not text.strip():
+            raise ValueError(f"{'empty' if not text else 'only white space'}; give {what}")
+        return text
+
+    return AfterValidator(check)
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
@@ -32,8 +43,10 @@ class _Strict(BaseModel):
 class TranslateRequest(_Strict):
     """Give ``text`` (one sentence) or ``texts`` (several), not both."""
 
-    text: Text | None = Field(None, description="one sentence", examples=["A dog runs in the park."])
-    texts: list[str] | None = Field(None, description="several sentences, translated in order")
+    text: Annotated[Text, _given("a sentence to translate")] | None = Field(
+        None, description="one sentence (not blank)", examples=["A dog runs in the park."])
+    texts: list[str] | None = Field(None, description="several sentences, translated in order (a blank one as a "
+                                                      "blank line, as the translate command does)")
     beam: int | None = Field(None, ge=1, description="beam size (1 = greedy); default: the server's")
     n_best: int = Field(1, ge=1, description="translations per sentence, best first (at most the beam size)")
 
@@ -67,7 +80,8 @@ class TranslateResponse(BaseModel):
 
 
 class AttentionRequest(_Strict):
-    text: Text = Field(description="one sentence", examples=["A dog runs in the park."])
+    text: Annotated[Text, _given("a sentence to look at")] = Field(description="one sentence (not blank)",
+                                                                   examples=["A dog runs in the park."])
     beam: int | None = Field(None, ge=1, description="beam size for the translation; default: the server's")
 
 
@@ -125,7 +139,8 @@ class GenerateResponse(BaseModel):
 
 
 class LMAttentionRequest(_Strict):
-    text: Text = Field(description="a prompt and its continuation", examples=["the cat sat on the mat"])
+    text: Annotated[Text, _given("some text to look at")] = Field(description="a prompt and its continuation "
+                                                                  "(not blank)", examples=["the cat sat on the mat"])
 
 
 class LMAttentionResponse(BaseModel):

@@ -66,7 +66,8 @@ async function generateText(event) {
     $("continuation").textContent = done.text; // the whole text: the same as the pieces joined
     const cut = done.truncated ? " The prompt was longer than the model's context: its end was continued." : "";
     setStatus(`${done.tokens} tokens, seed ${done.seed}.${cut}`);
-    showLMAttention(await postJSON("/attention", { text: body.prompt + done.text }));
+    const text = body.prompt + done.text;
+    if (text.trim()) showLMAttention(await postJSON("/attention", { text })); // a blank one is a 422: nothing to show
   } catch (error) {
     showError(error);
   } finally {
