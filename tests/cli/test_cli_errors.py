@@ -269,6 +269,52 @@ def test_evaluate_broken_run_config(cli, bad, trained, one_line_error):
     _untouched(bad["out"])
 
 
+# ---- a --model that is no run, to the commands that read one model ---------------------------
+
+def _not_runs(folder: Path) -> dict[str, tuple[Path, str]]:
+    """id: (a --model path that is not a run, what the one line must tell the user to do)."""
+    from safetensors.torch import save_file
+
+    (folder / "notes.txt").write_text("red dog runs\n", encoding="utf-8")
+    torch.save({"w": torch.zeros(2)}, folder / "checkpoint_best.pt")  # fairseq's name; never unpickled
+    (folder / "empty").mkdir()
+    (folder / "theirs").mkdir()  # someone else's files
+    (folder / "theirs" / "README.md").write_text("# my project\n", encoding="utf-8")
+    (folder / "theirs" / "train.de").write_text("Hallo\n", encoding="utf-8")
+    (folder / "hf").mkdir()  # a Hugging Face model folder
+    (folder / "hf" / "config.json").write_text('{"model_type": "marian"}', encoding="utf-8")
+    save_file({"w": torch.zeros(2, 2)}, str(folder / "hf" / "model.safetensors"), metadata={"format": "pt"})
+    save_file({"w": torch.zeros(2, 2)}, str(folder / "plain.safetensors"))
+    run = "give a run directory"
+    return {"text-file": (folder / "notes.txt", run), "pickle": (folder / "checkpoint_best.pt", run),
+            "empty-folder": (folder / "empty", run), "someone-elses-folder": (folder / "theirs", run),
+            "hugging-face-folder": (folder / "hf", f"transformer import {folder / 'hf'} --out RUN"),
+            "plain-safetensors": (folder / "plain.safetensors", run)}
+
+
+NOT_RUN_COMMANDS = {"info": [], "attention": ["red dog", "--focus", "red", "--to", "dog"], "explain": ["red dog"],
+                    "export": ["--format", "ctranslate2"], "translate": [], "generate": ["--prompt", "red"],
+                    "average": []}
+
+
+@pytest.mark.parametrize("command", list(NOT_RUN_COMMANDS))
+@pytest.mark.parametrize("case", ["text-file", "pickle", "empty-folder", "someone-elses-folder",
+                                  "hugging-face-folder", "plain-safetensors"])
+def test_a_model_that_is_no_run_is_one_line_saying_what_to_do(command, case, cli, tmp_path, one_line_error):
+    """Each names the path and what to give instead, exits 2, and writes nothing."""
+    models = tmp_path / "models"
+    models.mkdir()
+    path, remedy = _not_runs(models)[case]
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    out = ["--out", tmp_path / "exported"] if command == "export" else []
+    r = cli(command, "--model", path, *NOT_RUN_COMMANDS[command], *out, stdin="red dog\n")
+    if command == "average":  # averages a run's checkpoints: nothing more to say than that there are none
+        one_line_error(r, command, path, "no checkpoints")
+    else:
+        one_line_error(r, command, path, remedy)
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
 def test_demo_bad_steps(cli, one_line_error):
     one_line_error(cli("demo", "--steps", "0"), "demo", "--steps")
 

@@ -114,8 +114,17 @@ def resolve_weights(path: str | Path) -> Path:
             return path / name
     latest = latest_checkpoint(path)
     if latest is None:
-        raise UserError(f"{path}: no weights found (no {AVERAGED} or {BEST}, no {CKPT_DIR}/)")
+        raise UserError(f"{path}: no weights found (no {AVERAGED} or {BEST}, no {CKPT_DIR}/); "
+                        f"{not_a_run_remedy(path)}")
     return latest / WEIGHTS
+
+
+def not_a_run_remedy(folder: Path) -> str:
+    """What to do with a folder that holds no run's weights (the end of a one-line error):
+    a Hugging Face model folder (its config.json) is imported; anything else is no model."""
+    if (folder / "config.json").is_file():
+        return f"a Hugging Face model folder becomes a run with: transformer import {folder} --out RUN"
+    return "give a run directory (what transformer train --out or transformer import --out wrote)"
 
 
 def checkpoint_dirs(run_dir: str | Path) -> list[Path]:

@@ -13,7 +13,7 @@ from ..config import ModelConfig
 from ..errors import UserError
 from ..model import Transformer, build_model
 from .files import atomic_write
-from .layout import WEIGHTS, resolve_weights
+from .layout import WEIGHTS, not_a_run_remedy, resolve_weights
 
 FORMAT = "transformer-v1"
 
@@ -72,12 +72,16 @@ def _metadata(path: Path) -> dict[str, str]:
         with safe_open(str(path), framework="pt") as f:
             return f.metadata() or {}
     except (SafetensorError, OSError, ValueError) as e:
+        if path.suffix != ".safetensors":  # a text file, a PyTorch pickle (.pt, .bin): no weights of ours
+            raise UserError(f"{path}: not a safetensors weights file ({e}); give a run directory, or the "
+                            ".safetensors weights in one") from None
         raise UserError(f"{path}: not a readable safetensors file, truncated or corrupt ({e})") from None
 
 
 def _config_of(path: Path, meta: dict[str, str]) -> ModelConfig:
     if "model_config" not in meta:
-        raise UserError(f"{path}: no model config in the file's metadata; was it written by transformer?")
+        raise UserError(f"{path}: no model config in the file's metadata, so not weights that transformer wrote; "
+                        f"{not_a_run_remedy(path.parent)}")
     try:
         return ModelConfig.from_dict(json.loads(meta["model_config"]))
     except (ValueError, TypeError) as e:
