@@ -224,6 +224,29 @@ def test_the_command_prints_the_scores_of_score_text(cli, char_run, tmp_path):
     assert "cross-entropy" in r.out and "perplexity" in r.out and "bits per byte" in r.out and "stride 15" in r.out
 
 
+def test_a_gzip_text_scores_as_the_plain_one(cli, one_line_error, char_run, tmp_path):
+    """--text FILE.gz is read gunzipped, as --src and --ref are: the same scores; a damaged
+    stream, or an archive of nothing but blanks, is one line."""
+    import gzip
+
+    text = make_text(20, seed=9)
+    (tmp_path / "t.txt").write_text(text, encoding="utf-8")
+    (tmp_path / "t.txt.gz").write_bytes(gzip.compress(text.encode("utf-8")))
+    plain, packed = (cli("evaluate", "--model", char_run, "--text", tmp_path / name, "--json")
+                     for name in ("t.txt", "t.txt.gz"))
+    assert plain.code == 0 and packed.code == 0, plain.err + packed.err
+    scores = [json.loads(r.out) for r in (plain, packed)]
+    for s in scores:
+        del s["seconds"], s["text"]
+    assert scores[0] == scores[1] and scores[0]["tokens"] > 100
+    (tmp_path / "bad.txt.gz").write_bytes(gzip.compress(text.encode("utf-8"))[:-20])
+    one_line_error(cli("evaluate", "--model", char_run, "--text", tmp_path / "bad.txt.gz"), "evaluate",
+                   "bad.txt.gz", "not a valid gzip file")
+    (tmp_path / "blank.txt.gz").write_bytes(gzip.compress(b" \n\n"))
+    one_line_error(cli("evaluate", "--model", char_run, "--text", tmp_path / "blank.txt.gz"), "evaluate",
+                   "blank.txt.gz", "holds no text")
+
+
 def test_bad_input_is_one_line(cli, one_line_error, char_run, tmp_path):
     from transformer import Transformer
     from transformer.run.weights import save_weights

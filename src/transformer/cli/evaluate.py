@@ -26,9 +26,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--limit", type=int, help="score only the first N sentences (0 = all; default: all)")
     p.add_argument("--output", help="also write the translations here")
     p.add_argument("--text", metavar="FILE",
-                   help="a language model: score this UTF-8 text (cross-entropy in nats per token, perplexity, "
-                        "bits per byte), in windows of the model's context; fp32 unless --precision is given; "
-                        "--max-tokens counts window tokens per forward pass")
+                   help="a language model: score this UTF-8 text, .gz allowed (cross-entropy in nats per token, "
+                        "perplexity, bits per byte), in windows of the model's context; fp32 unless --precision "
+                        "is given; --max-tokens counts window tokens per forward pass")
     p.add_argument("--stride", type=int, metavar="N",
                    help="with --text: each window after the first scores the next N tokens, seeing at least "
                         "context - N tokens before each (1 .. context-1; default: half the context; "
@@ -110,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
 
 def run_text(args: argparse.Namespace) -> int:
     """``--text``: a language model's cross-entropy, perplexity and bits per byte on a text."""
+    from ..data.text import read_text
     from ..errors import UserError
     from ..evaluate_lm import score_text
     from ..front import run_decoding
@@ -126,7 +127,7 @@ def run_text(args: argparse.Namespace) -> int:
     path, options = args.model[0], decoding_options(args)
     options["precision"] = options.get("precision", "fp32")
     run_decoding(path, options)  # before the slow part: fail fast
-    text = _read_text(args.text)
+    text = read_text(args.text, "score")
     if not read_model_config(path).decoder_only:
         raise UserError(f"{path}: a translation model; --text scores a language model "
                         "(score a translation model with --src and --ref, or --split)")
@@ -145,19 +146,6 @@ def run_text(args: argparse.Namespace) -> int:
         print(scores.summary())
         print(f"{decoding.precision}, {seconds:.1f}s")
     return 0
-
-
-def _read_text(path: str) -> str:
-    """The text to score: a one-line error for a missing, empty or non-UTF-8 file."""
-    from pathlib import Path
-
-    from ..data.text import read_text
-    from ..errors import UserError
-
-    file = Path(path)
-    if file.is_file() and not file.read_bytes().decode("utf-8", errors="replace").removeprefix("\ufeff").strip():
-        raise UserError(f"{file}: the file holds no text; give a text to score")
-    return read_text(file)
 
 
 def _split_pairs(args) -> tuple[list[str], list[str], dict]:

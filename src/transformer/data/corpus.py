@@ -21,7 +21,7 @@ from typing import BinaryIO
 
 from ..errors import UserError
 
-__all__ = ["read_lines", "open_lines", "iter_lines", "count_lines", "read_parallel", "read_tsv", "clean_pairs", "hold_out"]
+__all__ = ["read_bytes", "read_lines", "open_lines", "iter_lines", "count_lines", "read_parallel", "read_tsv", "clean_pairs", "hold_out"]
 
 _GZIP_ERRORS = (gzip.BadGzipFile, EOFError, zlib.error)
 
@@ -53,8 +53,9 @@ def _open_binary(path: Path) -> BinaryIO:
     return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
 
 
-def _read_bytes(path: Path) -> bytes:
-    """The file's bytes, gunzipped when the name ends in ``.gz``."""
+def read_bytes(path: Path) -> bytes:
+    """The file's bytes, gunzipped when the name ends in ``.gz``; a missing file, a folder, a
+    damaged gzip stream or a read error is a one-line UserError naming it."""
     _check_file(path)
     with _read_errors(path), _open_binary(path) as f:
         return f.read()
@@ -94,7 +95,7 @@ def read_lines(path: str | Path) -> list[str]:
             valid UTF-8 (the message gives the 1-based line number).
     """
     path = Path(path)
-    return decode_lines(_read_bytes(path), str(path))
+    return decode_lines(read_bytes(path), str(path))
 
 
 def iter_lines(raw_lines: Iterable[bytes], name: str) -> Iterator[str]:

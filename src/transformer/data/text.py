@@ -22,7 +22,7 @@ import torch
 from ..errors import UserError
 from ..run.layout import SUBWORDS, run_file
 from .chars import CHARS_FILE, Chars
-from .corpus import decode_lines
+from .corpus import decode_lines, read_bytes
 from .hf_tokenizer import (HF_TOKENIZER, SP_TOKENIZER, PretrainedTokenizer, SentencePieceTokenizer,
                            load_pretrained_tokenizer)
 from .subwords import PAD_ID, Subwords
@@ -31,19 +31,19 @@ __all__ = ["read_text", "read_texts", "split_text", "LineSubwords", "load_tokeni
            "windows", "validation_windows"]
 
 
-def read_text(path: str | Path) -> str:
-    """A UTF-8 file's text, as it is (newlines kept; a leading byte-order mark removed).
+def read_text(path: str | Path, use: str = "train on") -> str:
+    """A UTF-8 file's text, as it is (newlines kept; a leading byte-order mark removed),
+    gunzipped when the name ends in ``.gz``. ``use``: what the text is for, in the message
+    for an empty file ("give a text to train on").
 
     Raises:
-        UserError: the file is missing, a directory, empty, or not UTF-8 (file and line named).
+        UserError: the file is missing, a directory, not valid gzip, empty, or not UTF-8 (file
+            and line named).
     """
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: {'is a directory, expected a text file' if path.is_dir() else 'file not found'}")
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise UserError(f"{path}: cannot read ({e.strerror or e})") from None
+    data = read_bytes(path)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -51,7 +51,7 @@ def read_text(path: str | Path) -> str:
         raise
     text = text.removeprefix("\ufeff")
     if not text.strip():
-        raise UserError(f"{path}: the file holds no text; give a text to train on")
+        raise UserError(f"{path}: the file holds no text; give a text to {use}")
     return text
 
 
