@@ -171,4 +171,5 @@ def test_options_left_out_are_never_taken_for_given(argv):
     """Every option the commands refuse for one model kind or mode defaults to None (a flag
     to False), so an option left out is never refused."""
     args = vars(build_parser().parse_args(argv))
-    assert {name: args[name] for name in ONE_KIND & args.keys() if args[name] is not None and args[name] is not False} == {}
+    given = {name: args[name] for name in ONE_KIND & args.keys() if args[name] is not None and args[name] is not False}
+    assert given == {}

@@ -122,7 +122,8 @@ def client(translator):
         yield c
 
 
-@pytest.mark.parametrize("path, what", [("/attention", "a sentence to look at"), ("/translate", "a sentence to translate")])
+@pytest.mark.parametrize("path, what", [("/attention", "a sentence to look at"),
+                                        ("/translate", "a sentence to translate")])
 @pytest.mark.parametrize("text, says", [("", "empty"), ("   ", "only white space"), ("\t\n", "only white space")])
 def test_a_blank_text_is_a_422_that_says_so(client, path, what, text, says):
     """Nothing to translate or look at: a 422 naming the field, not a 200 with empty maps
