@@ -210,3 +210,12 @@ def test_ensemble_of_different_runs_is_refused(trained, cli, tmp_path, one_line_
     (other / "subwords.model").write_bytes(b"another subword model")
     r = cli("translate", "--model", trained.run, other, stdin="red dog runs\n")
     one_line_error(r, "translate", other / "subwords.model", "ensemble")
+
+
+@pytest.mark.parametrize("command", ["translate", "evaluate"])
+def test_a_repeated_model_option_adds_ensemble_members_instead_of_dropping_the_first(command):
+    from transformer.cli import build_parser
+
+    args = build_parser().parse_args([command, "--model", "a", "b", "--model", "c"])
+    assert args.model == ["a", "b", "c"]
+    assert build_parser().parse_args([command, "--model", "a"]).model == ["a"]

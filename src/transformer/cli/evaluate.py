@@ -14,8 +14,9 @@ from ._options import SEARCH_OPTIONS, add_decoding_options, decoding_options, pr
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("evaluate", help="translate --src and score against --ref (sacreBLEU, chrF); or score a "
                                         "language model on --text (cross-entropy, perplexity, bits per byte)")
-    p.add_argument("--model", required=True, nargs="+",
-                   help="run directory or .safetensors file; several: an ensemble (the run's config is the first one's)")
+    p.add_argument("--model", required=True, nargs="+", action="extend",
+                   help="run directory or .safetensors file; several (after one --model, or --model repeated): "
+                        "an ensemble (the run's config is the first one's)")
     p.add_argument("--src", help="source file, one sentence a line (.gz allowed)")
     p.add_argument("--ref", help="reference translations, untouched (.gz allowed)")
     p.add_argument("--split", help="instead of --src/--ref: a split of the run's dataset, e.g. test_2016_flickr "

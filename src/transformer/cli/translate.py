@@ -18,8 +18,9 @@ CHUNK_LINES = 2000  # lines read and translated at a time: enough to fill batche
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("translate", help="translate text (stdin to stdout by default)")
-    p.add_argument("--model", required=True, nargs="+",
-                   help="run directory or .safetensors file; several: decode them as an ensemble "
+    p.add_argument("--model", required=True, nargs="+", action="extend",
+                   help="run directory or .safetensors file; several (after one --model, or --model repeated): "
+                        "decode them as an ensemble "
                         "(e.g. checkpoints of one run: RUN/checkpoints/step-*)")
     p.add_argument("--input", help="input file, one sentence a line, .gz allowed (default: stdin); "
                                    "with a terminal on stderr, a progress bar shows the lines done")
