@@ -27,6 +27,14 @@ def test_files_are_one_stream_in_order(tmp_path):
     assert read_texts([tmp_path / "a.txt", tmp_path / "b.txt"]) == "first\nsecond"
 
 
+def test_a_gzipped_training_file_is_read_as_its_text(tmp_path):
+    import gzip
+
+    (tmp_path / "a.txt").write_text("first\n")
+    (tmp_path / "b.txt.gz").write_bytes(gzip.compress("sécond 你好".encode()))
+    assert read_texts([tmp_path / "a.txt", tmp_path / "b.txt.gz"]) == "first\nsécond 你好"
+
+
 def test_windows_are_the_stream_and_its_next_tokens():
     stream = torch.arange(100)
     b = windows(stream, torch.tensor([0, 10, 83]), 16)

@@ -83,7 +83,7 @@ class DataConfig:
     valid_limit: int = resumable(0)  # BLEU on the first N validation pairs (0 = all)
     vocab_size: int = 8000  # the size of the joint sentencepiece BPE vocabulary learned at the first start (not used with init_from / subwords_from: theirs is reused)
     # ---- a language model's text (dataset text / tinyshakespeare) ----
-    text_files: list[str] = field(default_factory=list)  # dataset text: UTF-8 files read as one stream, in order
+    text_files: list[str] = field(default_factory=list)  # dataset text: UTF-8 files (.gz allowed) read as one stream, in order
     tokenizer: str = "bpe"  # "bpe": sentencepiece of vocab_size learned on the training text; "chars": nanoGPT's (not used with init_from: the source run's tokenizer is copied)
     valid_fraction: float = 0.1  # the last part of the text validates (nanoGPT: 10%); 0 = no validation
     lowercase: bool = False  # the subword model lower-cases all text (as published Multi30k systems were trained)
