@@ -163,6 +163,37 @@ def test_int8_on_an_avx2_cpu_multiplies_with_an_int8_gemm(monkeypatch, make_mode
     assert not any(m.int8_gemm for m in for_inference(model, "int8").modules() if isinstance(m, Int8Linear))
 
 
+def test_int8_that_multiplies_with_the_int8_gemm_decodes_eagerly_even_when_compiling_is_asked(
+        monkeypatch, make_model):
+    """A compiled step cannot call fbgemm's int8 GEMM (it would hold the weights dequantised
+    to float32: a package larger than fp32's, measured slower than the eager GEMM), so an
+    int8 model on an AVX2 CPU decodes eagerly: silently under ``auto``, with one warning
+    under ``on``. Where bf16 is native the int8 model compiles as before."""
+    import warnings
+
+    from transformer.decode.packages import CompiledStepWarning
+    from transformer.decode.precision import uses_int8_gemm
+    from transformer.decode.static import should_compile
+
+    if "fbgemm" not in torch.backends.quantized.supported_engines:
+        pytest.skip("this torch build has no fbgemm")
+    model = make_model(d_model=32, d_ff=64)
+    fake_cpu(monkeypatch, AVX2, "AVX2")
+    q = for_inference(model, "int8")
+    assert uses_int8_gemm(q) and not uses_int8_gemm(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert not should_compile("auto", q, new_tokens=10**6)
+        assert not caught
+        assert not should_compile("on", q)
+    assert [w.category for w in caught] == [CompiledStepWarning]
+    assert "int8 GEMM" in str(caught[0].message) and "decoding eagerly" in str(caught[0].message)
+    assert should_compile("on", for_inference(model, "fp32"))  # fp32 on the same CPU compiles
+    fake_cpu(monkeypatch, AMX, "AVX512")
+    q = for_inference(model, "int8")
+    assert not uses_int8_gemm(q) and should_compile("on", q)
+
+
 def test_torchs_switch_gets_an_inductor_cache_of_its_own(tmp_path):
     """Kernels that inductor cached under ATEN_CPU_CAPABILITY=avx2 and loaded without it gave
     wrong sums and heap corruption (torch 2.13 does not key its cache on the switch): under the

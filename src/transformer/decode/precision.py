@@ -87,6 +87,15 @@ def int8_gemm_available() -> bool:
             and hasattr(torch.ops.quantized, "linear_dynamic"))
 
 
+def uses_int8_gemm(model: nn.Module) -> bool:
+    """Whether ``model`` has int8 layers that multiply with fbgemm's int8 GEMM (CPUs without
+    native bf16). A compiled step cannot call that GEMM: it traces the weight-only path, and
+    inductor folds its dequantised weights into float32 constants, so the package holds more
+    bytes than an fp32 one and its step measured slower than the eager int8 GEMM
+    (``benchmarks/interop/README.md``). Such a model decodes eagerly (``static.should_compile``)."""
+    return any(isinstance(m, Int8Linear) and m.int8_gemm for m in model.modules())
+
+
 class Int8Linear(nn.Module):
     """A linear layer for decoding with int8 weights: ``qweight`` (out, in) int8 and one
     float32 ``scale`` per output row, symmetric (the row's largest |w| maps to 127), and the

@@ -40,6 +40,7 @@ from torch import nn
 from ..model import masks
 from . import aot, packages
 from .config import COMPILE_CHOICES
+from .precision import uses_int8_gemm
 from .steps import FixedShapeStep, GrowingStep, is_translation
 
 # compile="auto" builds a step for a generation of at least this many new tokens (steps: a
@@ -256,7 +257,8 @@ def should_compile(compile: str, model, *, group: int = 1, logprobs: bool = True
         compile: ``on`` (build the step if it is missing), ``off``, or ``auto``: when the
             step is built already (:func:`has_package`) or the generation of ``new_tokens``
             is long enough to pay for building it (:data:`AUTO_MIN_STEPS`).
-        model: the model (an ensemble decodes eagerly).
+        model: the model (an ensemble decodes eagerly, and so does an int8 model whose
+            layers multiply with fbgemm's int8 GEMM: :func:`~transformer.decode.precision.uses_int8_gemm`).
         group, logprobs: which step (rows per source sentence: 1 for greedy search and
             generation, the beam size for beam search; log-probabilities or logits).
         rows: a translation batch's decoder rows (sentences x beam); more than
@@ -265,6 +267,11 @@ def should_compile(compile: str, model, *, group: int = 1, logprobs: bool = True
     if compile not in COMPILE_CHOICES:
         raise ValueError(f"compile must be one of {', '.join(COMPILE_CHOICES)}, got {compile!r}")
     if compile == "off" or packages.switched_off() or not compilable(model):
+        return False
+    if uses_int8_gemm(model):  # faster eagerly: the compiled step would hold float32 weights
+        if compile == "on":
+            _warn("int8 on this CPU multiplies with fbgemm's int8 GEMM, which a compiled step cannot call "
+                  "(it would hold the weights dequantised to float32, and ran slower); decoding eagerly")
         return False
     if is_translation(model) and rows > MAX_COMPILED_ROWS:
         return False
