@@ -61,7 +61,8 @@ def main() -> None:
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--also", default="", help="more precisions of ours to time at compile auto, e.g. int8")
+    ap.add_argument("--also", default="", help="more settings of ours to time, PRECISION[:COMPILE] (compile auto unless given; "
+                         "on: the step built first), e.g. int8,int8:on")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     print(f"machine: {hardware.describe_line()}", flush=True)
@@ -100,11 +101,31 @@ def main() -> None:
             return out[:, ids.size(1):].tolist()
         return run
 
+    def products_alone(model):
+        """Only the fp32 matrix products of ``--new`` steps, one token per row: every linear
+        layer and the head, nothing else. No fp32 step can be faster; at batch 1 this is the
+        time to read the weights once a step."""
+        weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        weights.append(model.output_layer()[0])
+        rows = {w.size(1) for w in weights}
+
+        @torch.inference_mode()
+        def run(p):
+            x = {k: torch.randn(len(p), k) for k in rows}
+            for _ in range(args.new):
+                for w in weights:
+                    torch.nn.functional.linear(x[w.size(1)], w)
+        return run
+
     systems = {f"ours (default: {d.precision}, compile {d.compile})": mine(ours), "ours fp32": mine(ours_fp32),
                f"ours compiled ({compiled.decoding.precision})": mine(compiled),
-               "HF fp32": theirs(hf), "HF bf16": theirs(hf_bf16)}
-    for precision in filter(None, args.also.split(",")):
-        extra = Generator.from_pretrained(tmp / "run", precision=precision)
+               "HF fp32": theirs(hf), "HF bf16": theirs(hf_bf16),
+               "fp32 matrix products alone (a bound on any fp32 step)": products_alone(ours_fp32.model)}
+    for also in filter(None, args.also.split(",")):
+        precision, _, when = also.partition(":")
+        extra = Generator.from_pretrained(tmp / "run", precision=precision, compile=when or "auto")
+        if when == "on":
+            extra.prepare()
         systems[f"ours {extra.decoding.precision} (compile {extra.decoding.compile})"] = mine(extra)
     ref_name, hf_name = "ours fp32", "HF fp32"
     params = sum(p.numel() for p in hf.parameters())
@@ -124,8 +145,8 @@ def main() -> None:
                 times[n].append(time.perf_counter() - t)
         tps = {n: b * args.new / statistics.median(v) for n, v in times.items()}
         for n in systems:
-            same = sum(a == c for a, c in zip(outs[n], outs[ref_name]))
-            print(f"| {b} | {n} | {tps[n]:,.1f} | {tps[n] / tps[hf_name]:.2f} | {same}/{b} |", flush=True)
+            same = "-" if outs[n] is None else f"{sum(a == c for a, c in zip(outs[n], outs[ref_name]))}/{b}"
+            print(f"| {b} | {n} | {tps[n]:,.1f} | {tps[n] / tps[hf_name]:.2f} | {same} |", flush=True)
 
 
 if __name__ == "__main__":
