@@ -102,3 +102,19 @@ def test_unknown_split_or_language_lists_valid_ones(clean_env, args, listed):
 def test_same_language_twice_is_rejected(clean_env):
     with pytest.raises(UserError, match="different languages"):
         load_multi30k("val", "en", "en", data_dir=clean_env, fetch=FakeFetcher({}))
+
+
+def test_failed_download_names_where_the_file_goes(clean_env, monkeypatch):
+    """Offline: the error names the path a copy made by hand must have (the data folder's
+    multi30k/ and the file name), not just "the data folder"."""
+    import urllib.error
+    import urllib.request
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("Name or service not known")
+
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    cache = clean_env / "cache"
+    with pytest.raises(UserError, match="check the network") as e:
+        load_multi30k("val", "en", "de", data_dir=cache)
+    assert str(e.value).endswith(f"or place the file at {cache / 'multi30k' / 'val.en.gz'}")

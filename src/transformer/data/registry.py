@@ -124,8 +124,7 @@ def fetch_url(url: str, timeout: float = 60.0) -> bytes:
             return response.read()
     except (urllib.error.URLError, OSError) as e:
         raise UserError(
-            f"could not download {url} ({getattr(e, 'reason', e)}); check the network "
-            "or place the file in the data folder by hand"
+            f"could not download {url} ({getattr(e, 'reason', e)}); check the network"
         ) from e
 
 
@@ -137,7 +136,10 @@ def _download(dataset: Dataset, split: str, lang: str, folder: Path, fetch: Fetc
 
 def _fetch_verified(url: str, expected: str, target: Path, fetch: Fetch) -> Path:
     """Fetch ``url``, check its SHA-256 against ``expected``, then write ``target`` atomically."""
-    data = fetch(url)
+    try:
+        data = fetch(url)
+    except UserError as e:  # name the place a copy made by hand goes
+        raise UserError(f"{e}, or place the file at {target}") from e
     got = hashlib.sha256(data).hexdigest()
     if got != expected:
         raise UserError(
