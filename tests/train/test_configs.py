@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from transformer.errors import UserError
 from transformer.train.config import load_config
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
@@ -85,3 +86,14 @@ def test_set_reaches_into_the_model_and_decoding_sections():
     for key in ("train.max_steps", "model", "decoding"):
         with pytest.raises(UserError, match=rf"^--set {key}: unknown option; choose from"):
             apply_overrides({}, [f"{key}=3"])
+
+
+@pytest.mark.parametrize("dataset", ["tinyshakespeare", "multi30k-mono", "multi30k"])
+def test_text_files_of_another_dataset_are_refused(dataset):
+    """text_files are read by dataset text alone: on tinyshakespeare they were silently ignored
+    (the run trained on Shakespeare instead of the user's text)."""
+    preset = [] if dataset == "multi30k" else ["model.preset=nanogpt-char"]
+    with pytest.raises(UserError) as e:
+        load_config(None, [f"dataset={dataset}", "text_files=[mine.txt]", *preset])
+    assert str(e.value) == (f"config: text_files apply to dataset text, not {dataset!r}; set dataset=text to "
+                            "train on them")

@@ -104,6 +104,9 @@ class DataConfig:
         self._check_reuse()
         if self.dataset == "text":
             _need(bool(self.text_files), "dataset 'text' needs text_files: [one or more UTF-8 files]")
+        else:
+            _need(not self.text_files, f"text_files apply to dataset text, not {self.dataset!r}; set dataset=text "
+                                       f"to train on them")
         _need(self.tokenizer in TOKENIZERS, f"tokenizer must be one of {TOKENIZERS}, not {self.tokenizer!r}")
         _need(0.0 <= self.valid_fraction < 1.0, f"valid_fraction must be in [0, 1), got {self.valid_fraction}")
 
