@@ -97,3 +97,13 @@ def test_text_files_of_another_dataset_are_refused(dataset):
         load_config(None, [f"dataset={dataset}", "text_files=[mine.txt]", *preset])
     assert str(e.value) == (f"config: text_files apply to dataset text, not {dataset!r}; set dataset=text to "
                             "train on them")
+
+
+@pytest.mark.parametrize("key", ["peak_lr", "lr_scale", "min_lr", "weight_decay", "clip_norm", "max_minutes"])
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
+def test_a_rate_or_limit_that_is_no_finite_number_is_refused(key, value):
+    """peak_lr=inf was accepted: the first update turned every weight into nan, and the run
+    stopped 20 updates later with those weights saved as its "last good checkpoint"."""
+    with pytest.raises(UserError) as e:
+        load_config(None, [f"{key}={value}"])
+    assert str(e.value) == f"config: {key} must be a finite number >= 0, got {float(value)}"

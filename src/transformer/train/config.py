@@ -57,13 +57,15 @@ def _typed(config, names) -> None:
 
 
 def _not_negative(config, *names: str) -> None:
-    for name in names:
-        _need(getattr(config, name) >= 0, f"{name} must not be negative, got {getattr(config, name)}")
+    for name in names:  # nan and inf too: a learning rate of inf turns every weight into nan
+        value = getattr(config, name)
+        _need(math.isfinite(value) and value >= 0, f"{name} must be a finite number >= 0, got {value}")
 
 
 def _positive(config, *names: str) -> None:
     for name in names:
-        _need(getattr(config, name) > 0, f"{name} must be positive, got {getattr(config, name)}")
+        value = getattr(config, name)
+        _need(math.isfinite(value) and value > 0, f"{name} must be a finite number > 0, got {value}")
 
 
 @dataclass(frozen=True)
