@@ -198,3 +198,17 @@ def test_average_last_must_be_positive(run_copy, cli, one_line_error, last):
 
 def test_average_without_checkpoints(cli, tmp_path, one_line_error):
     one_line_error(cli("average", "--model", tmp_path), "average", str(tmp_path), "no checkpoints")
+
+
+@pytest.mark.parametrize("name", ["config.yaml", "subwords.model", "best.safetensors", "metrics.jsonl",
+                                  "checkpoints/step-0000300/model.safetensors"])
+def test_average_out_naming_a_file_of_the_run_is_refused(run_copy, cli, one_line_error, name):
+    """--out RUN/config.yaml wrote the weights over the run's config (and likewise its
+    vocabulary, best weights or a checkpoint): one line, the file left as it was."""
+    before = (run_copy / name).read_bytes()
+    one_line_error(cli("average", "--model", run_copy, "--last", 2, "--out", run_copy / name), "average", "--out",
+                   name, "averaged.safetensors")
+    assert (run_copy / name).read_bytes() == before
+    # an earlier average may be replaced
+    assert cli("average", "--model", run_copy, "--last", 2, "--out", run_copy / "averaged.safetensors").code == 0
+    assert cli("average", "--model", run_copy, "--last", 3, "--out", run_copy / "averaged.safetensors").code == 0

@@ -40,6 +40,8 @@ def run(args: argparse.Namespace) -> int:
     if out.is_dir():
         out = out / AVERAGED
     copies = _files_to_copy(run_dir, out)  # None: inside the run
+    if copies is None:
+        _refuse_the_runs_own_file(run_dir, out)
     lock = lock_run(run_dir, "transformer command") if out.resolve().parent == run_dir.resolve() else None
     try:
         _copy(copies or [])
@@ -88,6 +90,19 @@ def _files_to_copy(run_dir: Path, out: Path) -> list[tuple[Path, Path]] | None:
         raise UserError(f"--out {out}: a decoder of these weights would read {found}, which is not the "
                         f"{name} of {run_dir}; choose an empty folder (or one inside {run_dir})")
     return copies
+
+
+def _refuse_the_runs_own_file(run_dir: Path, out: Path) -> None:
+    """A one-line UserError when ``out`` (inside the run) names a file the run keeps: its
+    config, vocabulary, metrics, curve, best weights or anything in checkpoints/, which the
+    average would overwrite (an earlier average is the one file it may replace)."""
+    from ..errors import UserError
+    from ..run.layout import AVERAGED, BEST, CKPT_DIR, CURVE, DECODING_FILES, METRICS
+
+    root, target = run_dir.resolve(), out.resolve()
+    if target in {root / name for name in (*DECODING_FILES, METRICS, CURVE, BEST)} or root / CKPT_DIR in target.parents:
+        raise UserError(f"--out {out} is a file of the run {run_dir}, which the average would overwrite; give a new "
+                        f"name (the default is {run_dir / AVERAGED})")
 
 
 def _copy(copies: list[tuple[Path, Path]]) -> None:
