@@ -21,8 +21,8 @@ _HELP = {
     "max_tokens": ("N", int, "source tokens per batch"),
     "precision": ("P", str, f"decoding arithmetic, one of {', '.join(PRECISIONS)}: auto is bf16 where the "
                             "CPU (AVX512-BF16, AMX) or GPU computes it natively, else fp32; bf16 weights, or "
-                            "int8 weights (CPU; multiplied in bf16 where that is native, else by an int8 GEMM, or in "
-                            "fp32 by the compiled step); the speed and BLEU cost: benchmarks/decode/README.md"),
+                            "int8 weights (CPU; multiplied in bf16 where that is native, else by an int8 GEMM, "
+                            "eagerly); the speed and BLEU cost: benchmarks/decode/README.md"),
     "device": ("DEVICE", str, "cpu or cuda[:N]"),
     "max_new_tokens": ("N", int, "tokens to generate after the prompt"),
     "temperature": ("T", float, "sampling temperature; 0 = greedy (always the most probable token)"),
