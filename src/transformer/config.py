@@ -15,10 +15,11 @@ Decoder-only language models (``kind="decoder-only"``):
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from .frozen import Frozen, unknown_keys
+from .frozen import TYPE_NAMES, Frozen, has_type, unknown_keys, whole_numbers_as_floats
 
 FFN_ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu")
 SINUSOID_LAYOUTS = ("interleaved", "concat")
@@ -69,6 +70,10 @@ class ModelConfig(Frozen):
             if not cond:
                 raise ValueError(f"ModelConfig: {msg}")
 
+        whole_numbers_as_floats(self)  # YAML and JSON give 1 for 1.0
+        for f in dataclasses.fields(self):  # before the checks below compare or divide them
+            value = getattr(self, f.name)
+            need(has_type(value, f.type), f"{f.name} must be {TYPE_NAMES.get(f.type, f.type)}, got {value!r}")
         need(self.vocab_size > 0, f"vocab_size must be positive, got {self.vocab_size}")
         need(self.d_model > 0 and self.n_heads > 0, "d_model and n_heads must be positive")
         need(self.d_model % self.n_heads == 0,

@@ -47,3 +47,23 @@ def whole_numbers_as_floats(config, names: Iterable[str] | None = None) -> None:
         if ((names is None or f.name in names) and f.type in FLOATS
                 and isinstance(value, int) and not isinstance(value, bool)):
             object.__setattr__(config, f.name, float(value))
+
+
+TYPE_NAMES = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
+              "str | None": "a string", "dict[str, Any]": "a mapping", "float | None": "a number",
+              "list[str]": "a list of strings", "list[float]": "a list of numbers", "int | None": "an integer",
+              "bool | None": "true or false", "dict[str, float] | None": "a mapping"}
+
+
+def has_type(value: Any, annotation: str) -> bool:
+    """Whether ``value`` is of the type a field's ``annotation`` names (one of :data:`TYPE_NAMES`)."""
+    if annotation.endswith(" | None"):
+        return value is None or has_type(value, annotation.removesuffix(" | None"))
+    if annotation.startswith("list["):
+        return isinstance(value, list) and all(has_type(v, annotation[len("list["):-1]) for v in value)
+    if annotation.startswith("dict["):
+        return isinstance(value, dict)
+    if annotation == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    kind = {"float": float, "bool": bool, "str": str}.get(annotation)
+    return kind is None or isinstance(value, kind)

@@ -53,6 +53,29 @@ def test_other_invalid_values_are_rejected(bad):
         ModelConfig(**bad)
 
 
+@pytest.mark.parametrize("field,value,expected", [
+    ("n_layers", 2.0, "n_layers must be an integer, got 2.0"),  # range(2.0) raised a TypeError
+    ("d_model", "abc", "d_model must be an integer, got 'abc'"),  # was "'>' not supported between ..."
+    ("max_len", 64.5, "max_len must be an integer, got 64.5"),
+    ("bias", "maybe", "bias must be true or false, got 'maybe'"),  # a string was taken for True
+    ("final_norm", 0, "final_norm must be true or false, got 0"),
+    ("layer_norm_eps", "abc", "layer_norm_eps must be a number, got 'abc'"),
+    ("n_kv_heads", 1.5, "n_kv_heads must be an integer, got 1.5"),
+])
+def test_a_value_of_the_wrong_type_is_rejected_by_name(field, value, expected):
+    """A YAML model section or --set model.KEY=VALUE of the wrong type: one message naming the
+    key, before any check compares or divides it (and before torch sees it)."""
+    with pytest.raises(ValueError) as e:
+        ModelConfig(vocab_size=10, **{field: value})
+    assert str(e.value) == f"ModelConfig: {expected}"
+
+
+def test_a_whole_number_is_a_fine_float():
+    cfg = ModelConfig(vocab_size=10, dropout=0, rope_theta=10000, layer_norm_eps=1)
+    assert (cfg.dropout, cfg.rope_theta, cfg.layer_norm_eps) == (0.0, 10000.0, 1.0)
+    assert isinstance(cfg.rope_theta, float)
+
+
 def test_config_is_frozen():
     cfg = ModelConfig(vocab_size=10)
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -22,7 +22,7 @@ from ..config import PRESETS, ModelConfig
 from ..decode.config import FIELDS as DECODING_FIELDS
 from ..decode.config import DecodingConfig
 from ..errors import UserError
-from ..frozen import Frozen, part, unknown_keys, whole_numbers_as_floats
+from ..frozen import TYPE_NAMES, Frozen, has_type, part, unknown_keys, whole_numbers_as_floats
 
 LR_SCHEDULES = ("noam", "inverse_sqrt", "cosine")
 OPTIMIZERS = ("adam", "adamw")
@@ -52,8 +52,8 @@ def _typed(config, names) -> None:
     whole_numbers_as_floats(config, names)
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
-        if f.name in names and not _has_type(value, f.type):
-            raise UserError(f"config: {f.name} must be {_TYPE_NAMES.get(f.type, f.type)}, got {value!r}")
+        if f.name in names and not has_type(value, f.type):
+            raise UserError(f"config: {f.name} must be {TYPE_NAMES.get(f.type, f.type)}, got {value!r}")
 
 
 def _not_negative(config, *names: str) -> None:
@@ -300,25 +300,8 @@ class TrainConfig(LoggingConfig, CheckpointConfig, ScheduleConfig, OptimConfig, 
         return {f.name for f in dataclasses.fields(cls) if f.metadata.get("resumable")}
 
 
-_TYPE_NAMES = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
-               "str | None": "a string", "dict[str, Any]": "a mapping", "float | None": "a number",
-               "list[str]": "a list of strings", "list[float]": "a list of numbers"}
-
-
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _has_type(value: Any, annotation: str) -> bool:
-    """Whether ``value`` is of the type a field's ``annotation`` names (one of :data:`_TYPE_NAMES`)."""
-    if annotation.endswith(" | None"):
-        return value is None or _has_type(value, annotation.removesuffix(" | None"))
-    if annotation.startswith("list["):
-        return isinstance(value, list) and all(_has_type(v, annotation[len("list["):-1]) for v in value)
-    if annotation == "int":
-        return isinstance(value, int) and not isinstance(value, bool)
-    kind = {"float": float, "bool": bool, "str": str, "dict[str, Any]": dict}.get(annotation)
-    return kind is None or isinstance(value, kind)
 
 
 def _parse_value(text: str) -> Any:
