@@ -108,6 +108,8 @@ def test_average_last_two(run_copy, cli):
     assert r.code == 0, r.err
     out = run_copy / "averaged.safetensors"
     assert out.is_file() and "averaged 2 checkpoints" in r.out and str(out) in r.out
+    one = cli("average", "--model", run_copy, "--last", 1, "--out", run_copy / "one.safetensors")
+    assert one.code == 0 and "averaged 1 checkpoint (step-0000" in one.out, one.err
     avg = load_file(str(out))
     a = load_file(str(run_copy / "checkpoints/step-0000200/model.safetensors"))
     b = load_file(str(run_copy / "checkpoints/step-0000300/model.safetensors"))

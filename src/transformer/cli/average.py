@@ -57,7 +57,9 @@ def run(args: argparse.Namespace) -> int:
     if copies is not None:
         copied = f"; with the run's {', '.join(dst.name for _, dst in copies)} copied beside it" if copies else ""
         beside = f"{copied} (decode with --model {out})"
-    print(f"averaged {len(dirs)} checkpoints ({dirs[0].name} .. {dirs[-1].name}) -> {out}{beside}")
+    which = (f"{len(dirs)} checkpoints ({dirs[0].name} .. {dirs[-1].name})" if len(dirs) > 1
+             else f"1 checkpoint ({dirs[0].name})")
+    print(f"averaged {which} -> {out}{beside}")
     return 0
 
 

@@ -230,12 +230,12 @@ class Trainer:
         dirs = layout.checkpoint_dirs(self.run_dir)[-c.average_last:]
         weights.average_checkpoints(dirs, out)
         if finished:
-            self.log(f"averaged {len(dirs)} checkpoints -> {out}")
+            self.log(f"averaged {len(dirs)} checkpoint{'s' * (len(dirs) != 1)} -> {out}")
             return {}
         what = f"the average of the last {len(dirs)} checkpoints of the unfinished schedule"
         score = self._score_weights(out) if math.isfinite(self.best_bleu) else None
         if score is None:  # no validation score to hold it against
-            self.log(f"averaged {len(dirs)} checkpoints of the unfinished schedule -> {out} "
+            self.log(f"averaged {len(dirs)} checkpoint{'s' * (len(dirs) != 1)} of the unfinished schedule -> {out} "
                      "(not checked against the best checkpoint: no validation score)")
             return {}
         name, kept = self.task.score_name, score >= self.best_bleu
