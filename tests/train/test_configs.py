@@ -83,9 +83,15 @@ def test_set_reaches_into_the_model_and_decoding_sections():
         apply_overrides({}, ["model.d_modle=64"])
     with pytest.raises(UserError, match=r"^--set decoding\.bem: unknown decoding option; choose from \[.*'beam'"):
         apply_overrides({}, ["decoding.bem=5"])
-    for key in ("train.max_steps", "model", "decoding"):
-        with pytest.raises(UserError, match=rf"^--set {key}: unknown option; choose from"):
+    with pytest.raises(UserError, match=r"^--set train\.max_steps: unknown option; choose from"):
+        apply_overrides({}, ["train.max_steps=3"])
+    for key, example in (("model", "model.attn_dropout"), ("decoding", "decoding.alpha")):
+        with pytest.raises(UserError) as e:
             apply_overrides({}, [f"{key}=3"])
+        # the list of choices offered named decoding, the option just refused
+        assert str(e.value).startswith(f"--set {key}: unknown option (set one key of the section, e.g. --set "
+                                       f"{example}=...); choose from [")
+        assert f"'{key}'" not in str(e.value)
 
 
 @pytest.mark.parametrize("dataset", ["tinyshakespeare", "multi30k-mono", "multi30k"])

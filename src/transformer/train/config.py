@@ -343,7 +343,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         elif key in known and key not in sections:
             data[key] = value
         else:
-            raise UserError(f"--set {key}: unknown option; choose from {sorted(known - {'model'})} or model.* or decoding.*")
+            hint = f" (set one key of the section, e.g. --set {key}.{sorted(sections[key])[0]}=...)" if key in sections else ""
+            raise UserError(f"--set {key}: unknown option{hint}; choose from {sorted(known - set(sections))} or model.* "
+                            "or decoding.*")
     return data
 
 
