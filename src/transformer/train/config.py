@@ -343,9 +343,11 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         elif key in known and key not in sections:
             data[key] = value
         else:
-            hint = f" (set one key of the section, e.g. --set {key}.{sorted(sections[key])[0]}=...)" if key in sections else ""
-            raise UserError(f"--set {key}: unknown option{hint}; choose from {sorted(known - set(sections))} or model.* "
-                            "or decoding.*")
+            hint = ""
+            if key in sections:  # --set model=...: one key of it, not the whole section
+                hint = f" (set one key of the section, e.g. --set {key}.{sorted(sections[key])[0]}=...)"
+            raise UserError(f"--set {key}: unknown option{hint}; choose from {sorted(known - set(sections))} "
+                            "or model.* or decoding.*")
     return data
 
 
