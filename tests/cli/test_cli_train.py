@@ -86,3 +86,17 @@ def test_lowercase_run_translates_and_evaluates_in_lower_case(data_dir, cli, tmp
     r = cli("train", "--config", REPO / "configs/demo.yaml", "--data-dir", data_dir, "--out", run, *sets,
             "--set", "max_steps=4")
     assert r.code != 0 and "lowercase" in r.err
+
+
+@pytest.mark.parametrize("inside", ["checkpoints", "checkpoints/step-0000003", "checkpoints/new/run"])
+def test_out_inside_another_runs_checkpoints_is_refused(cli, tmp_path, one_line_error, inside):
+    """A new run in another run's checkpoints/: that run's checkpoints found the new config.yaml
+    and vocabulary first (run files are looked up two folders up), and its keep_last pruning
+    deleted a run made in a step folder. One line, before anything is made there."""
+    other = tmp_path / "other"
+    (other / "checkpoints" / "step-0000003").mkdir(parents=True)
+    (other / "config.yaml").write_text("dataset: multi30k\n")
+    before = sorted(other.rglob("*"))
+    one_line_error(cli("train", "--config", REPO / "configs/demo.yaml", "--out", other / inside),
+                   "train", f"--out {other / inside}", f"inside the checkpoints of the run {other}", "another --out")
+    assert sorted(other.rglob("*")) == before

@@ -71,6 +71,7 @@ class Trainer:
         self.stop_signal: str | None = None
         if cfg.tensorboard:  # before the data is prepared, and on every rank, so that all stop
             require_tensorboard()
+        refuse_inside_checkpoints(self.run_dir)
         made = not self.run_dir.exists()
         self._lock: RunLock | None = None
         self.dist.on_main(self._take_lock)  # one writer per run, before anything in it changes
@@ -480,6 +481,17 @@ def undone_if_it_fails(run_dir: Path, active: bool):
                 with contextlib.suppress(OSError):
                     run_dir.rmdir()
         raise
+
+
+def refuse_inside_checkpoints(run_dir: Path) -> None:
+    """A UserError when ``run_dir`` lies in another run's checkpoints/ (before anything is
+    made there): that run's checkpoints would read this run's config and vocabulary (run
+    files are looked up two folders up), and its keep_last deletes the folders in it."""
+    for folder in (run_dir.resolve(), *run_dir.resolve().parents):
+        if folder.name == layout.CKPT_DIR and (folder.parent / layout.CONFIG).is_file():
+            raise UserError(f"--out {run_dir}: inside the checkpoints of the run {folder.parent}, whose checkpoints "
+                            "would read this run's config and vocabulary (and whose keep_last deletes folders "
+                            "there); use another --out")
 
 
 def check_run_dir(run_dir: Path, cfg: TrainConfig) -> None:
