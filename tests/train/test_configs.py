@@ -113,3 +113,12 @@ def test_a_rate_or_limit_that_is_no_finite_number_is_refused(key, value):
     with pytest.raises(UserError) as e:
         load_config(None, [f"{key}={value}"])
     assert str(e.value) == f"config: {key} must be a finite number >= 0, got {float(value)}"
+
+
+def test_averaging_more_checkpoints_than_are_kept_is_refused():
+    """average_last 5 with keep_last 2 averaged the 2 kept checkpoints and said nothing."""
+    with pytest.raises(UserError) as e:
+        load_config(None, ["keep_last=2", "average_last=5"])
+    assert str(e.value) == ("config: average_last 5 averages more checkpoints than keep_last 2 keeps; raise "
+                            "keep_last to 5 or lower average_last")
+    assert load_config(None, ["keep_last=5", "average_last=5"]).average_last == 5

@@ -220,6 +220,9 @@ class CheckpointConfig:
         _typed(self, _names(CheckpointConfig))
         _not_negative(self, "patience", "average_last")
         _positive(self, "eval_every", "save_every", "keep_last", "max_bad_steps")
+        _need(self.average_last <= self.keep_last, f"average_last {self.average_last} averages more checkpoints "
+                                                   f"than keep_last {self.keep_last} keeps; raise keep_last to "
+                                                   f"{self.average_last} or lower average_last")
 
 
 @dataclass(frozen=True)
