@@ -122,3 +122,15 @@ def test_averaging_more_checkpoints_than_are_kept_is_refused():
     assert str(e.value) == ("config: average_last 5 averages more checkpoints than keep_last 2 keeps; raise "
                             "keep_last to 5 or lower average_last")
     assert load_config(None, ["keep_last=5", "average_last=5"]).average_last == 5
+
+
+def test_a_folder_given_as_the_config_says_so(tmp_path):
+    """--config RUN_DIR said "config file not found" of a folder that is there; a run's
+    folder gets the command that resumes it."""
+    with pytest.raises(UserError) as e:
+        load_config(tmp_path)
+    assert str(e.value) == f"{tmp_path}: a folder, not a config file; give a YAML config such as configs/demo.yaml"
+    (tmp_path / "config.yaml").write_text("dataset: multi30k\n")
+    with pytest.raises(UserError) as e:
+        load_config(tmp_path)
+    assert str(e.value).endswith(f"(to resume the run there: --config {tmp_path / 'config.yaml'} --out {tmp_path})")

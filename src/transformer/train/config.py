@@ -359,6 +359,11 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     data: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
+        if path.is_dir():  # a run directory, given as fairseq's --restore-file or HF's resume_from_checkpoint are
+            run = (path / "config.yaml").is_file()
+            resume = f" (to resume the run there: --config {path / 'config.yaml'} --out {path})" if run else ""
+            raise UserError(f"{path}: a folder, not a config file; give a YAML config such as "
+                            f"configs/demo.yaml{resume}")
         if not path.is_file():
             raise UserError(f"{path}: config file not found")
         try:
