@@ -166,3 +166,15 @@ def test_a_files_run_older_than_valid_size_resumes_as_it_was(corpus, tmp_path):
     with pytest.raises(UserError, match="valid_size"):
         Trainer(load_config(None, overrides + ["max_steps=3"]), run, log=quiet)
     assert Trainer(load_config(None, overrides + ["max_steps=3", "valid_size=0"]), run, log=quiet).step == 2
+
+
+@pytest.mark.parametrize("sets", [["valid_size=0"], ["valid_size=1", "eval_bleu=false"]])
+def test_a_run_without_validation_bleu_does_not_report_one(corpus, tmp_path, sets):
+    """No validation pairs, or no BLEU computed on them: the last line said "best validation
+    BLEU 0.00", a score nothing had measured."""
+    from transformer.train.trainer import Trainer
+
+    lines: list[str] = []
+    overrides = file_overrides(corpus, valid=False) + ["max_steps=2", "eval_every=1", *sets]
+    Trainer(load_config(None, overrides), tmp_path / "run", log=lines.append).train()
+    assert lines[-1].startswith("stopped at step 2 (max_steps); ") and lines[-1].endswith(" no validation BLEU")

@@ -68,7 +68,7 @@ class TranslationTask:
 
     @staticmethod
     def best_summary(best: float) -> str:
-        return f"best validation BLEU {max(best, 0):.2f}"
+        return f"best validation BLEU {best:.2f}" if math.isfinite(best) else "no validation BLEU"
 
     @staticmethod
     def score_text(score: float) -> str:
