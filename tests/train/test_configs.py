@@ -134,3 +134,21 @@ def test_a_folder_given_as_the_config_says_so(tmp_path):
     with pytest.raises(UserError) as e:
         load_config(tmp_path)
     assert str(e.value).endswith(f"(to resume the run there: --config {tmp_path / 'config.yaml'} --out {tmp_path})")
+
+
+@pytest.mark.parametrize("sets,message", [
+    (["eval_bleu=false"], "patience 3 counts evaluations without a better BLEU; it needs eval_bleu: true"),
+    (["dataset=files", "train_src=a.tsv", "valid_size=0"],
+     "patience 3 counts evaluations without a better score, but nothing validates (valid_size 0); set patience: 0 "
+     "or keep a validation part"),
+    (["dataset=tinyshakespeare", "model.preset=nanogpt-char", "valid_fraction=0"],
+     "patience 3 counts evaluations without a better score, but nothing validates (valid_fraction 0); set "
+     "patience: 0 or keep a validation part"),
+])
+def test_patience_without_a_score_to_watch_is_refused(sets, message):
+    """Early stopping that could never come was accepted: without validation, or (translation)
+    without BLEU, no evaluation ever counted against patience."""
+    with pytest.raises(UserError) as e:
+        load_config(None, ["patience=3", *sets])
+    assert str(e.value) == f"config: {message}"
+    assert load_config(None, ["patience=3"]).patience == 3

@@ -279,6 +279,14 @@ class TrainConfig(LoggingConfig, CheckpointConfig, ScheduleConfig, OptimConfig, 
                                     "the translation loss)")
             _need(kind == "encoder-decoder", f"dataset {self.dataset!r} is a translation corpus: a decoder-only "
                                              f"model.preset trains on dataset {', '.join(TEXT_DATASETS)}")
+        if self.patience:  # else early stopping would silently never come
+            validates = (self.valid_fraction > 0 if self.is_language_model
+                         else self.dataset != "files" or bool(self.valid_src) or self.valid_size > 0)
+            _need(validates, f"patience {self.patience} counts evaluations without a better score, but nothing "
+                             f"validates (valid_{'fraction' if self.is_language_model else 'size'} 0); "
+                             "set patience: 0 or keep a validation part")
+            _need(self.is_language_model or self.eval_bleu, f"patience {self.patience} counts evaluations without a "
+                                                            "better BLEU; it needs eval_bleu: true")
         try:
             DecodingConfig.from_dict(self.decoding)
         except (ValueError, TypeError) as e:
