@@ -214,3 +214,14 @@ def test_average_out_naming_a_file_of_the_run_is_refused(run_copy, cli, one_line
     # an earlier average may be replaced
     assert cli("average", "--model", run_copy, "--last", 2, "--out", run_copy / "averaged.safetensors").code == 0
     assert cli("average", "--model", run_copy, "--last", 3, "--out", run_copy / "averaged.safetensors").code == 0
+
+
+def test_average_out_a_new_folder_with_a_slash(run_copy, cli, tmp_path):
+    """--out new/ (a folder not made yet) wrote a weights file named "new" and the run's
+    config and vocabulary loose beside it; it is made as a folder holding averaged.safetensors."""
+    folder = tmp_path / "made"
+    r = cli("average", "--model", run_copy, "--last", 2, "--out", f"{folder}/")
+    assert r.code == 0, r.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["made", "run"]
+    assert {"averaged.safetensors", "config.yaml", "subwords.model"} <= {p.name for p in folder.iterdir()}
+    assert cli("translate", "--model", folder, stdin="red dog runs\n").code == 0

@@ -13,6 +13,7 @@ written. ``--out`` naming a folder writes ``averaged.safetensors`` in it."""
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 
@@ -20,7 +21,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("average", help="average the last K checkpoints of a run")
     p.add_argument("--model", required=True, help="run directory")
     p.add_argument("--last", type=int, default=10, help="how many of the newest checkpoints")
-    p.add_argument("--out", help="output file, or a folder for averaged.safetensors (default: "
+    p.add_argument("--out", help="output file, or a folder for averaged.safetensors (a name ending in / is "
+                                 "made as one; default: "
                                  "RUN_DIR/averaged.safetensors); outside the run, the run's config.yaml and "
                                  "vocabulary are copied beside it, so that it decodes on its own")
     p.set_defaults(func=run)
@@ -37,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     if not dirs:
         raise UserError(f"{run_dir}: no checkpoints found under {run_dir / 'checkpoints'}")
     out = Path(args.out) if args.out else run_dir / AVERAGED
-    if out.is_dir():
+    if out.is_dir() or args.out and args.out.endswith(("/", os.sep)):  # newdir/: a folder, made
         out = out / AVERAGED
     copies = _files_to_copy(run_dir, out)  # None: inside the run
     if copies is None:
