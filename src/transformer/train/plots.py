@@ -30,7 +30,8 @@ def plot_learning_curve(metrics: Path, out: Path) -> Path:
         ax2.plot(*zip(*bleu), "s-", color="tab:green", label="validation BLEU (greedy)")
         ax2.set_ylabel("BLEU")
         ax2.legend(loc="center right")
-    ax.legend(loc="upper right")
+    if train or valid:  # a run stopped before its first record has nothing to label (matplotlib warns)
+        ax.legend(loc="upper right")
     ax.set_title(f"learning curve: {Path(metrics).parent.name}")
     fig.tight_layout()
     try:
