@@ -379,3 +379,12 @@ def test_explain_training_on_an_imported_run_is_one_line(imported, capsys):
     assert main(["explain", "--model", str(run), "--training"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "an imported model, with no training data" in err
+
+
+def test_import_says_how_to_build_the_compiled_step(gpt2_folder, tmp_path, capsys):
+    """The second line of what import prints is the command that builds the compiled step,
+    which ``--compile auto`` uses once built but does not build for a short generation."""
+    assert import_run(gpt2_folder, tmp_path / "run") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("imported gpt2 (")
+    assert f"'transformer generate --model {tmp_path / 'run'} --compile on'" in lines[1]
