@@ -78,3 +78,42 @@ def test_nan_stop_before_first_save_leaves_the_promised_checkpoint(tmp_path, mak
     with pytest.raises(UserError, match="last good checkpoint"):
         trainer.train()
     assert checkpoint_dirs(run), "the error message promises a checkpoint that was never written"
+
+
+def absurd_rate_at(trainer: Trainer, update: int) -> None:
+    """Give update ``update`` a learning rate of 1e30 (finite, and absurd): its weights come
+    out finite but so large that every later forward pass overflows."""
+    real = trainer.lr
+    trainer.lr = lambda step: 1e30 if step == update else real(step)
+
+
+def test_absurd_rate_stops_at_once_and_keeps_the_good_checkpoints(tmp_path, make_cfg, metrics):
+    run = tmp_path / "run"
+    cfg = ("max_steps=50", "save_every=2", "precision=fp32")
+    trainer = Trainer(make_cfg(*cfg), run, log=lambda *a: None)
+    absurd_rate_at(trainer, 4)
+    with pytest.raises(UserError) as e:
+        trainer.train()
+    msg = str(e.value)
+    assert "update 4 " in msg and "lower peak_lr" in msg and "\n" not in msg
+    assert f"last good checkpoint is {run / 'checkpoints' / 'step-0000002'}" in msg
+    # stopped at the first non-finite loss, not after max_bad_steps of them
+    assert len([r for r in metrics(run) if r.get("event") == "skipped_step"]) == 1
+    # step 4's checkpoint holds the broken weights: set aside, not left for a resume to read
+    assert [p.name for p in checkpoint_dirs(run)] == ["step-0000002"]
+    assert (run / "checkpoints" / "corrupt-step-0000004").is_dir()
+    weights = load_file(str(run / "checkpoints" / "step-0000002" / "model.safetensors"))
+    assert all(torch.isfinite(t).all() and t.abs().max() < 100 for t in weights.values() if t.is_floating_point())
+    resumed = Trainer(make_cfg(*cfg, "max_steps=6"), run, log=lambda *a: None)
+    assert resumed.step == 2
+    assert resumed.train()["step"] == 6
+    assert all(math.isfinite(r["loss"]) for r in metrics(run) if "event" not in r and r["step"] > 2)
+
+
+def test_absurd_peak_lr_saves_nothing(tmp_path, make_cfg):
+    run = tmp_path / "run"
+    trainer = Trainer(make_cfg("max_steps=50", "save_every=1", "peak_lr=1e30", "warmup=1"), run, log=lambda *a: None)
+    with pytest.raises(UserError, match=r"^update 1 \(learning rate 1e\+30\) made the weights unusable.*"
+                                        "no good checkpoint is left.*lower peak_lr"):
+        trainer.train()
+    assert checkpoint_dirs(run) == [] and not (run / "best.safetensors").exists()

@@ -167,6 +167,26 @@ def train_step(
     return StepStats(loss_sum / denom, nll_sum / denom, total, grad_norm, lr, skipped)
 
 
+@torch.no_grad()
+def loss_is_finite(model: nn.Module, micro_batches: list) -> bool:
+    """Whether the weights give a finite loss on ``micro_batches`` in fp32 without dropout.
+
+    Run after an update was skipped: a finite loss here means the failure lay in the
+    training forward (a half-precision overflow, a passing fault) and the weights are fine;
+    a non-finite one means the update before broke the weights (an absurd learning rate)."""
+    was_training = model.training
+    model.eval()
+    try:
+        for b in micro_batches:
+            select = b.tgt_out != getattr(b, "not_scored", model.cfg.pad_id)
+            loss, _ = forward_loss(model, b.inputs, getattr(b, "options", {}), select, b.tgt_out[select], 0.0, None)
+            if not math.isfinite(float(loss)):
+                return False
+        return True
+    finally:
+        model.train(was_training)
+
+
 def _all_reduce_sum(values: list[float], device: torch.device, group) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=device)
     torch.distributed.all_reduce(t, group=group)

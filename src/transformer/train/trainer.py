@@ -33,7 +33,7 @@ from .prepare import PreparedData, PreparedText, prepare_data, prepare_run, toke
 from .reuse import Start
 from .schedule import dropout_ramp, lr_at
 from ..hardware import slow_precision_warning
-from .step import StepStats, forward_loss, make_optimizer, resolve_precision, train_step
+from .step import StepStats, forward_loss, loss_is_finite, make_optimizer, resolve_precision, train_step
 from .task import make_task
 
 SIGNAL_CODES = {"SIGINT": 1, "SIGTERM": 2}
@@ -145,7 +145,7 @@ class Trainer:
                         break
                     stats = self.update(micro)
                     self.elapsed += time.perf_counter() - t0
-                    early_stop = self._after_update(stats)
+                    early_stop = self._after_update(stats, micro)
                     stop = self._agreed_stop(early_stop)
                     if stop:
                         reason = stop
@@ -165,12 +165,12 @@ class Trainer:
                           clip_norm=c.clip_norm or None, amp_dtype=self.amp_dtype, grad_scaler=self.scaler,
                           forward=self.forward, loss_kernels=self.loss_kernels, loss_fn=self.loss_fn)
 
-    def _after_update(self, stats: StepStats) -> bool:
+    def _after_update(self, stats: StepStats, micro: list) -> bool:
         """Count the update, then log, evaluate and save at their set points; True when
         evaluation says to stop early."""
         c = self.cfg
         if stats.skipped:  # on every rank alike: train_step all-reduces the verdict
-            self._skipped(stats)
+            self._skipped(stats, micro)
             return False
         self.bad_steps = 0
         self.step += 1
@@ -181,13 +181,32 @@ class Trainer:
             self.save()
         return early_stop
 
-    def _skipped(self, stats: StepStats) -> None:
+    def _skipped(self, stats: StepStats, micro: list) -> None:
         self.bad_steps += 1
         self.monitor.record({"event": "skipped_step", "step": self.step, "loss": stats.loss}, self.step)
+        if self.dist.any([int(not loss_is_finite(self.model, micro))])[0]:
+            self._broken_weights()
         if self.bad_steps >= self.cfg.max_bad_steps:
             saved = self.save()  # skipped updates leave the weights as they were: good
             raise UserError(f"{self.bad_steps} consecutive updates had a non-finite loss or gradient; stopping. "
                             f"The last good checkpoint is {saved}; try a lower learning rate or precision=fp32")
+
+    def _broken_weights(self) -> None:
+        """Stop without saving: update ``step`` made weights whose loss is not finite even in
+        fp32 without dropout (an absurd learning rate), which no later update repairs. A
+        checkpoint of that step, already written, holds them: it is set aside
+        (checkpoints/corrupt-step-*), so that a resume starts from the one before."""
+        newest = layout.latest_checkpoint(self.run_dir)
+        if newest is not None and self.saved_step == self.step and self.dist.is_main:
+            with contextlib.suppress(OSError):
+                layout.set_aside(newest)
+            newest = layout.latest_checkpoint(self.run_dir)
+        good = f"the last good checkpoint is {newest}" if newest is not None else "no good checkpoint is left"
+        what = (f"update {self.step} (learning rate {self.lr(self.step):.3g}) made the weights unusable"
+                if self.step else "the initial weights are unusable")
+        rate = "lr_scale" if self.cfg.lr_schedule == "noam" else "peak_lr"
+        raise UserError(f"{what}: their loss is not finite even in fp32; stopped without saving them, and {good}. "
+                        f"Start again with a lower {rate} (a new --out: a run keeps its schedule)")
 
     def _finish(self, reason: str) -> dict:
         """The last evaluation (before the last save, so that the checkpoint holds its score:
