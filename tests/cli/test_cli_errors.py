@@ -321,11 +321,28 @@ def test_demo_bad_steps(cli, one_line_error):
 
 # ---- usage errors and help --------------------------------------------------------------------
 
-def test_usage_errors_exit_2(cli):
-    for argv in ([], ["frobnicate"], ["translate"], ["translate", "--model", "x", "--beam", "two"]):
-        r = cli(*argv)
-        assert r.code == 2, argv
-        assert "usage: transformer" in r.err and "Traceback" not in r.err
+@pytest.mark.parametrize("argv, says", [
+    ([], "transformer: error: the following arguments are required: COMMAND (see transformer --help)"),
+    (["frobnicate"], "transformer: error: argument COMMAND: invalid choice: 'frobnicate'"),
+    (["translate"], "transformer translate: error: the following arguments are required: --model"),
+    (["translate", "--model", "x", "--beam", "two"], "transformer translate: error: argument --beam: invalid int "
+                                                     "value: 'two'"),
+    (["explain", "a dog", "--model", "A", "B"], "transformer explain: error: unrecognized arguments: B; text with "
+                                                "spaces needs quotes (see transformer explain --help)"),
+    (["explain", "--model", "x", "a", "dog"], "transformer explain: error: unrecognized arguments: dog;"),
+    (["translate", "--model", "x", "--beam", "2", "y"], "transformer translate: error: unrecognized arguments: y "
+                                                         "(see transformer translate --help)"),
+    (["explain", "--model"], "transformer explain: error: argument --model: expected one argument"),
+])
+def test_usage_errors_are_one_line(argv, says, cli):
+    """A missing, unknown or badly typed argument is one line naming the command and what was
+    wrong, with where to read more, like every other error (not argparse's usage block;
+    arguments no option took are named with their command, not on the bare 'transformer')."""
+    r = cli(*argv)
+    assert r.code == 2, argv
+    assert "Traceback" not in r.err and r.out == ""
+    assert len(r.err.splitlines()) == 1, r.err
+    assert r.err.startswith(says) and r.err.rstrip().endswith("--help)"), r.err
 
 
 @pytest.mark.parametrize("command", [None, "demo", "train", "translate", "evaluate", "average", "attention",

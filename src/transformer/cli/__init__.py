@@ -26,19 +26,40 @@ def command_modules() -> list[str]:
     return [n for n in ORDER if n in found] + sorted(found - set(ORDER))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose usage errors (a missing or unknown option, a value of the wrong
+    type) are one line as every other error is: "transformer CMD: error: ... (see transformer CMD
+    --help)", exit 2, instead of the usage block above the message. Sub-commands' parsers are
+    of this class too (argparse makes them of the parent's class)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def unrecognized(self, extra: list[str]):
+        """Arguments none of this command's options took (argparse would report them on the
+        top-level parser, without the command's name). A command that reads text (explain's
+        sentence, import's folder) most often meets them as the second word of unquoted text."""
+        reads_text = any(not a.option_strings for a in self._actions)
+        hint = "; text with spaces needs quotes" if reads_text else ""
+        self.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+
+
+def build_parser() -> Parser:
+    parser = Parser(
         prog="transformer", description="Train, use and look inside a from-scratch Transformer (Vaswani et al., 2017).")
     parser.add_argument("--version", action="version", version=f"transformer {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in command_modules():
         importlib.import_module(f"{__name__}.{name}").add_parser(sub)
+    parser.commands = sub.choices  # name -> the command's own Parser
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        parser.commands[args.command].unrecognized(extra)
     try:
         return int(args.func(args) or 0)
     except UserError as e:
