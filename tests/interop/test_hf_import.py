@@ -243,6 +243,18 @@ def test_existing_run_is_refused(gpt2_folder, tmp_path, capsys):
     assert (tmp_path / "run" / "keep.txt").read_text() == "mine"
 
 
+@pytest.mark.parametrize("out, says", [("", "--out is empty"), (".", "--out .: the current directory")])
+def test_out_empty_or_the_current_directory_is_one_line(gpt2_folder, out, says, tmp_path, monkeypatch, capsys):
+    """--out "" (the current directory to the filesystem) or "." in an empty folder: the
+    import would replace the folder the shell stands in; refused, nothing written."""
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main(["import", str(gpt2_folder), "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"transformer import: error: {says}"), err
+    assert not any(tmp_path.iterdir())
+
+
 def test_sliding_window_is_refused(tmp_path, capsys):
     folder, _ = build_checkpoint("mistral", tmp_path / "hf", sliding_window=8)
     _refused(folder, tmp_path / "run", capsys, "sliding_window")

@@ -260,6 +260,27 @@ def test_a_marian_export_of_a_language_model_is_refused_in_one_line(runs, tmp_pa
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("fmt", ["ctranslate2", "onnx", "marian"])
+@pytest.mark.parametrize("out, says", [("", "--out is empty"), (" ", "--out is empty"),
+                                       (".", "--out .: the current directory"),
+                                       ("./", "--out ./: the current directory")])
+def test_export_out_empty_or_the_current_directory_is_one_line(runs, fmt, out, says, tmp_path, monkeypatch, capsys):
+    """--out "" is the current directory to the filesystem: in an empty one, the export
+    replaced it (the folder the shell stood in was removed, the next command there failed).
+    Refused in one line for every format, the current directory left as it was."""
+    _, _, run = runs("gpt2")
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    inode = here.stat().st_ino
+    capsys.readouterr()
+    assert main(["export", "--model", str(run), "--format", fmt, "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"transformer export: error: {says}"), err
+    assert here.stat().st_ino == inode and not any(here.iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["here"]  # no temporary folder beside it
+
+
 # ---- the compiled decoding step -------------------------------------------------------------
 
 def test_compiled_step_on_an_imported_run(tmp_path, capfd):

@@ -70,6 +70,22 @@ def check_count(args: argparse.Namespace, name: str, must: str = "at least 1") -
         raise UserError(f"--{name.replace('_', '-')} must be {must}, got {value}")
 
 
+def new_directory(value: str, option: str = "--out") -> None:
+    """A directory a command writes whole (an export, an imported run: written beside it and
+    renamed onto it) is named by something other than nothing or the current directory: an
+    empty ``--out ""`` is the current directory to the filesystem, and an empty current
+    directory would be removed and replaced under the shell that stands in it."""
+    from pathlib import Path
+
+    from ..errors import UserError
+
+    if not value.strip():
+        raise UserError(f"{option} is empty; give the name of a new directory to write")
+    if Path(value).resolve() == Path.cwd().resolve():
+        raise UserError(f"{option} {value}: the current directory; give the name of a new directory "
+                        "(or an empty one other than the current directory)")
+
+
 def add_decoding_options(p: argparse.ArgumentParser, *names: str) -> None:
     """``--beam``, ``--alpha``, ... for the named DecodingConfig fields. No argparse
     ``choices``: a bad value is reported as one line naming the option, without the usage."""

@@ -48,6 +48,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _check(args) -> None:
     from ..errors import UserError
+    from ._options import new_directory
 
     if args.format not in FORMATS:
         raise UserError(f"--format must be one of {', '.join(FORMATS)}, got {args.format!r}")
@@ -59,6 +60,7 @@ def _check(args) -> None:
         if args.quantization not in QUANTIZATIONS:
             raise UserError(f"--quantization must be one of {', '.join(QUANTIZATIONS)}, "
                             f"got {args.quantization!r}")
+    new_directory(args.out)
     out = Path(args.out)
     if out.exists() and not (out.is_dir() and not any(out.iterdir())):
         raise UserError(f"{out}: already exists; give a new directory (or remove it first)")

@@ -21,7 +21,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..interop.hf_import import import_pretrained
+    from ._options import new_directory
 
+    new_directory(args.out)
     done = import_pretrained(args.source, args.out)
     if done.cfg is None:
         print(f"imported {done.family} ({args.source}) -> {done.run}")
