@@ -104,6 +104,25 @@ def test_resume_at_max_steps_trains_nothing(straight, tmp_path, make_cfg):
     assert not (run / "checkpoints/step-0000009").exists()
 
 
+@pytest.mark.parametrize("max_steps", [8, 5])
+def test_finished_run_resumed_at_or_past_max_steps_writes_nothing(straight, tmp_path, make_cfg, log, max_steps):
+    """No second evaluation, checkpoint, average or stop record (as fairseq's max_update):
+    one line says there is nothing to train and how to train further."""
+    run = tmp_path / "copy"
+    shutil.copytree(straight, run)
+    cfg = make_cfg(*COMMON, f"max_steps={max_steps}", "eval_every=3", "average_last=2")
+
+    def files() -> dict:  # but config.yaml, which a resume rewrites with the options that may change
+        return {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != "config.yaml"}
+
+    before = files()
+    result = Trainer(cfg, run, log=log).train()
+    assert result["step"] == 8 and result["finished"]
+    assert f"already at step 8 >= max_steps {max_steps}: nothing to train (raise max_steps" in log.text()
+    after = files()
+    assert after == before
+
+
 def test_cooldown_added_on_resume(half, make_cfg, metrics):
     """A cooldown can be decided later (warmup-stable-decay): a run trained 4 steps without
     one resumes with ``cooldown`` and a new ``max_steps``, and its learning rate falls

@@ -192,7 +192,7 @@ class ScheduleConfig:
     min_lr: float = 0.0  # cosine: the rate reached at lr_decay_steps (nanoGPT's min_lr)
     lr_decay_steps: int = 0  # cosine: the update where it reaches min_lr (nanoGPT's lr_decay_iters); 0 = max_steps
     cooldown: int = resumable(0)  # the last N updates before max_steps decay the learning rate linearly to 0
-    max_steps: int = resumable(10000)  # stop after this many updates (raise it to train a finished run further)
+    max_steps: int = resumable(10000)  # stop after this many updates; a finished run resumed at or past it trains nothing (raise it to train further)
     max_epochs: int = resumable(0)  # stop after this many passes over the training data (0 = no limit)
     max_minutes: float = resumable(0.0)  # wall-clock limit on training (0 = none); checkpoints then stops
 

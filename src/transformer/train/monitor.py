@@ -20,6 +20,23 @@ def require_tensorboard() -> None:
     require("tensorboard", "tensorboard", "tensorboard=true")
 
 
+def finished_at(run_dir: Path, step: int) -> bool:
+    """Whether the last ``stop`` record in RUN_DIR/metrics.jsonl says the schedule finished at
+    ``step``: the end of a run (final evaluation, checkpoint, average) is then written already."""
+    try:
+        lines = (Path(run_dir) / METRICS).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return False
+    for line in reversed(lines):
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and rec.get("event") == "stop":
+            return rec.get("step") == step and rec.get("finished") is True
+    return False
+
+
 class Monitor:
     def __init__(self, run_dir: Path, *, active: bool, progress: bool, tensorboard: bool, log_every: int,
                  log=print) -> None:
