@@ -123,6 +123,23 @@ def test_finished_run_resumed_at_or_past_max_steps_writes_nothing(straight, tmp_
     assert after == before
 
 
+@pytest.mark.parametrize("reason,trains", [("max_minutes", False), ("SIGTERM", True)])
+def test_run_stopped_at_step_8_resumed_with_max_steps_5(straight, tmp_path, make_cfg, metrics, reason, trains):
+    """A run the clock stopped has written its end (final evaluation, checkpoint): nothing
+    more; one a signal stopped has not, and a resume ends its schedule."""
+    import json
+
+    run = tmp_path / "copy"
+    shutil.copytree(straight, run)
+    recs = metrics(run)
+    assert recs[-1]["event"] == "stop" and recs[-1]["step"] == 8
+    recs[-1].update(reason=reason, finished=False)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    Trainer(make_cfg(*COMMON, "max_steps=5"), run, log=lambda *a: None).train()
+    stops = [r for r in metrics(run) if r.get("event") == "stop"]
+    assert len(stops) == (2 if trains else 1)
+
+
 def test_cooldown_added_on_resume(half, make_cfg, metrics):
     """A cooldown can be decided later (warmup-stable-decay): a run trained 4 steps without
     one resumes with ``cooldown`` and a new ``max_steps``, and its learning rate falls

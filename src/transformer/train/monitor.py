@@ -20,9 +20,10 @@ def require_tensorboard() -> None:
     require("tensorboard", "tensorboard", "tensorboard=true")
 
 
-def finished_at(run_dir: Path, step: int) -> bool:
-    """Whether the last ``stop`` record in RUN_DIR/metrics.jsonl says the schedule finished at
-    ``step``: the end of a run (final evaluation, checkpoint, average) is then written already."""
+def ended_at(run_dir: Path, step: int) -> bool:
+    """Whether the last ``stop`` record in RUN_DIR/metrics.jsonl says the run ended at ``step``
+    by its schedule or its clock: its end (final evaluation, checkpoint, average) is then
+    written already. A signal's stop skips the final evaluation and the average."""
     try:
         lines = (Path(run_dir) / METRICS).read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError):
@@ -33,7 +34,7 @@ def finished_at(run_dir: Path, step: int) -> bool:
         except ValueError:
             continue
         if isinstance(rec, dict) and rec.get("event") == "stop":
-            return rec.get("step") == step and rec.get("finished") is True
+            return rec.get("step") == step and rec.get("reason") not in ("SIGINT", "SIGTERM")
     return False
 
 

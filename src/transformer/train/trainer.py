@@ -28,7 +28,7 @@ from . import checkpoint as ckpt
 from .config import TrainConfig
 from .distributed import Dist, reshard_position
 from .loss import compile_loss
-from .monitor import Monitor, finished_at, require_tensorboard
+from .monitor import Monitor, ended_at, require_tensorboard
 from .prepare import PreparedData, PreparedText, prepare_data, prepare_run, tokenizer_file
 from .reuse import Start
 from .schedule import dropout_ramp, lr_at
@@ -131,11 +131,11 @@ class Trainer:
     def train(self) -> dict:
         """Train until max_steps / max_epochs / max_minutes / early stopping / a signal:
         batches -> train_step -> schedule, with evaluation, checkpoints and logging at their
-        set points. A finished run resumed at or past max_steps trains nothing and writes
-        nothing (as fairseq's max_update): raise max_steps to train it further."""
+        set points. A run that ended (not by a signal) resumed at or past max_steps trains
+        nothing and writes nothing (as fairseq's max_update): raise max_steps to train further."""
         c, reason = self.cfg, "max_steps"
         try:
-            if self.step >= c.max_steps and self.dist.on_main(lambda: finished_at(self.run_dir, self.step)):
+            if self.step >= c.max_steps and self.dist.on_main(lambda: ended_at(self.run_dir, self.step)):
                 self.log(f"already at step {self.step} >= max_steps {c.max_steps}: nothing to train "
                          "(raise max_steps to train further)")
                 return {"step": self.step, "reason": reason, "finished": True, "best_bleu": self.best_bleu,
