@@ -186,6 +186,34 @@ def test_missing_tokenizer(gpt2_folder, tmp_path, capsys):
     _refused(folder, tmp_path / "run", capsys, "no tokenizer")
 
 
+def test_config_without_model_type(gpt2_folder, tmp_path, capsys):
+    folder = _copy(gpt2_folder, tmp_path / "hf")
+    config = json.loads((folder / "config.json").read_text())
+    del config["model_type"]
+    (folder / "config.json").write_text(json.dumps(config))
+    err = _refused(folder, tmp_path / "run", capsys, f"{folder / 'config.json'}: no model_type", "gpt2, llama")
+    assert "None" not in err
+
+
+@pytest.mark.parametrize("name, says", [("tokenizer.json", "not a readable tokenizer.json"),
+                                        ("tokenizer_config.json", "not a readable tokenizer config")])
+def test_corrupt_tokenizer_file_is_named_where_it_is(gpt2_folder, name, says, tmp_path, capsys):
+    """The line names the source's file, not its copy in the temporary folder (which is gone)."""
+    folder = _copy(gpt2_folder, tmp_path / "hf")
+    (folder / name).write_text('{"version": ')
+    err = _refused(folder, tmp_path / "run", capsys, f"{folder / name}: {says}")
+    assert ".tmp" not in err
+
+
+def test_out_naming_a_file_is_refused(gpt2_folder, tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    assert import_run(gpt2_folder, tmp_path / "notes.txt") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "notes.txt: a file, not a folder; give a new run directory" in err
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
 def test_truncated_safetensors(gpt2_folder, tmp_path, capsys):
     folder = _copy(gpt2_folder, tmp_path / "hf")
     data = (folder / "model.safetensors").read_bytes()

@@ -129,6 +129,9 @@ def _model_type(folder: Path) -> str:
     if not (folder / "config.json").is_file():
         raise UserError(f"{folder}: no config.json; give a Hugging Face model folder")
     model_type = _read_json(folder / "config.json").get("model_type")
+    if model_type is None:
+        raise UserError(f"{folder / 'config.json'}: no model_type; transformer import reads the config.json "
+                        f"save_pretrained writes, with model_type {', '.join(FAMILIES)} or marian")
     if model_type != "marian" and model_type not in FAMILIES:
         raise UserError(f"{folder}: model_type {model_type!r} is not supported; transformer import reads "
                         f"{', '.join(FAMILIES)} language models and marian translation models")
@@ -222,7 +225,9 @@ def import_pretrained(source: str, out: str | Path) -> Imported:
             truncated, without a tokenizer, or its pytorch_model.bin asks to run code.
     """
     out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out}: a file, not a folder; give a new run directory")
+    if out.exists() and any(out.iterdir()):
         raise UserError(f"{out}: already exists and is not empty; give a new run directory")
     folder, where = fetch(source)
     family = _model_type(folder)
@@ -235,6 +240,7 @@ def import_pretrained(source: str, out: str | Path) -> Imported:
     weights = HFWeights(folder)
     tie = _tied(hf_config, weights)
     decoding = decoding_defaults(folder)
+    load_pretrained_tokenizer(folder)  # a bad tokenizer file named where it is, not in the temporary folder
     result: Imported | None = None  # set by fill, once the run is complete
 
     def fill(tmp: Path) -> None:
