@@ -22,6 +22,7 @@ def bad(tmp_path, trained) -> dict[str, Path]:
     (d / "invalid.yaml").write_text("max_steps: [1, 2\n", encoding="utf-8")
     (d / "unknown.yaml").write_text(trained.config.read_text() + "max_stepz: 3\n", encoding="utf-8")
     (d / "list.yaml").write_text("- 1\n- 2\n", encoding="utf-8")
+    (d / "twice.yaml").write_text(trained.config.read_text() + "max_steps: 3\n", encoding="utf-8")
     good = yaml.safe_load(trained.config.read_text(encoding="utf-8"))
     (d / "model-list.yaml").write_text(yaml.safe_dump({**good, "model": ["toy"]}), encoding="utf-8")
     (d / "decoding-number.yaml").write_text(yaml.safe_dump({**good, "decoding": 5}), encoding="utf-8")
@@ -49,6 +50,7 @@ TRAIN_CASES = {
     "invalid-yaml": ("invalid.yaml", [], ["invalid.yaml", "YAML"]),
     "unknown-key": ("unknown.yaml", [], ["unknown.yaml", "max_stepz"]),
     "not-a-mapping": ("list.yaml", [], ["list.yaml"]),
+    "key-twice": ("twice.yaml", [], ["twice.yaml", "key 'max_steps' appears twice", "first on line"]),
     "model-not-a-mapping": ("model-list.yaml", [], ["model-list.yaml", "model must be a mapping", "['toy']"]),
     "decoding-not-a-mapping": ("decoding-number.yaml", [], ["decoding-number.yaml", "decoding must be a mapping"]),
     "config-not-utf8": ("latin1.yaml", [], ["latin1.yaml"]),

@@ -72,3 +72,26 @@ def test_a_failed_first_attempt_removes_what_it_wrote(tmp_path):
         (run / "checkpoints" / ".step-0000001.tmp").mkdir(parents=True)
         raise RuntimeError("bad input")
     assert [p.name for p in run.iterdir()] == ["kept.txt"]
+
+
+@pytest.mark.parametrize("text,key,line,first", [
+    ("max_steps: 100\npeak_lr: 0.001\nmax_steps: 200\n", "max_steps", 3, 1),
+    ("model:\n  d_model: 8\n  n_heads: 2\n  d_model: 16\n", "d_model", 4, 2),
+    ("decoding: {beam: 4, beam: 5}\n", "beam", 1, 1),
+])
+def test_a_key_given_twice_is_refused_naming_it_and_its_lines(tmp_path, text, key, line, first):
+    """safe_load keeps the last value and says nothing: the first one was silently ignored."""
+    f = tmp_path / "config.yaml"
+    f.write_text(text, encoding="utf-8")
+    with pytest.raises(UserError) as caught:
+        read_yaml(f, "fix it")
+    assert str(caught.value) == (f"{f}: line {line}: key {key!r} appears twice in one mapping (first on line {first}), "
+                                 "and only the last would count; keep one")
+
+
+def test_the_same_key_in_different_mappings_and_a_merge_override_are_fine(tmp_path):
+    f = tmp_path / "config.yaml"
+    f.write_text("a: {x: 1}\nb: {x: 2}\nbase: &base {beam: 4, alpha: 0.6}\ndecoding:\n  <<: *base\n  beam: 5\n"
+                 "1: one\n'1': also one\n", encoding="utf-8")
+    assert read_yaml(f, "fix it") == {"a": {"x": 1}, "b": {"x": 2}, "base": {"beam": 4, "alpha": 0.6},
+                                      "decoding": {"beam": 5, "alpha": 0.6}, 1: "one", "1": "also one"}

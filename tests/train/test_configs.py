@@ -152,3 +152,16 @@ def test_patience_without_a_score_to_watch_is_refused(sets, message):
         load_config(None, ["patience=3", *sets])
     assert str(e.value) == f"config: {message}"
     assert load_config(None, ["patience=3"]).patience == 3
+
+
+def test_a_training_config_with_a_key_given_twice_is_refused(tmp_path):
+    """The training config is read as a run's config.yaml is (run/layout.py's read_yaml)."""
+    f = tmp_path / "mine.yaml"
+    f.write_text("dataset: files\nmax_steps: 100\nmodel:\n  preset: toy\nmax_steps: 5\n", encoding="utf-8")
+    with pytest.raises(UserError) as e:
+        load_config(f)
+    assert str(e.value) == (f"{f}: line 5: key 'max_steps' appears twice in one mapping (first on line 2), and only "
+                            "the last would count; keep one")
+    f.write_text("max_steps: [5\n", encoding="utf-8")
+    with pytest.raises(UserError, match=r"mine\.yaml: not readable YAML \(.*\); correct it$"):
+        load_config(f)

@@ -89,14 +89,58 @@ def read_run_config(path: str | Path) -> dict[str, Any]:
 
 def read_yaml(path: Path, remedy: str) -> Any:
     """The YAML document in the file ``path`` (None when it is empty); a one-line UserError
-    naming the file, what is wrong and ``remedy`` when it is not readable UTF-8 YAML."""
+    naming the file, what is wrong and ``remedy`` when it is not readable UTF-8 YAML. Every
+    config file (a training config, a run's config.yaml) is read here.
+
+    A key given twice in one mapping is refused with both line numbers: YAML's safe_load
+    keeps the last value and says nothing, so the first one would be silently ignored."""
     import yaml
 
     try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
+        return yaml.load(path.read_text(encoding="utf-8"), Loader=_unique_key_loader())  # noqa: S506 - a SafeLoader
+    except _DuplicateKey as e:
+        raise UserError(f"{path}: line {e.line}: key {e.key!r} appears twice in one mapping (first on line "
+                        f"{e.first}), and only the last would count; keep one") from None
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         detail = (str(e).splitlines() or [type(e).__name__])[0]
         raise UserError(f"{path}: not readable YAML ({detail}); {remedy}") from None
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: Any, first: int, line: int) -> None:
+        super().__init__(key)
+        self.key, self.first, self.line = key, first, line
+
+
+_LOADER: Any = None
+
+
+def _unique_key_loader() -> Any:
+    """yaml.SafeLoader that raises _DuplicateKey for a key given twice in one mapping (a
+    ``<<`` merge may still be overridden, as YAML means it to be)."""
+    global _LOADER
+    if _LOADER is None:
+        import yaml
+
+        class UniqueKeyLoader(yaml.SafeLoader):
+            def construct_mapping(self, node, deep=False):
+                if isinstance(node, yaml.MappingNode):
+                    seen: dict[Any, int] = {}
+                    for key_node, _ in node.value:
+                        if key_node.tag == "tag:yaml.org,2002:merge":
+                            continue
+                        key = self.construct_object(key_node, deep=True)
+                        line = key_node.start_mark.line + 1
+                        try:
+                            if key in seen:
+                                raise _DuplicateKey(key, seen[key], line)
+                        except TypeError:  # an unhashable key: safe_load's own error names it
+                            continue
+                        seen[key] = line
+                return super().construct_mapping(node, deep)
+
+        _LOADER = UniqueKeyLoader
+    return _LOADER
 
 
 def resolve_weights(path: str | Path) -> Path:

@@ -23,6 +23,7 @@ from ..decode.config import FIELDS as DECODING_FIELDS
 from ..decode.config import DecodingConfig
 from ..errors import UserError
 from ..frozen import TYPE_NAMES, Frozen, has_type, part, unknown_keys, whole_numbers_as_floats
+from ..run.layout import read_yaml
 
 LR_SCHEDULES = ("noam", "inverse_sqrt", "cosine")
 OPTIMIZERS = ("adam", "adamw")
@@ -374,10 +375,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
                             f"configs/demo.yaml{resume}")
         if not path.is_file():
             raise UserError(f"{path}: config file not found")
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except (yaml.YAMLError, UnicodeDecodeError) as e:
-            raise UserError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+        data = read_yaml(path, "correct it") or {}
         if not isinstance(data, dict):
             raise UserError(f"{path}: expected a mapping of option: value")
         for section, example in (("model", "{preset: base, dropout: 0.1}"), ("decoding", "{beam: 5, alpha: 1.0}")):
