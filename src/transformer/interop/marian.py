@@ -7,7 +7,7 @@ no final LayerNorm after either stack, and a bias on the vocabulary projection
 (``final_logits_bias``, our ``output_bias``). Decoding starts from
 ``decoder_start_token_id``, which is the pad id in Marian, so ``bos_id == pad_id``.
 
-Name map (ours <- HF, HF names under ``model.``):
+Name map (:func:`name_map`; ours <- HF, HF names under ``model.``):
     src_embed / tgt_embed                  <- encoder.embed_tokens / decoder.embed_tokens
     out_proj, out_bias                     <- lm_head, final_logits_bias
     *.self_attn.{q,k,v,out}_proj           <- *.self_attn.{q,k,v,out}_proj
@@ -26,10 +26,10 @@ becomes a translation run in :mod:`.marian_run` (``transformer import``). ``tran
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ..config import ModelConfig
 from ..extras import require
@@ -132,49 +132,60 @@ def config_to_marian(cfg: ModelConfig) -> "MarianConfig":
 
 
 # ---- the weights --------------------------------------------------------------------------
-def _module_pairs(model: Transformer, hf: "MarianMTModel") -> Iterator[tuple[str, nn.Module, nn.Module]]:
-    """(our name, our module, HF module) for every Linear and LayerNorm of the two stacks."""
-    # each stack's attention sub-layers: (our attention, our block, HF's attention, HF's norm after it)
-    attentions = {"encoder": [("self_attn", "attn_block", "self_attn", "self_attn_layer_norm")],
-                  "decoder": [("self_attn", "self_block", "self_attn", "self_attn_layer_norm"),
-                              ("cross_attn", "cross_block", "encoder_attn", "encoder_attn_layer_norm")]}
-    for stack, sublayers in attentions.items():
-        for i, (ours, theirs) in enumerate(zip(getattr(model, stack).layers, getattr(hf.model, stack).layers)):
-            name = f"{stack}.layers.{i}"
+# each stack's attention sub-layers: (our attention, our block, HF's attention, HF's norm after it)
+_SUBLAYERS = {"encoder": [("self_attn", "attn_block", "self_attn", "self_attn_layer_norm")],
+              "decoder": [("self_attn", "self_block", "self_attn", "self_attn_layer_norm"),
+                          ("cross_attn", "cross_block", "encoder_attn", "encoder_attn_layer_norm")]}
+EMBEDDINGS = {"src_embed.weight": "model.encoder.embed_tokens.weight",
+              "tgt_embed.weight": "model.decoder.embed_tokens.weight", "out_proj.weight": "lm_head.weight"}
+
+
+def name_map(cfg: ModelConfig) -> list[tuple[str, str]]:
+    """(our name, HF ``MarianMTModel`` state-dict name) for every tensor of our model for
+    ``cfg`` (the module docstring's map), a tied one once: ``src_embed`` only. Our ``out_bias``
+    (V,) is HF's ``final_logits_bias`` (1, V)."""
+    embeddings = ["src_embed.weight"] if cfg.tie_embeddings else list(EMBEDDINGS)
+    out = [(ours, EMBEDDINGS[ours]) for ours in embeddings]
+    for stack, sublayers in _SUBLAYERS.items():
+        for i in range(cfg.n_layers):
+            modules = []
             for attn, block, hf_attn, hf_norm in sublayers:
-                ours_attn, theirs_attn = getattr(ours, attn), getattr(theirs, hf_attn)
-                for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
-                    yield f"{name}.{attn}.{proj}", getattr(ours_attn, proj), getattr(theirs_attn, proj)
-                yield f"{name}.{block}.norm", getattr(ours, block).norm, getattr(theirs, hf_norm)
-            yield f"{name}.ffn.fc1", ours.ffn.fc1, theirs.fc1
-            yield f"{name}.ffn.fc2", ours.ffn.fc2, theirs.fc2
-            yield f"{name}.ffn_block.norm", ours.ffn_block.norm, theirs.final_layer_norm
+                modules += [(f"{attn}.{p}", f"{hf_attn}.{p}") for p in ("q_proj", "k_proj", "v_proj", "out_proj")]
+                modules.append((f"{block}.norm", hf_norm))
+            modules += [("ffn.fc1", "fc1"), ("ffn.fc2", "fc2"), ("ffn_block.norm", "final_layer_norm")]
+            out += [(f"{stack}.layers.{i}.{ours}.{p}", f"model.{stack}.layers.{i}.{theirs}.{p}")
+                    for ours, theirs in modules for p in ("weight", "bias")]
+    out.append(("out_bias", "final_logits_bias"))
+    return out
 
 
 def _tensor_pairs(model: Transformer, hf: "MarianMTModel") -> Iterator[tuple[str, Tensor, Tensor]]:
-    """(our name, our tensor, HF tensor) for every weight; a tied one appears once."""
-    yield "src_embed.weight", model.src_embed.weight, hf.model.encoder.embed_tokens.weight
-    if not model.cfg.tie_embeddings:
-        yield "tgt_embed.weight", model.tgt_embed.weight, hf.model.decoder.embed_tokens.weight
-        yield "out_proj.weight", model.output_layer()[0], hf.lm_head.weight
-    for name, ours, theirs in _module_pairs(model, hf):
-        yield f"{name}.weight", ours.weight, theirs.weight
-        yield f"{name}.bias", ours.bias, theirs.bias
+    """(our name, our tensor, HF tensor) for every weight but ``out_bias``; a tied one appears
+    once. The tensors are the models' own (state-dict views), to copy into."""
+    ours, theirs = model.state_dict(), hf.state_dict()
+    for name, hf_name in name_map(model.cfg):
+        if name != "out_bias":
+            yield name, ours[name], theirs[hf_name]
 
 
-def _check_positions(model: Transformer, hf: "MarianMTModel", where: str) -> float:
-    """HF keeps its own sinusoid table; it must be ours (it is, bit for bit, in transformers
-    5.x), or one model would compute something the other cannot. Returns the max abs diff."""
-    ours = model.positions.pe.float().cpu()
+def check_positions(cfg: ModelConfig, tables: Iterable[Tensor], where: str) -> float:
+    """HF keeps its own sinusoid table for each stack (``tables``); it must be ours for
+    ``cfg`` (it is, bit for bit, in transformers 5.x), or one model would compute something
+    the other cannot. Returns the max abs diff; ValueError beyond the tolerance."""
+    ours = sinusoid_table(cfg.max_len, cfg.d_model, cfg.sinusoid_layout).float()
     diff = 0.0
-    for stack in (hf.model.encoder, hf.model.decoder):
-        table = stack.embed_positions.weight.detach().float().cpu()
+    for table in tables:
+        table = table.detach().float().cpu()
         _check(table.shape == ours.shape, where,
                f"position table {tuple(table.shape)} != ours {tuple(ours.shape)}")
         diff = max(diff, (table - ours).abs().max().item())
     _check(diff <= _POSITION_TOL, where,
            f"HF's sinusoidal position table differs from ours by {diff:.3g} (was it left uninitialised?)")
     return diff
+
+
+def _model_positions(hf: "MarianMTModel") -> list[Tensor]:
+    return [stack.embed_positions.weight for stack in (hf.model.encoder, hf.model.decoder)]
 
 
 def _is_marian(hf_model: object) -> bool:
@@ -211,7 +222,7 @@ def from_marian(hf_model: "MarianMTModel") -> Transformer:
            f"lm_head has {head.size(0)} rows but the decoder vocabulary has {cfg.target_vocab_size}")
 
     model = Transformer(cfg)
-    _check_positions(model, hf_model, where)
+    check_positions(cfg, _model_positions(hf_model), where)
     model.to(device=enc.device, dtype=enc.dtype)
     for name, ours, theirs in _tensor_pairs(model, hf_model):
         _copy(ours, theirs, name, where)
@@ -253,7 +264,7 @@ def to_marian(model: Transformer) -> "MarianMTModel":
     model = to_concat_layout(model)  # the paper's interleaved positions -> Marian's [sin | cos]
     cfg = model.cfg
     hf = MarianMTModel(config_to_marian(cfg))
-    _check_positions(model, hf, where)
+    check_positions(cfg, _model_positions(hf), where)
     weight = model.src_embed.weight
     hf.to(device=weight.device, dtype=weight.dtype)
     for name, ours, theirs in _tensor_pairs(model, hf):

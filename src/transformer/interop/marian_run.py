@@ -25,23 +25,31 @@ produced, as OPUS-MT's ``bad_words_ids = [[pad]]`` asks. import.json lists, unde
 ``decoding_differences``, the generation settings of the folder that our search does not
 follow (:func:`generation_differences`).
 
-Reading: the weights through ``MarianMTModel.from_pretrained`` with ``weights_only`` loading
-(safetensors, or a ``pytorch_model.bin`` under ``torch.load(weights_only=True)``) and local
-files only; no code from the folder is run.
+Reading: tensor by tensor, by name, from the folder's weight files (``model.safetensors``, its
+shards, or a ``pytorch_model.bin`` under ``torch.load(weights_only=True, mmap=True)``) with
+:class:`~.hf_files.HFWeights`, as the language-model import reads them; each is converted
+(:func:`~transformer.interop.marian.name_map`) and streamed into ``best.safetensors``, so the
+import holds about one tensor, and never builds a ``MarianMTModel``. ``config.json`` and
+``generation_config.json`` are read as ``from_pretrained`` reads them (``MarianConfig``,
+``GenerationConfig``, local files only); no code from the folder is run. The embeddings are
+those HF's tying makes of the checkpoint (:func:`embedding_names`); a missing
+``final_logits_bias`` is zeros, as in HF. HF builds its sinusoid tables itself unless the
+checkpoint stores them (older OPUS-MT conversions do): a stored one must be ours.
 """
 from __future__ import annotations
 
 import json
-import pickle
 import shutil
 from pathlib import Path
+
+import torch
 
 from ..data.marian_tokenizer import (MARIAN_FILES, TARGET_VOCAB, TOKENIZER_CONFIG, MarianSubwords)
 from ..errors import UserError
 from ..extras import require
 from ..run.layout import BEST, CONFIG
 
-__all__ = ["import_marian_run", "decoding_from_generation", "generation_differences"]
+__all__ = ["import_marian_run", "decoding_from_generation", "generation_differences", "embedding_names"]
 
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                  "pytorch_model.bin.index.json")
@@ -56,34 +64,98 @@ def import_marian_run(source: Path, out: Path) -> None:
     empty folder), all at once: it is filled beside ``out`` and renamed into place, so a
     failed import leaves no ``out``. UserError, one line, for a folder that is not a
     complete Marian model or holds one our model cannot express."""
-    from ..run.weights import write_weights_file
+    from ..model import Transformer
+    from ..run.weights import FORMAT
+    from .hf_files import HFWeights, write_safetensors
     from .hf_import import IMPORT_RECORD, write_run
-    from .marian import from_marian
+    from .marian import check_positions, config_from_marian, name_map
 
     source, out = Path(source), Path(out)
     _check_folder(source)
     tokenizer = MarianSubwords.load(source)
-    hf = _load_hf(source)
+    hf_config, gen = _read_configs(source)
+    weights = HFWeights(source)
+    embeddings = embedding_names(hf_config, weights)
     try:
-        model = from_marian(hf)
+        cfg = config_from_marian(hf_config, _tied(hf_config, weights, embeddings), hf_config.vocab_size,
+                                 _target_vocab(hf_config))
+        stored = [f"model.{stack}.embed_positions.weight" for stack in ("encoder", "decoder")]
+        check_positions(cfg, [weights.get(name) for name in stored if name in weights], "from_marian")
     except ValueError as e:
         raise UserError(f"{source}: {e}") from None
-    _check_tokenizer(source, tokenizer, model.cfg)
+    _check_tokenizer(source, tokenizer, cfg)
+    entries = [(ours, embeddings.get(ours, theirs)) for ours, theirs in name_map(cfg)]
+    with torch.device("meta"):
+        own = Transformer(cfg).state_dict(keep_vars=True)
+    unique = {id(t): name for name, t in reversed(own.items())}  # a tied tensor under its first name
+    assert sorted(unique.values()) == sorted(ours for ours, _ in entries), "the name map misses a tensor"
+    dtype = weights.dtype(entries[0][1])  # the model takes its embedding's dtype, as from_pretrained does
+    header = [(ours, tuple(own[ours].shape), dtype) for ours, _ in entries]
+
+    def tensors():
+        for ours, theirs in entries:
+            if theirs == "final_logits_bias" and theirs not in weights:
+                t = torch.zeros(own[ours].shape)  # HF's start for a checkpoint without one
+            else:
+                t = weights.get(theirs)
+            yield ours, (t.reshape(-1) if ours == "out_bias" else t).to(dtype)  # final_logits_bias: (1, V)
+
     files = [name for name in (*MARIAN_FILES, TARGET_VOCAB, TOKENIZER_CONFIG)
              if (source / name).is_file() and (name != TARGET_VOCAB or tokenizer.separate)]
-    weights = sorted(name for name in _WEIGHT_FILES if (source / name).is_file())
     record = {"source": str(source), "family": "marian", "model_type": "marian", "tokenizer": files,
-              "weights": weights, "pad_id": model.cfg.pad_id, "tie_embeddings": model.cfg.tie_embeddings,
-              "decoding_differences": generation_differences(hf.generation_config, model.cfg.pad_id)}
+              "weights": sorted(name for name in _WEIGHT_FILES if (source / name).is_file()),
+              "pad_id": cfg.pad_id, "tie_embeddings": cfg.tie_embeddings,
+              "decoding_differences": generation_differences(gen, cfg.pad_id)}
+    meta = {"model_config": json.dumps(cfg.to_dict()), "format": FORMAT, "imported_from": "marian"}
 
     def fill(tmp: Path) -> None:
-        write_weights_file(model, tmp / BEST, {"imported_from": "marian"})
+        write_safetensors(tmp / BEST, header, tensors(), meta)
         for name in files:
             shutil.copyfile(source / name, tmp / name)
-        (tmp / CONFIG).write_text(_run_config(source, hf.generation_config, model.cfg), encoding="utf-8")
+        (tmp / CONFIG).write_text(_run_config(source, gen, cfg), encoding="utf-8")
         (tmp / IMPORT_RECORD).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
 
     write_run(out, fill)
+
+
+def embedding_names(hf_config, weights) -> dict[str, str]:
+    """Our embeddings and head (``src_embed.weight``, ``tgt_embed.weight``, ``out_proj.weight``)
+    -> the checkpoint's tensor that ``MarianMTModel.from_pretrained`` puts there. With
+    ``tie_word_embeddings`` HF ties them (transformers 5): all three to ``model.shared`` when
+    the encoder and decoder share embeddings, else the head to the decoder's embedding; a tied
+    group takes its first tensor the checkpoint has. Otherwise each has its own."""
+    from .marian import EMBEDDINGS
+
+    names = dict(EMBEDDINGS)
+    if getattr(hf_config, "tie_word_embeddings", False):
+        src, tgt, head = EMBEDDINGS.values()
+        group = ["model.shared.weight", src, tgt, head] if _shared(hf_config) else [tgt, head]
+        found = next((name for name in group if name in weights), group[0])
+        names.update({ours: found for ours, theirs in EMBEDDINGS.items() if theirs in group})
+    return names
+
+
+def _shared(hf_config) -> bool:
+    return bool(getattr(hf_config, "share_encoder_decoder_embeddings", True))
+
+
+def _target_vocab(hf_config) -> int:
+    """The decoder's vocabulary as HF sizes it: the source's when the embeddings are shared."""
+    return int(hf_config.vocab_size if _shared(hf_config) else hf_config.decoder_vocab_size)
+
+
+def _tied(hf_config, weights, names: dict[str, str]) -> bool:
+    """Whether our model ties its embeddings: HF's three matrices are one tensor, or hold the
+    same values (read two at a time)."""
+    src, tgt, head = (names[ours] for ours in ("src_embed.weight", "tgt_embed.weight", "out_proj.weight"))
+    if src == tgt == head:
+        return True
+    if hf_config.vocab_size != _target_vocab(hf_config):
+        return False
+
+    def same(a: str, b: str) -> bool:
+        return a == b or torch.equal(weights.get(a), weights.get(b))
+    return same(src, tgt) and same(tgt, head)
 
 
 def _setting(gen, name: str):
@@ -138,26 +210,23 @@ def _check_folder(source: Path) -> None:
             raise UserError(f"{source}: no {name}; a Marian model's tokenizer needs {', '.join(MARIAN_FILES)}")
 
 
-def _load_hf(source: Path):
+def _read_configs(source: Path):
+    """The folder's ``MarianConfig`` and ``GenerationConfig``, as ``MarianMTModel.from_pretrained``
+    reads them: generation_config.json, else the generation settings of config.json."""
     require("transformers", "interop", "importing a Marian model")
-    from transformers import MarianMTModel
+    from transformers import GenerationConfig, MarianConfig
 
-    from transformers.utils import logging as hf_logging
-
-    shown = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # its "Loading weights" bar, for a model of any size
     try:
-        return MarianMTModel.from_pretrained(source, local_files_only=True, weights_only=True,
-                                             trust_remote_code=False).eval()
-    except pickle.UnpicklingError:
-        raise UserError(f"{source}: pytorch_model.bin holds more than tensors (it would run code when "
-                        "unpickled); it is refused: convert it to model.safetensors where you trust it") from None
-    except (OSError, ValueError, KeyError, RuntimeError) as e:
+        hf_config = MarianConfig.from_pretrained(source, local_files_only=True)
+        try:
+            gen = GenerationConfig.from_pretrained(source, local_files_only=True)
+        except OSError:  # no generation_config.json
+            gen = GenerationConfig.from_pretrained(source, config_file_name="config.json", _from_model_config=True,
+                                                   local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"{source}: cannot read the Marian model ({first})") from None
-    finally:
-        if shown:
-            hf_logging.enable_progress_bar()
+    return hf_config, gen
 
 
 def _check_tokenizer(source: Path, tok: MarianSubwords, cfg) -> None:
