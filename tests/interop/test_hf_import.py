@@ -283,6 +283,38 @@ def test_out_empty_or_the_current_directory_is_one_line(gpt2_folder, out, says, 
     assert not any(tmp_path.iterdir())
 
 
+def test_generation_config_values_our_decoding_refuses_are_left_out(gpt2_folder, tmp_path, capsys):
+    """A generation_config.json value our decoding refuses was written into config.yaml, and
+    every command on the run then refused it: it is left out with one warning line each, the
+    run decodes with the default, and what is usable is kept (top_k 40.0 as 40, temperature 2 as 2.0)."""
+    folder = _copy(gpt2_folder, tmp_path / "hf")
+    (folder / "generation_config.json").write_text(json.dumps(
+        {"do_sample": True, "temperature": 2, "top_k": 40.0, "top_p": 1.5, "max_new_tokens": 0}))
+    capsys.readouterr()
+    assert import_run(folder, tmp_path / "run") == 0
+    warnings = capsys.readouterr().err.splitlines()
+    path = folder / "generation_config.json"
+    assert warnings == [f"warning: {path}: top_p must be in (0, 1], got 1.5; the run decodes with top_p 1.0 "
+                        "(give --top-p to choose)",
+                        f"warning: {path}: max_new_tokens must be at least 1, got 0; the run decodes with "
+                        "max_new_tokens 256 (give --max-new-tokens to choose)"]
+    decoding = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["decoding"]
+    assert decoding == {"temperature": 2.0, "top_k": 40, "top_p": 1.0}
+    assert main(["generate", "--model", str(tmp_path / "run"), "--prompt", PROMPT, "--max-new-tokens", "2",
+                 "--seed", "1"]) == 0
+
+
+def test_a_temperature_that_is_no_number_is_left_out(gpt2_folder, tmp_path, capsys):
+    """(it ended the import in a traceback: float('hot'))"""
+    folder = _copy(gpt2_folder, tmp_path / "hf")
+    (folder / "generation_config.json").write_text(json.dumps({"do_sample": True, "temperature": "hot"}))
+    capsys.readouterr()
+    assert import_run(folder, tmp_path / "run") == 0
+    assert "temperature must be a finite number, at least 0 (0 = greedy), got 'hot'" in capsys.readouterr().err
+    decoding = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())["decoding"]
+    assert decoding == {"temperature": 1.0, "top_k": 50, "top_p": 1.0}
+
+
 def test_sliding_window_is_refused(tmp_path, capsys):
     folder, _ = build_checkpoint("mistral", tmp_path / "hf", sliding_window=8)
     _refused(folder, tmp_path / "run", capsys, "sliding_window")

@@ -4,6 +4,7 @@ that every command reads: generate, evaluate, info, attention, explain, serve, e
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -29,6 +30,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"imported {done.family} ({args.source}) -> {done.run}")
         print(_compile_hint("translate", done.run))
         return 0
+    for note in done.notes:
+        print(f"warning: {note}", file=sys.stderr, flush=True)
     c = done.cfg
     head = "tied head" if c.tie_embeddings else "untied head"
     print(f"imported {done.family} ({done.parameters / 1e6:.1f}M parameters: {c.n_layers} layers, d_model {c.d_model}, "

@@ -60,6 +60,7 @@ class Imported:
     cfg: ModelConfig | None  # None for a translation run (Marian)
     tokenizer: str
     parameters: int
+    notes: tuple[str, ...] = ()  # generation_config.json's values left out (decoding_defaults)
 
 
 def _read_json(path: Path) -> dict:
@@ -97,19 +98,35 @@ def fetch(source: str) -> tuple[Path, str]:
             from None
 
 
-def decoding_defaults(folder: Path) -> dict:
+def decoding_defaults(folder: Path) -> tuple[dict, list[str]]:
     """The ``decoding`` section for generation_config.json: greedy unless it samples (as HF's
-    ``generate``), its temperature / top_k / top_p when it does, and max_new_tokens."""
+    ``generate``), its temperature / top_k / top_p when it does, and max_new_tokens; and a
+    note for each value our decoding refuses (a temperature "hot", top_p 1.5, max_new_tokens
+    0), which is left out: the run decodes with the default, instead of every command on it
+    refusing its config.yaml."""
+    from ..decode.config import FIELDS, DecodingConfig
+
     path = folder / "generation_config.json"
     g = _read_json(path) if path.is_file() else {}
     out: dict = {"temperature": 0.0}
-    if g.get("do_sample"):
-        for key, default in SAMPLING_DEFAULTS.items():
-            value = g.get(key)
-            out[key] = type(default)(default if value is None else value)
-    if isinstance(g.get("max_new_tokens"), int):
-        out["max_new_tokens"] = g["max_new_tokens"]
-    return out
+    given = {key: g.get(key) for key in (SAMPLING_DEFAULTS if g.get("do_sample") else ())}
+    given["max_new_tokens"] = g.get("max_new_tokens")
+    notes = []
+    for key, value in given.items():
+        if isinstance(value, float) and value.is_integer() and key in ("top_k", "max_new_tokens"):
+            value = int(value)  # top_k 50.0
+        if value is not None:
+            try:
+                value = getattr(DecodingConfig(**{key: value}), key)  # checked; an int temperature as a float
+            except (ValueError, TypeError) as e:
+                notes.append(f"{path}: {e}; the run decodes with {key} {SAMPLING_DEFAULTS.get(key, FIELDS[key])} "
+                             f"(give --{key.replace('_', '-')} to choose)")
+                value = None
+        if value is None:
+            value = SAMPLING_DEFAULTS.get(key)  # sampling: HF's default; max_new_tokens: ours, unwritten
+        if value is not None:
+            out[key] = value
+    return out, notes
 
 
 def stop_ids(folder: Path, hf_config, eos_id: int) -> list[int]:
@@ -239,7 +256,7 @@ def import_pretrained(source: str, out: str | Path) -> Imported:
     hf_config = _hf_config(folder)
     weights = HFWeights(folder)
     tie = _tied(hf_config, weights)
-    decoding = decoding_defaults(folder)
+    decoding, notes = decoding_defaults(folder)
     load_pretrained_tokenizer(folder)  # a bad tokenizer file named where it is, not in the temporary folder
     result: Imported | None = None  # set by fill, once the run is complete
 
@@ -267,7 +284,8 @@ def import_pretrained(source: str, out: str | Path) -> Imported:
                   "stop_ids": stop_ids(folder, hf_config, cfg.eos_id)}
         (tmp / IMPORT_RECORD).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
         nonlocal result
-        result = Imported(out, family, cfg, tokenizer_file, sum(math.prod(s) for s in shapes.values()))
+        result = Imported(out, family, cfg, tokenizer_file, sum(math.prod(s) for s in shapes.values()),
+                          tuple(notes))
 
     write_run(out, fill)
     assert result is not None
