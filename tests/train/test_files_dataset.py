@@ -93,6 +93,9 @@ def _bad_files(tmp_path, corpus) -> dict[str, dict]:
     two_tabs[9] += "\textra"
     for name, rows in (("no_tab.tsv", no_tab), ("two_tabs.tsv", two_tabs)):
         (tmp_path / name).write_text("".join(r + "\n" for r in rows), encoding="utf-8")
+    (tmp_path / "empty.src").write_text("", encoding="utf-8")
+    (tmp_path / "empty.tgt").write_text("", encoding="utf-8")
+    (tmp_path / "blank.tsv").write_text("\t\n \tx\n", encoding="utf-8")
     return {
         "missing": {"train_src": str(tmp_path / "nothere.src")},
         "no-tab": {"train_src": str(tmp_path / "no_tab.tsv"), "train_tgt": None, "valid_src": None, "valid_tgt": None},
@@ -100,6 +103,12 @@ def _bad_files(tmp_path, corpus) -> dict[str, dict]:
                      "valid_tgt": None},
         "line-counts": {"train_tgt": str(tmp_path / "short.tgt")},
         "valid-src-alone": {"valid_tgt": None},
+        "empty-train": {"train_src": str(tmp_path / "empty.src"), "train_tgt": str(tmp_path / "empty.tgt")},
+        "empty-tsv": {"train_src": str(tmp_path / "empty.src"), "train_tgt": None, "valid_src": None,
+                      "valid_tgt": None},
+        "blank-tsv": {"train_src": str(tmp_path / "blank.tsv"), "train_tgt": None, "valid_src": None,
+                      "valid_tgt": None},
+        "empty-valid": {"valid_src": str(tmp_path / "empty.src"), "valid_tgt": str(tmp_path / "empty.tgt")},
     }
 
 
@@ -109,6 +118,12 @@ def _bad_files(tmp_path, corpus) -> dict[str, dict]:
     ("two-tabs", ["two_tabs.tsv:10:", "found 2"]),
     ("line-counts", ["train.src", "160 lines", "short.tgt", "158"]),
     ("valid-src-alone", ["valid_src", "valid_tgt"]),
+    # an empty corpus file: named (it said "no training pairs left after skipping empty lines")
+    ("empty-train", ["empty.src and ", "empty.tgt: no training pairs (both files are empty)"]),
+    ("empty-tsv", ["empty.src: no training pairs (the file is empty)"]),
+    ("blank-tsv", ["blank.tsv: no training pairs (each of its 2 lines is empty on one side or both)"]),
+    # empty validation files: refused (the run trained without validation and said nothing)
+    ("empty-valid", ["empty.src and ", "empty.tgt: no validation pairs (both files are empty)", "leave valid_src out"]),
 ])
 def test_bad_files_are_one_line_errors_and_leave_no_run(case, mentions, corpus, tmp_path, cli, one_line_error,
                                                         write_config):

@@ -134,6 +134,19 @@ def _read_pairs(cfg: TrainConfig, split: str, download: bool = True) -> list[tup
     return read_parallel(src, tgt)
 
 
+def _no_pairs(cfg: TrainConfig, split: str, n_empty: int) -> str:
+    """The one-line error for a split without a sentence pair, naming its file(s)."""
+    name = "training" if split == "train" else "validation"
+    if cfg.dataset != "files":
+        return f"{cfg.dataset}: no {name} pairs left after skipping {n_empty} with an empty side"
+    src, tgt = (cfg.train_src, cfg.train_tgt) if split == "train" else (cfg.valid_src, cfg.valid_tgt)
+    if tgt is None:  # one TSV file
+        why = f"each of its {n_empty} lines is empty on one side or both" if n_empty else "the file is empty"
+        return f"{src}: no {name} pairs ({why}); give a file of sentence pairs"
+    why = f"each of their {n_empty} lines is empty on one side or both" if n_empty else "both files are empty"
+    return f"{src} and {tgt}: no {name} pairs ({why}); give files of sentence pairs"
+
+
 def held_out_size(valid_size: float, n_pairs: int) -> int:
     """valid_size as a number of pairs: itself when >= 1, else that fraction of ``n_pairs``
     rounded up (so that a small corpus still validates), at most 1,000."""
@@ -147,8 +160,11 @@ def _pairs(cfg: TrainConfig, log, download: bool = True) -> tuple[list[tuple[str
     validation file: valid_size training pairs, drawn with seed, validate instead."""
     train_pairs, n_empty = clean_pairs(_read_pairs(cfg, "train", download))
     if not train_pairs:
-        raise UserError("no training pairs left after skipping empty lines")
-    valid, _ = clean_pairs(_read_pairs(cfg, "valid", download))
+        raise UserError(_no_pairs(cfg, "train", n_empty))
+    valid, n_empty_valid = clean_pairs(_read_pairs(cfg, "valid", download))
+    if cfg.dataset == "files" and cfg.valid_src and not valid:  # else the run would train without validation
+        raise UserError(_no_pairs(cfg, "valid", n_empty_valid) + " (or leave valid_src out: valid_size then holds "
+                                                                  "out training pairs)")
     n_held = held_out_size(cfg.valid_size, len(train_pairs)) if cfg.dataset == "files" and not cfg.valid_src else 0
     if n_held:
         n_all = len(train_pairs)
