@@ -178,3 +178,18 @@ def test_dropout_ramp_in_training_and_resume(straight, tmp_path, make_cfg, metri
     Trainer(make_cfg(*common, "max_steps=4"), half, log=lambda *a: None).train()
     Trainer(make_cfg(*common, "max_steps=8"), half, log=lambda *a: None).train()
     assert same_weights(weights(run), weights(half))
+
+
+def test_fp16_on_the_cpu_scales_the_loss_and_resumes_the_scale(tmp_path, make_cfg):
+    """fp16 autocast without loss scaling flushes small gradients to zero; the CPU trained so
+    (the GradScaler was made for CUDA only). Its scale is saved and restored like CUDA's."""
+    run = tmp_path / "run"
+    trainer = Trainer(make_cfg("precision=fp16", "max_steps=3", "save_every=3"), run, log=lambda *a: None)
+    assert trainer.amp_dtype == torch.float16
+    assert isinstance(trainer.scaler, torch.amp.GradScaler) and trainer.scaler.is_enabled()
+    assert trainer.train()["step"] == 3
+    saved = torch.load(run / "checkpoints/step-0000003/state.pt", weights_only=True)["scaler"]
+    assert saved["scale"] == trainer.scaler.get_scale() > 1
+    resumed = Trainer(make_cfg("precision=fp16", "max_steps=4", "save_every=3"), run, log=lambda *a: None)
+    assert resumed.step == 3 and resumed.scaler.get_scale() == saved["scale"]
+    assert resumed.train()["step"] == 4

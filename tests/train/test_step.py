@@ -138,3 +138,21 @@ def test_paper_adam_holds_each_parameter_once_with_the_papers_settings(make_mode
     assert sum(p is model.src_embed.weight for p in group["params"]) == 1
     stats = train_step(model.train(), [make_batch(FIRST)], opt, lr=1e-3)
     assert not stats.skipped and group["lr"] == 1e-3
+
+
+def test_fp16_step_on_the_cpu_with_a_grad_scaler_matches_fp32_roughly(make_model):
+    """What a CPU run with precision fp16 does: the loss is scaled for the backward pass and
+    the gradients the optimizer sees are unscaled again."""
+    fp32, fp16 = make_model().train(), make_model().train()
+    batch = make_batch(FIRST + SECOND)
+    s32 = train_step(fp32, [batch], torch.optim.SGD(fp32.parameters()), lr=0.0)
+    scaler = torch.amp.GradScaler("cpu")
+    s16 = train_step(fp16, [batch], torch.optim.SGD(fp16.parameters()), lr=0.0, amp_dtype=torch.float16,
+                     grad_scaler=scaler)
+    assert not s16.skipped and scaler.get_scale() == 65536.0
+    assert s16.loss == pytest.approx(s32.loss, rel=1e-2)
+    assert s16.grad_norm == pytest.approx(s32.grad_norm, rel=5e-2)  # unscaled: not 65536 times larger
+    g32, g16 = grads(fp32), grads(fp16)
+    assert g16.keys() == g32.keys()
+    flat32, flat16 = (torch.cat([g[k].flatten() for k in sorted(g)]) for g in (g32, g16))
+    assert (flat16 - flat32).norm() <= 0.1 * flat32.norm()

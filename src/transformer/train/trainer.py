@@ -116,7 +116,8 @@ class Trainer:
         self.amp_dtype = resolve_precision(cfg.precision, self.device)
         if note := slow_precision_warning(cfg.precision, self.device):
             self.log(f"warning: {note}")
-        self.scaler = torch.amp.GradScaler("cuda") if self.amp_dtype == torch.float16 else None
+        # fp16's range needs loss scaling on every device (its small gradients flush to zero), the CPU too
+        self.scaler = torch.amp.GradScaler(self.device.type) if self.amp_dtype == torch.float16 else None
         self.loss_kernels = self._loss_kernels()
         self.step, self.best_bleu, self.bad_evals, self.bad_steps, self.elapsed = 0, -math.inf, 0, 0, 0.0
         self.saved_step: int | None = None  # the step of the newest checkpoint
