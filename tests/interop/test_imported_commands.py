@@ -116,6 +116,24 @@ def test_attention_focus_finds_the_words_of_an_imported_tokenizer(runs, family, 
     assert "ranked by attention from 'world' to 'Hello'" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("family, first", [("gpt2", "H"), ("llama3", "<|begin_of_text|>"), ("llama2-sp", "<s>")])
+def test_explain_shows_special_tokens_by_name_and_split_characters_by_their_bytes(runs, family, first, capsys):
+    """An imported tokenizer's special token was shown as our <s> / <pad> (Llama 3's
+    <|begin_of_text|> as <s>, GPT-2's <|endoftext|> as <pad>), and each byte-level token of
+    a split emoji as U+FFFD: now by its own name, and by its bytes, which join to the emoji's."""
+    _, _, run = runs(family)
+    capsys.readouterr()
+    assert main(["explain", "--model", str(run), "Hi 🙂 ok<|endoftext|>", "--step", "1", "--json"]) == 0
+    tokens = json.loads(capsys.readouterr().out)["tokens"]
+    assert tokens[0] == first and "\ufffd" not in "".join(tokens)
+    if family == "gpt2":
+        assert tokens[-1] == "<|endoftext|>"
+    if family != "llama2-sp":  # byte-level BPE: the emoji is split into byte tokens
+        shown = "".join(tokens)
+        emoji = "".join(f"<0x{b:02X}>" for b in "🙂".encode())
+        assert "▁" + emoji in shown and "<0x" not in shown.replace(emoji, "")
+
+
 # ---- GPT-2: the padding id is a real token --------------------------------------------------
 
 def test_gpt2_attention_reads_its_padding_id_as_text(runs):
