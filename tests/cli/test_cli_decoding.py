@@ -44,6 +44,39 @@ def test_bad_settings_name_their_field(bad, field):
         DecodingConfig(**bad)
 
 
+@pytest.mark.parametrize("bad, message", [
+    (dict(beam=2.5), "beam must be an integer, got 2.5"),  # was "beam must be at least 1, got 2.5"
+    (dict(beam=2.0), "beam must be an integer, got 2.0"),
+    (dict(beam="abc"), "beam must be an integer, got 'abc'"),
+    (dict(beam=True), "beam must be an integer, got True"),
+    (dict(n_best=1.5), "n_best must be an integer, got 1.5"),
+    (dict(max_len_b=2.5), "max_len_b must be an integer, got 2.5"),  # was "must not be negative, got 2.5"
+    (dict(max_new_tokens=9.5), "max_new_tokens must be an integer, got 9.5"),
+    (dict(top_k=1.5), "top_k must be an integer, got 1.5"),
+    (dict(seed=1.5), "seed must be an integer, got 1.5"),
+    (dict(max_tokens=10.5), "max_tokens must be an integer, got 10.5"),
+    (dict(temperature="hot"), "temperature must be a number, got 'hot'"),
+])
+def test_a_setting_of_the_wrong_type_says_what_it_must_be(bad, message):
+    with pytest.raises(ValueError) as e:
+        DecodingConfig(**bad)
+    assert str(e.value) == message
+
+
+def test_a_non_integer_decoding_setting_is_one_line_in_a_train_config_and_a_run_config(
+        run_with, trained, cli, tmp_path, one_line_error):
+    r = cli("train", "--config", trained.config, "--out", tmp_path / "new", "--set", "decoding.beam=2.5")
+    one_line_error(r, "train", "config: decoding.beam must be an integer, got 2.5")
+    config = tmp_path / "beam.yaml"
+    config.write_text(trained.config.read_text() + "decoding:\n  beam: 2.5\n")
+    one_line_error(cli("train", "--config", config, "--out", tmp_path / "new"), "train",
+                   "config: decoding.beam must be an integer, got 2.5")
+    assert not (tmp_path / "new").exists()
+    run = run_with({"beam": 2.5})
+    one_line_error(cli("translate", "--model", run, stdin="red dog\n"), "translate", "config.yaml",
+                   "beam must be an integer, got 2.5")
+
+
 def test_defaults_and_integers_for_floats():
     d = DecodingConfig(alpha=1, temperature=0)
     assert (d.beam, d.n_best, d.alpha, d.temperature) == (4, 1, 1.0, 0.0)

@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..frozen import Frozen, part, unknown_keys, whole_numbers_as_floats
+from ..frozen import TYPE_NAMES, Frozen, has_type, part, unknown_keys, whole_numbers_as_floats
 
 # Decoding arithmetic (decode/precision.py): auto is bf16 where the device computes it
 # natively, else fp32; int8 is a CPU option.
@@ -46,6 +46,17 @@ def check_precision(precision: str, device: str = "cpu") -> None:
         raise ValueError(f"precision {precision} is for CPU decoding; use fp32 or bf16 with device {device}")
 
 
+def _numbers(config, kind: type) -> None:
+    """The number fields of ``kind`` in ``config`` checked for their type first (``beam: 2.5``
+    was 'beam must be at least 1, got 2.5'); a whole number is a fine float (YAML and JSON
+    give 1 for 1.0). The other fields' own checks name their choices."""
+    whole_numbers_as_floats(config)
+    for f in dataclasses.fields(kind):
+        value = getattr(config, f.name)
+        if f.type in ("int", "int | None", "float", "float | None") and not has_type(value, f.type):
+            raise ValueError(f"{f.name} must be {TYPE_NAMES[f.type]}, got {value!r}")
+
+
 def _need(ok: bool, name: str, what: str, value: Any) -> None:
     if not ok:
         raise ValueError(f"{name} {what}, got {value!r}")
@@ -63,7 +74,7 @@ class SearchConfig:
     max_len_b: int = 50  # the output length limit's constant term: max_len_a * source length + max_len_b tokens
 
     def __post_init__(self) -> None:
-        whole_numbers_as_floats(self)
+        _numbers(self, SearchConfig)
         _need(isinstance(self.beam, int) and self.beam >= 1, "beam", "must be at least 1", self.beam)
         _need(isinstance(self.alpha, float) and math.isfinite(self.alpha), "alpha", "must be a finite number",
               self.alpha)
@@ -88,7 +99,7 @@ class SamplingConfig:
     seed: int | None = None  # the same seed gives the same text
 
     def __post_init__(self) -> None:
-        whole_numbers_as_floats(self)
+        _numbers(self, SamplingConfig)
         _need(isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1, "max_new_tokens",
               "must be at least 1", self.max_new_tokens)
         _need(isinstance(self.temperature, float) and 0 <= self.temperature < math.inf, "temperature",
@@ -109,6 +120,7 @@ class RuntimeConfig:
     compile: str = "auto"  # on, off, auto: a compiled decoding step (on: built if missing; auto: if built); decode/static.py
 
     def __post_init__(self) -> None:
+        _numbers(self, RuntimeConfig)
         _need(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", "must be positive",
               self.max_tokens)
         _need(isinstance(self.device, str), "device", "must be a device name such as cpu or cuda:0", self.device)
