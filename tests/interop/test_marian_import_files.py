@@ -139,3 +139,20 @@ def test_a_tensor_of_the_wrong_shape_is_one_line(folder, tmp_path):
     with pytest.raises(UserError, match="does not fit") as e:
         import_marian_run(wrong, tmp_path / "run")
     assert "\n" not in str(e.value) and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_tensor_shapes_are_our_models(tie):
+    """The import checks the checkpoint against tensor_shapes, not a model it builds: they must
+    be our model's tensors, each once, with their shapes."""
+    from transformer.config import ModelConfig
+    from transformer.interop.marian import name_map, tensor_shapes
+    from transformer.model import Transformer
+    from transformer.run.weights import unique_state_dict
+
+    cfg = ModelConfig(vocab_size=40, tgt_vocab_size=None if tie else 30, tie_embeddings=tie, d_model=16, n_layers=2,
+                      n_heads=2, d_ff=24, max_len=32, norm_first=False, final_norm=False, output_bias=True,
+                      sinusoid_layout="concat")
+    ours = {name: tuple(t.shape) for name, t in unique_state_dict(Transformer(cfg)).items()}
+    assert tensor_shapes(cfg) == ours
+    assert sorted(name for name, _ in name_map(cfg)) == sorted(ours)

@@ -159,6 +159,27 @@ def name_map(cfg: ModelConfig) -> list[tuple[str, str]]:
     return out
 
 
+def tensor_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """The shape of each tensor of :func:`name_map` in our model for ``cfg`` (HF's are the same
+    but ``final_logits_bias``, (1, V)), without building a model: an import checks the
+    checkpoint against them, and a model built on the meta device would import torch's
+    compiler (its meta kernels do), some 70 MB."""
+    c, f, v = cfg.d_model, cfg.d_ff, cfg.target_vocab_size
+    rows = {"src_embed.weight": cfg.vocab_size, "tgt_embed.weight": v, "out_proj.weight": v}
+    shapes: dict[str, tuple[int, ...]] = {}
+    for ours, _ in name_map(cfg):
+        if ours in rows:
+            shapes[ours] = (rows[ours], c)
+        elif ours == "out_bias":
+            shapes[ours] = (v,)
+        elif ".ffn.fc" in ours:
+            out, into = (f, c) if ".fc1." in ours else (c, f)
+            shapes[ours] = (out, into) if ours.endswith("weight") else (out,)
+        else:  # attention projections (C, C) and their biases, LayerNorms
+            shapes[ours] = (c, c) if ours.endswith("_proj.weight") else (c,)
+    return shapes
+
+
 def _tensor_pairs(model: Transformer, hf: "MarianMTModel") -> Iterator[tuple[str, Tensor, Tensor]]:
     """(our name, our tensor, HF tensor) for every weight but ``out_bias``; a tied one appears
     once. The tensors are the models' own (state-dict views), to copy into."""

@@ -64,11 +64,10 @@ def import_marian_run(source: Path, out: Path) -> None:
     empty folder), all at once: it is filled beside ``out`` and renamed into place, so a
     failed import leaves no ``out``. UserError, one line, for a folder that is not a
     complete Marian model or holds one our model cannot express."""
-    from ..model import Transformer
     from ..run.weights import FORMAT
     from .hf_files import HFWeights, write_safetensors
     from .hf_import import IMPORT_RECORD, write_run
-    from .marian import check_positions, config_from_marian, name_map
+    from .marian import check_positions, config_from_marian, name_map, tensor_shapes
 
     source, out = Path(source), Path(out)
     _check_folder(source)
@@ -85,17 +84,14 @@ def import_marian_run(source: Path, out: Path) -> None:
         raise UserError(f"{source}: {e}") from None
     _check_tokenizer(source, tokenizer, cfg)
     entries = [(ours, embeddings.get(ours, theirs)) for ours, theirs in name_map(cfg)]
-    with torch.device("meta"):
-        own = Transformer(cfg).state_dict(keep_vars=True)
-    unique = {id(t): name for name, t in reversed(own.items())}  # a tied tensor under its first name
-    assert sorted(unique.values()) == sorted(ours for ours, _ in entries), "the name map misses a tensor"
+    shapes = tensor_shapes(cfg)
     dtype = weights.dtype(entries[0][1])  # the model takes its embedding's dtype, as from_pretrained does
-    header = [(ours, tuple(own[ours].shape), dtype) for ours, _ in entries]
+    header = [(ours, shapes[ours], dtype) for ours, _ in entries]
 
     def tensors():
         for ours, theirs in entries:
             if theirs == "final_logits_bias" and theirs not in weights:
-                t = torch.zeros(own[ours].shape)  # HF's start for a checkpoint without one
+                t = torch.zeros(shapes[ours])  # HF's start for a checkpoint without one
             else:
                 t = weights.get(theirs)
             yield ours, (t.reshape(-1) if ours == "out_bias" else t).to(dtype)  # final_logits_bias: (1, V)
