@@ -14,14 +14,35 @@
 The optional packages (the ``export`` extra) are imported only when a function that needs
 them is called.
 """
-from .marian import config_from_marian, config_to_marian, from_marian, load_marian, save_marian, to_marian
-from .ctranslate2 import save_ctranslate2, save_ctranslate2_lm, to_ctranslate2_lm_spec, to_ctranslate2_spec
-from .gpt2 import from_gpt2, to_gpt2
-from .llama import from_llama, to_llama
-from .layout import to_concat_layout
-from .onnx import check_onnx, export_onnx, greedy_onnx
-from .onnx_lm import check_onnx_lm, export_onnx_lm, greedy_onnx_lm
-from .torch_nn import load_from_torch_nn
+from importlib import import_module
+
+# name -> the module that defines it, imported when the name is first asked for: importing one
+# module of the package (the Marian or language-model import) does not load the others (the
+# ONNX exports bring in torch's compiler, about 70 MB)
+_WHERE = {
+    **dict.fromkeys(("config_from_marian", "config_to_marian", "from_marian", "load_marian", "save_marian",
+                     "to_marian"), "marian"),
+    **dict.fromkeys(("save_ctranslate2", "save_ctranslate2_lm", "to_ctranslate2_lm_spec", "to_ctranslate2_spec"),
+                    "ctranslate2"),
+    "from_gpt2": "gpt2", "to_gpt2": "gpt2", "from_llama": "llama", "to_llama": "llama",
+    "to_concat_layout": "layout",
+    **dict.fromkeys(("check_onnx", "export_onnx", "greedy_onnx"), "onnx"),
+    **dict.fromkeys(("check_onnx_lm", "export_onnx_lm", "greedy_onnx_lm"), "onnx_lm"),
+    "load_from_torch_nn": "torch_nn",
+}
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f".{_WHERE[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE])
+
 
 __all__ = [
     "load_from_torch_nn",
