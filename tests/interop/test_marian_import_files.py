@@ -4,7 +4,11 @@ and missing ``final_logits_bias`` as ``MarianMTModel.from_pretrained`` does, and
 one line. The folders are those of test_marian_import.py (a tiny random model, built here)."""
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -87,8 +91,6 @@ def test_a_stored_position_table_that_is_not_ours_is_refused(folder, tmp_path):
 def test_untied_equal_matrices_are_tied_and_unequal_ones_kept(folder, tmp_path):
     """tie_word_embeddings false: HF keeps three matrices; ours ties them when they hold the
     same values (as from_marian decides) and keeps them apart otherwise."""
-    import json
-
     for equal in (True, False):
         untied = tmp_path / f"untied-{equal}"
         shutil.copytree(folder, untied)
@@ -156,3 +158,15 @@ def test_tensor_shapes_are_our_models(tie):
     ours = {name: tuple(t.shape) for name, t in unique_state_dict(Transformer(cfg)).items()}
     assert tensor_shapes(cfg) == ours
     assert sorted(name for name, _ in name_map(cfg)) == sorted(ours)
+
+
+def test_the_import_does_not_load_torchs_compiler(folder, tmp_path):
+    """What keeps the import's memory near its largest tensor: neither a Hugging Face model's
+    code nor torch's compiler (some 70 MB, which a model built on the meta device or the ONNX
+    exports would import) is loaded, in a fresh process."""
+    probe = ("import sys; from transformer.cli import main; assert main(sys.argv[1:]) == 0; "
+             "print(sorted(m for m in ('torch._dynamo', 'transformers.models.marian.modeling_marian') "
+             "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe, "import", str(folder), "--out", str(tmp_path / "run")],
+                         capture_output=True, text=True, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.stdout.splitlines()[-1] == "[]"
