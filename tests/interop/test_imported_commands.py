@@ -134,6 +134,15 @@ def test_explain_shows_special_tokens_by_name_and_split_characters_by_their_byte
         assert "▁" + emoji in shown and "<0x" not in shown.replace(emoji, "")
 
 
+def test_service_attention_names_special_tokens_and_bytes(runs):
+    """The explorer's attention map labelled Llama 3's BOS as an empty cell and each byte of a
+    split emoji as U+FFFD."""
+    _, _, run = runs("llama3")
+    with _client(run) as client:
+        tokens = client.post("/attention", json={"text": "Hi 🙂"}).json()["tokens"]
+    assert tokens == ["<|begin_of_text|>", "H", "i", " <0xF0><0x9F>", "<0x99>", "<0x82>"]
+
+
 # ---- GPT-2: the padding id is a real token --------------------------------------------------
 
 def test_gpt2_attention_reads_its_padding_id_as_text(runs):

@@ -11,6 +11,9 @@ Both have the interface of the project's tokenizers (``vocab_size``, ``encode``,
 - ``decode(ids)`` gives ``AutoTokenizer.decode(ids, skip_special_tokens=True)``: the text,
   without BOS, EOS or padding. Ids that end inside a multi-byte character decode to
   U+FFFD there, which streamed decoding (:class:`~transformer.generator.TextPieces`) holds back.
+- ``shown(i)`` gives one token as the pictures of a model's tokens show it (explain, attention,
+  the service's attention map): its text, or its own name where that is nothing (a special
+  token: ``<|begin_of_text|>``) or part of a character (a byte: ``<0xF0>``).
 """
 from __future__ import annotations
 
@@ -51,6 +54,31 @@ def read_json(path: Path, unreadable: str = "not readable JSON"):
         raise UserError(f"{path}: {unreadable} ({e})") from None
 
 
+def _byte_level_alphabet() -> dict[str, int]:
+    """Byte-level BPE's printable stand-in for each byte (GPT-2's ``bytes_to_unicode``): the
+    printable Latin-1 bytes stand for themselves, the others for chr(256), chr(257), ..."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in kept]
+    return {**{chr(b): b for b in kept}, **{chr(256 + n): b for n, b in enumerate(others)}}
+
+
+BYTE_LEVEL = _byte_level_alphabet()
+
+
+def _shown_bytes(data: bytes) -> str:
+    """UTF-8 bytes as text, each byte that is no whole character as ``<0xF0>`` (sentencepiece's
+    name for a byte piece)."""
+    out = []
+    while data:
+        try:
+            out.append(data.decode("utf-8"))
+            break
+        except UnicodeDecodeError as e:
+            out.append(data[:e.start].decode("utf-8") + f"<0x{data[e.start]:02X}>")
+            data = data[e.start + 1:]
+    return "".join(out)
+
+
 class PretrainedTokenizer:
     """A ``tokenizer.json`` through the ``tokenizers`` library (module docstring)."""
 
@@ -82,6 +110,15 @@ class PretrainedTokenizer:
         text = self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
         return _clean_up(text) if self.clean_up else text
 
+    def shown(self, i: int) -> str:
+        """Token ``i`` on its own (module docstring): a byte-level piece's bytes decoded, where
+        its text is part of a character; a special token's name."""
+        text = self.decode([i])
+        if text and "\ufffd" not in text:
+            return text
+        piece = self.tokenizer.id_to_token(int(i)) or "?"
+        return _shown_bytes(bytes(BYTE_LEVEL[c] for c in piece)) if all(c in BYTE_LEVEL for c in piece) else piece
+
 
 class SentencePieceTokenizer:
     """A sentencepiece ``tokenizer.model`` (Llama 2), with BOS / EOS added as
@@ -111,6 +148,12 @@ class SentencePieceTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         n = self.vocab_size
         return self.sp.decode([int(i) for i in ids if 0 <= int(i) < n and not self.sp.is_control(int(i))])
+
+    def shown(self, i: int) -> str:
+        """Token ``i`` on its own (module docstring): its piece (``<s>``, ``<0xF0>``, a lone
+        "▁" as a space) where its text is nothing or part of a character."""
+        text = self.decode([i])
+        return text if text and "\ufffd" not in text else self.sp.id_to_piece(int(i)).replace("▁", " ")
 
 
 def load_pretrained_tokenizer(folder: str | Path) -> PretrainedTokenizer | SentencePieceTokenizer | None:

@@ -96,10 +96,12 @@ def lm_attention_maps(generator: Generator, text: str, decimals: int = 3) -> dic
 
 def token_strings(tokenizer, ids: list[int]) -> list[str]:
     """How each token reads: a character, or a subword piece (with its "▁"; the end of a
-    line, EOS, as "\n")."""
+    line, EOS, as "\n"); an imported tokenizer's special token by its name, a byte that is
+    part of a character as ``<0xF0>`` (its ``shown``)."""
     subwords = getattr(tokenizer, "subwords", None)  # LineSubwords: one line's pieces, EOS for its newline
     if subwords is None:
-        return [tokenizer.decode([i]) for i in ids]
+        shown = getattr(tokenizer, "shown", None)
+        return [shown(i) if shown is not None else tokenizer.decode([i]) for i in ids]
     return ["\n" if i == tokenizer.eos_id else subwords.id_to_piece(i) for i in ids]
 
 

@@ -37,22 +37,19 @@ SPECIAL = {0: "<pad>", 1: "<s>", 2: "</s>"}
 def token_shower(tokenizer) -> Callable[[int], str]:
     """id -> a printable token of a language model's ``tokenizer``: a character (a space as
     "▁", a newline as "\\n"), or a subword piece (the newline token EOS as "\\n"). An
-    imported tokenizer's token that decodes to nothing (a special token) is shown by its own
-    name (``<|begin_of_text|>``, not our ``<s>``), and one that holds part of a character
-    (byte-level BPE splits an emoji) by its bytes (``<0xF0><0x9F>``), not as U+FFFD."""
+    imported tokenizer's special token is shown by its own name (``<|begin_of_text|>``, not
+    our ``<s>``), and a token that holds part of a character (byte-level BPE splits an emoji)
+    by its bytes (``<0xF0><0x9F>``), not as U+FFFD (the tokenizer's ``shown``)."""
     subwords = getattr(tokenizer, "subwords", None)
     if subwords is not None:  # LineSubwords: EOS stands for a newline
         return lambda i: "\\n" if i == tokenizer.eos_id else subwords.id_to_piece(int(i))
 
     sp = getattr(tokenizer, "sp", None)  # a sentencepiece model: decode drops a lone piece's leading space
-    hf = getattr(tokenizer, "tokenizer", None)  # a tokenizer.json, through the tokenizers library
-    piece = sp.id_to_piece if sp is not None else hf.id_to_token if hf is not None else None
+    text = getattr(tokenizer, "shown", None) or (lambda i: tokenizer.decode([i]))
 
     def show(i: int) -> str:
         i = int(i)
-        c = tokenizer.decode([i])
-        if piece is not None and (not c or "\ufffd" in c):
-            return _piece_shown(piece(i) or "?")
+        c = text(i)
         if len(c) > 1 and c[0] == " ":  # a byte-level token that starts a word: " world"
             c = "▁" + c[1:]
         elif sp is not None and c.strip() and sp.id_to_piece(i).startswith("▁"):
@@ -60,33 +57,6 @@ def token_shower(tokenizer) -> Callable[[int], str]:
         return {"": SPECIAL.get(i, "?"), " ": "▁", "\n": "\\n", "\t": "\\t"}.get(c, c)
 
     return show
-
-
-def _byte_level_alphabet() -> dict[str, int]:
-    """Byte-level BPE's printable stand-in for each byte (GPT-2's ``bytes_to_unicode``):
-    the printable Latin-1 bytes stand for themselves, the others for 256, 257, ..."""
-    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    others = [b for b in range(256) if b not in kept]
-    return {**{chr(b): b for b in kept}, **{chr(256 + n): b for n, b in enumerate(others)}}
-
-
-BYTE_LEVEL = _byte_level_alphabet()
-
-
-def _piece_shown(piece: str) -> str:
-    """A token's piece as shown: a byte-level piece as its text, the bytes that are no whole
-    character as ``<0xF0>`` (sentencepiece's name for a byte piece); any other piece as it is."""
-    if not piece or not all(ch in BYTE_LEVEL for ch in piece):
-        return piece
-    data, out = bytes(BYTE_LEVEL[ch] for ch in piece), []
-    while data:
-        try:
-            out.append(data.decode("utf-8"))
-            break
-        except UnicodeDecodeError as e:
-            out.append(data[:e.start].decode("utf-8") + f"<0x{data[e.start]:02X}>")
-            data = data[e.start + 1:]
-    return "".join(out).replace(" ", "▁")
 
 
 @dataclass
