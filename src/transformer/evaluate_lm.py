@@ -123,18 +123,23 @@ def score_ids(model, ids: list[int] | torch.Tensor, stride: int | None = None, m
     return TextScore(nll, len(ids) - 1, n_bytes, len(spans), length, stride)
 
 
-def score_text(model, tokenizer, text: str, stride: int | None = None, max_tokens: int = 4000) -> TextScore:
+def score_text(model, tokenizer, text: str, stride: int | None = None, max_tokens: int = 4000,
+               name: str | None = None) -> TextScore:
     """Cross-entropy, perplexity and bits per byte of ``text`` under ``model``, encoded by
     ``tokenizer`` (its run's: anything with ``encode(text) -> ids`` and ``vocab_size``);
     ``stride`` defaults to half the model's context. See :func:`score_ids`.
 
     Raises:
-        UserError: the text is empty, encodes to fewer than 2 tokens, or the stride does not fit
-        the context.
+        UserError: the text is empty, encodes to fewer than 2 tokens (the message names the
+        file ``name`` it came from, if given), or the stride does not fit the context.
     """
+    where = f"{name}: " if name else ""
     if not text.strip():
-        raise UserError("the text is empty; give a text to score")
+        raise UserError(f"{where}the text is empty; give a text to score")
     ids = tokenizer.encode(text)
+    if len(ids) < 2:
+        raise UserError(f"{where}a text of {len(ids)} token(s) has nothing to score (it takes 2: one to predict "
+                        "from); give a longer text")
     if ids and max(ids) >= model.cfg.vocab_size:
         raise UserError(f"the tokenizer gives id {max(ids)} but the model has {model.cfg.vocab_size} rows; "
                         "the tokenizer is not this model's")

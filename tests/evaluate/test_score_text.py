@@ -270,7 +270,7 @@ def test_bad_input_is_one_line(cli, one_line_error, char_run, tmp_path):
                    "--src, --limit are for translation")
     (tmp_path / "one.txt").write_text("a", encoding="utf-8")
     one_line_error(cli("evaluate", "--model", char_run, "--text", tmp_path / "one.txt"), "evaluate",
-                   "nothing to score")
+                   f"{tmp_path / 'one.txt'}: a text of 1 token(s) has nothing to score", "give a longer text")
     mt = tmp_path / "mt.safetensors"
     save_weights(Transformer(ModelConfig(vocab_size=13, d_model=16, n_heads=2, d_ff=32, n_layers=1)), mt)
     one_line_error(cli("evaluate", "--model", mt, "--text", good), "evaluate", "translation model")

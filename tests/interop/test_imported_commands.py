@@ -143,6 +143,20 @@ def test_service_attention_names_special_tokens_and_bytes(runs):
     assert tokens == ["<|begin_of_text|>", "H", "i", " <0xF0><0x9F>", "<0x99>", "<0x82>"]
 
 
+def test_a_text_of_one_token_is_one_line_naming_the_file(runs, tmp_path, capsys):
+    """GPT-2 adds no BOS: one character is one token, nothing to predict; Llama 3's BOS
+    gives it something to predict from."""
+    text = tmp_path / "one.txt"
+    text.write_text("a", encoding="utf-8")
+    capsys.readouterr()
+    assert main(["evaluate", "--model", str(runs("gpt2")[2]), "--text", str(text)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"transformer evaluate: error: {text}: a text of 1 token(s) "
+                                                    "has nothing to score"), err
+    assert main(["evaluate", "--model", str(runs("llama3")[2]), "--text", str(text), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["tokens"] == 1
+
+
 # ---- GPT-2: the padding id is a real token --------------------------------------------------
 
 def test_gpt2_attention_reads_its_padding_id_as_text(runs):

@@ -138,7 +138,7 @@ def run_text(args: argparse.Namespace) -> int:
     if note := slow_precision_warning(generator.requested_precision, decoding.device):
         print(f"warning: {note}", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
-    scores = score_text(generator.model, generator.tokenizer, text, args.stride, decoding.max_tokens)
+    scores = score_text(generator.model, generator.tokenizer, text, args.stride, decoding.max_tokens, args.text)
     seconds = time.perf_counter() - t0
     if args.json:
         print(json.dumps({**scores.to_dict(), "precision": decoding.precision, "seconds": seconds,
