@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -78,3 +79,19 @@ def test_a_run_resumes_under_options_newer_than_it(tmp_path, lm_cfg, log):
     del saved["lr_decay_steps"]  # as a run from before lr_decay_steps would have it
     (run / "config.yaml").write_text(yaml.safe_dump(saved))
     assert Trainer(lm_cfg("max_steps=3"), run, log=log).train()["step"] == 3
+
+
+@pytest.mark.parametrize("preset", ["nanogpt-char", "llama-char"])
+def test_an_absurd_rate_stops_at_the_update_that_broke_the_weights(lm_cfg, tmp_path, preset):
+    """Weights near 1e29 may give a language model a finite loss (every token equally likely)
+    but never a finite gradient: the skipped update's fp32 check sees the gradient too."""
+    from transformer.errors import UserError
+    from transformer.run import checkpoint_dirs
+
+    run = tmp_path / "run"
+    trainer = Trainer(lm_cfg("max_steps=20", "save_every=1", "peak_lr=1e30", f"model.preset={preset}"), run,
+                      log=lambda *a: None)
+    with pytest.raises(UserError, match=r"^update 1 \(learning rate 3.33e\+29\) made the weights unusable: their loss "
+                                        r"or gradient is not finite even in fp32;.* no good checkpoint is left"):
+        trainer.train()
+    assert checkpoint_dirs(run) == []

@@ -167,23 +167,29 @@ def train_step(
     return StepStats(loss_sum / denom, nll_sum / denom, total, grad_norm, lr, skipped)
 
 
-@torch.no_grad()
-def loss_is_finite(model: nn.Module, micro_batches: list) -> bool:
-    """Whether the weights give a finite loss on ``micro_batches`` in fp32 without dropout.
+def finite_in_fp32(model: nn.Module, micro_batches: list) -> bool:
+    """Whether the weights give a finite loss and gradient on ``micro_batches`` in fp32
+    without dropout (the gradients are set to None again).
 
-    Run after an update was skipped: a finite loss here means the failure lay in the
-    training forward (a half-precision overflow, a passing fault) and the weights are fine;
-    a non-finite one means the update before broke the weights (an absurd learning rate)."""
+    Run after an update was skipped: finite here means the failure lay in the training
+    forward (a half-precision overflow, a passing fault) and the weights are fine; not
+    finite means the update before broke the weights (an absurd learning rate: weights near
+    1e29 may still give a finite loss, but no finite gradient)."""
     was_training = model.training
     model.eval()
+    model.zero_grad(set_to_none=True)
     try:
+        total = max(sum(int(b.n_tgt_tokens) for b in micro_batches), 1)
         for b in micro_batches:
             select = b.tgt_out != getattr(b, "not_scored", model.cfg.pad_id)
             loss, _ = forward_loss(model, b.inputs, getattr(b, "options", {}), select, b.tgt_out[select], 0.0, None)
-            if not math.isfinite(float(loss)):
+            if not math.isfinite(float(loss.detach())):
                 return False
-        return True
+            (loss / total).backward()
+        params = [p for p in model.parameters() if p.grad is not None]
+        return math.isfinite(float(torch.nn.utils.clip_grad_norm_(params, math.inf)))
     finally:
+        model.zero_grad(set_to_none=True)
         model.train(was_training)
 
 

@@ -33,7 +33,7 @@ from .prepare import PreparedData, PreparedText, prepare_data, prepare_run, toke
 from .reuse import Start
 from .schedule import dropout_ramp, lr_at
 from ..hardware import slow_precision_warning
-from .step import StepStats, forward_loss, loss_is_finite, make_optimizer, resolve_precision, train_step
+from .step import StepStats, finite_in_fp32, forward_loss, make_optimizer, resolve_precision, train_step
 from .task import make_task
 
 SIGNAL_CODES = {"SIGINT": 1, "SIGTERM": 2}
@@ -191,7 +191,7 @@ class Trainer:
     def _skipped(self, stats: StepStats, micro: list) -> None:
         self.bad_steps += 1
         self.monitor.record({"event": "skipped_step", "step": self.step, "loss": stats.loss}, self.step)
-        if self.dist.any([int(not loss_is_finite(self.model, micro))])[0]:
+        if self.dist.any([int(not finite_in_fp32(self.model, micro))])[0]:
             self._broken_weights()
         if self.bad_steps >= self.cfg.max_bad_steps:
             saved = self.save()  # skipped updates leave the weights as they were: good
@@ -199,9 +199,9 @@ class Trainer:
                             f"The last good checkpoint is {saved}; try a lower learning rate or precision=fp32")
 
     def _broken_weights(self) -> None:
-        """Stop without saving: update ``step`` made weights whose loss is not finite even in
-        fp32 without dropout (an absurd learning rate), which no later update repairs. A
-        checkpoint of that step, already written, holds them: it is set aside
+        """Stop without saving: update ``step`` made weights whose loss or gradient is not
+        finite even in fp32 without dropout (an absurd learning rate), which no later update
+        repairs. A checkpoint of that step, already written, holds them: it is set aside
         (checkpoints/corrupt-step-*), so that a resume starts from the one before."""
         newest = layout.latest_checkpoint(self.run_dir)
         if newest is not None and self.saved_step == self.step and self.dist.is_main:
@@ -212,8 +212,8 @@ class Trainer:
         what = (f"update {self.step} (learning rate {self.lr(self.step):.3g}) made the weights unusable"
                 if self.step else "the initial weights are unusable")
         rate = "lr_scale" if self.cfg.lr_schedule == "noam" else "peak_lr"
-        raise UserError(f"{what}: their loss is not finite even in fp32; stopped without saving them, and {good}. "
-                        f"Start again with a lower {rate} (a new --out: a run keeps its schedule)")
+        raise UserError(f"{what}: their loss or gradient is not finite even in fp32; stopped without saving them, "
+                        f"and {good}. Start again with a lower {rate} (a new --out: a run keeps its schedule)")
 
     def _finish(self, reason: str) -> dict:
         """The last evaluation (before the last save, so that the checkpoint holds its score:
