@@ -111,8 +111,10 @@ def test_absurd_rate_stops_at_once_and_keeps_the_good_checkpoints(tmp_path, make
 
 
 def test_absurd_peak_lr_saves_nothing(tmp_path, make_cfg):
+    """Not a checkpoint, nor best.safetensors (the broken model's first BLEU, 0, beat none)."""
     run = tmp_path / "run"
-    trainer = Trainer(make_cfg("max_steps=50", "save_every=1", "peak_lr=1e30", "warmup=1"), run, log=lambda *a: None)
+    trainer = Trainer(make_cfg("max_steps=50", "save_every=1", "eval_every=1", "peak_lr=1e30", "warmup=1"), run,
+                      log=lambda *a: None)
     with pytest.raises(UserError, match=r"^update 1 \(learning rate 1e\+30\) made the weights unusable.*"
                                         "no good checkpoint is left.*lower peak_lr"):
         trainer.train()

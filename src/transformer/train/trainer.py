@@ -121,6 +121,7 @@ class Trainer:
         self.loss_kernels = self._loss_kernels()
         self.step, self.best_bleu, self.bad_evals, self.bad_steps, self.elapsed = 0, -math.inf, 0, 0, 0.0
         self.saved_step: int | None = None  # the step of the newest checkpoint
+        self.best_step: int | None = None  # the step best.safetensors was written at by this process
         self._resume()
         self.dist.on_main(self._repair_metrics)
         self.forward, self.loss_fn = self._compiled(self._wrap())
@@ -202,12 +203,15 @@ class Trainer:
         """Stop without saving: update ``step`` made weights whose loss or gradient is not
         finite even in fp32 without dropout (an absurd learning rate), which no later update
         repairs. A checkpoint of that step, already written, holds them: it is set aside
-        (checkpoints/corrupt-step-*), so that a resume starts from the one before."""
+        (checkpoints/corrupt-step-*), so that a resume starts from the one before; a
+        best.safetensors of that step (a broken model may score a first BLEU of 0) is deleted."""
         newest = layout.latest_checkpoint(self.run_dir)
         if newest is not None and self.saved_step == self.step and self.dist.is_main:
             with contextlib.suppress(OSError):
                 layout.set_aside(newest)
             newest = layout.latest_checkpoint(self.run_dir)
+        if self.best_step == self.step and self.dist.is_main:
+            (self.run_dir / layout.BEST).unlink(missing_ok=True)
         good = f"the last good checkpoint is {newest}" if newest is not None else "no good checkpoint is left"
         what = (f"update {self.step} (learning rate {self.lr(self.step):.3g}) made the weights unusable"
                 if self.step else "the initial weights are unusable")
@@ -312,6 +316,7 @@ class Trainer:
         score = rec.get(self.task.score_name)
         if score is not None and score > self.best_bleu:
             self.best_bleu, self.bad_evals, rec["best"] = score, 0, True
+            self.best_step = self.step
             weights.save_weights(self.model, self.run_dir / layout.BEST,
                                  {"step": str(self.step), self.task.score_name: f"{score:.2f}"})
         elif score is not None:
