@@ -54,6 +54,25 @@ def test_invalid_utf8_names_file_and_line(tmp_path):
     assert "\n" not in message
 
 
+@pytest.mark.parametrize("data, says", [
+    ("hello\nworld\n".encode("utf-16"), ":1: invalid UTF-8 (byte 0xff at byte column 1): UTF-16 text (it starts "
+                                          "with UTF-16's byte-order mark); convert the file to UTF-8, e.g. "
+                                          "`iconv -f utf-16 -t utf-8`"),
+    (b"text\n\x93\x00\x00\x01PK\x03", ":2: invalid UTF-8 (byte 0x93 at byte column 1): binary data (NUL bytes), "
+                                      "not text; give a UTF-8 text file"),
+])
+def test_utf16_and_binary_files_say_what_they_are(tmp_path, data, says):
+    """Neither is Latin-1, as the usual advice (`iconv -f latin1`) assumes: a UTF-16 file
+    converts from UTF-16, a binary file is no text. Read whole or line by line alike."""
+    path = tmp_path / "file.txt"
+    path.write_bytes(data)
+    with pytest.raises(UserError) as whole:
+        read_lines(path)
+    with pytest.raises(UserError) as streamed:
+        _streamed(path)
+    assert str(whole.value) == str(streamed.value) == f"{path}{says}"
+
+
 def test_missing_file_and_directory(tmp_path):
     with pytest.raises(UserError, match="nope.txt.*not found"):
         read_lines(tmp_path / "nope.txt")

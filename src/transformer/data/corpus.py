@@ -61,9 +61,18 @@ def read_bytes(path: Path) -> bytes:
         return f.read()
 
 
-def _utf8_error(name: str, line: int, byte: int, column: int) -> UserError:
-    return UserError(f"{name}:{line}: invalid UTF-8 (byte 0x{byte:02x} at byte column {column}); "
-                     "convert the file to UTF-8, e.g. `iconv -f latin1 -t utf-8`")
+def _utf8_error(name: str, line: int, raw: bytes, column: int) -> UserError:
+    """The error for line ``line`` (its bytes ``raw``), not UTF-8 at byte ``column`` (from 1).
+    What to do depends on what the file is: UTF-16 text (a byte-order mark first) converts
+    from UTF-16, binary data (a NUL byte in the line) is no text at all, anything else is most
+    likely Latin-1 text."""
+    bad = f"{name}:{line}: invalid UTF-8 (byte 0x{raw[column - 1]:02x} at byte column {column})"
+    if line == 1 and raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        return UserError(f"{bad}: UTF-16 text (it starts with UTF-16's byte-order mark); convert the file to "
+                         "UTF-8, e.g. `iconv -f utf-16 -t utf-8`")
+    if b"\0" in raw:
+        return UserError(f"{bad}: binary data (NUL bytes), not text; give a UTF-8 text file")
+    return UserError(f"{bad}; convert the file to UTF-8, e.g. `iconv -f latin1 -t utf-8`")
 
 
 def decode_lines(data: bytes, name: str) -> list[str]:
@@ -74,8 +83,9 @@ def decode_lines(data: bytes, name: str) -> list[str]:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
-        column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
-        raise _utf8_error(name, line, data[e.start], column) from None
+        start = data.rfind(b"\n", 0, e.start) + 1
+        end = data.find(b"\n", e.start)
+        raise _utf8_error(name, line, data[start:end if end >= 0 else len(data)], e.start - start + 1) from None
     if text.startswith("\ufeff"):
         text = text[1:]
     if not text:
@@ -108,7 +118,7 @@ def iter_lines(raw_lines: Iterable[bytes], name: str) -> Iterator[str]:
         try:
             line = (raw[:-1] if ended else raw).decode("utf-8")
         except UnicodeDecodeError as e:
-            raise _utf8_error(name, number, raw[e.start], e.start + 1) from None
+            raise _utf8_error(name, number, raw, e.start + 1) from None
         if number == 1 and line.startswith("\ufeff"):
             line = line[1:]
             if not line and not ended:  # the file is a byte-order mark alone: no lines
