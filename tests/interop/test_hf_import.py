@@ -238,6 +238,32 @@ def test_pickle_that_runs_code_is_refused(gpt2_folder, tmp_path, capsys):
     assert not marker.exists()
 
 
+def test_custom_code_in_the_folder_never_runs(gpt2_folder, tmp_path, monkeypatch, capsys):
+    """A tokenizer_config.json / config.json auto_map naming a Python file of the folder: the
+    import asks transformers for no remote code (transformers would otherwise ask on the
+    terminal whether to run it, where it has no class of its own), and the file never runs."""
+    import transformers
+
+    folder = _copy(gpt2_folder, tmp_path / "hf")
+    marker = tmp_path / "ran"
+    (folder / "custom.py").write_text(f"open({str(marker)!r}, 'w').close()\n"
+                                      "from transformers import PreTrainedTokenizerFast, GPT2Config\n"
+                                      "class Custom(PreTrainedTokenizerFast): pass\n"
+                                      "class CustomConfig(GPT2Config): pass\n")
+    _with_config(folder, auto_map={"AutoConfig": "custom.CustomConfig"})
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {**config, "tokenizer_class": "Custom", "auto_map": {"AutoTokenizer": [None, "custom.Custom"]}}))
+    asked = []
+    for auto in (transformers.AutoConfig, transformers.AutoTokenizer):
+        def recording(*args, _real=auto.from_pretrained, **kwargs):
+            asked.append(kwargs.get("trust_remote_code"))
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(auto, "from_pretrained", recording)
+    assert import_run(folder, tmp_path / "run") == 0
+    assert len(asked) >= 2 and set(asked) == {False} and not marker.exists()
+
+
 def test_pytorch_model_bin(gpt2_folder, tmp_path):
     """A plain state dict in pytorch_model.bin imports as the safetensors file does."""
     from safetensors.torch import load_file

@@ -160,7 +160,7 @@ def _hf_config(folder: Path):
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(folder)
+        return AutoConfig.from_pretrained(folder, trust_remote_code=False)  # an auto_map's code never runs
     except (ValueError, OSError, KeyError, TypeError) as e:
         raise UserError(f"{folder / 'config.json'}: {str(e).splitlines()[0]}") from None
 
@@ -176,7 +176,8 @@ def _save_tokenizer(folder: Path, into: Path) -> str:
         try:
             from transformers import AutoTokenizer
 
-            backend = getattr(AutoTokenizer.from_pretrained(folder), "backend_tokenizer", None)
+            backend = getattr(AutoTokenizer.from_pretrained(folder, trust_remote_code=False), "backend_tokenizer",
+                              None)
         except Exception:  # noqa: BLE001 (any failure there: the file as it is is the tokenizer)
             backend = None
         if backend is not None:
