@@ -170,3 +170,23 @@ def test_the_import_does_not_load_torchs_compiler(folder, tmp_path):
     out = subprocess.run([sys.executable, "-c", probe, "import", str(folder), "--out", str(tmp_path / "run")],
                          capture_output=True, text=True, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.stdout.splitlines()[-1] == "[]"
+
+
+def test_tensors_are_read_and_written_in_blocks_of_rows(folder, tmp_path):
+    """HFWeights.row_blocks gives a tensor's rows in order, a few at a time; write_safetensors
+    takes them as the one tensor, and refuses rows that fall short, in one line."""
+    from transformer.interop.hf_files import HFWeights, write_safetensors
+
+    weights = HFWeights(folder)
+    name = "model.shared.weight"
+    whole = weights.get(name)
+    blocks = list(weights.row_blocks(name, size=whole.size(1) * 4 * 10))  # 10 rows each
+    assert len(blocks) == -(-whole.size(0) // 10) and torch.equal(torch.cat(blocks), whole)
+    shapes = [("embed", tuple(whole.shape), whole.dtype), ("bias", (3,), torch.float32)]
+    write_safetensors(tmp_path / "w.safetensors", shapes, [*(("embed", b) for b in blocks),
+                                                           ("bias", torch.ones(3))], {})
+    assert torch.equal(load_file(tmp_path / "w.safetensors")["embed"], whole)
+    given = rf"\({whole.size(0) - len(blocks[-1])}, {whole.size(1)}\)"
+    with pytest.raises(UserError, match=rf"embed: shape {given} does not fit"):
+        write_safetensors(tmp_path / "short.safetensors", shapes,
+                          [*(("embed", b) for b in blocks[:-1]), ("bias", torch.ones(3))], {})

@@ -3,6 +3,7 @@ file written one tensor at a time: an import holds little more than its largest 
 
     weights = HFWeights(folder)          # model.safetensors, its shards, or pytorch_model.bin
     t = weights.get("model.embed_tokens.weight")
+    for block in weights.row_blocks("model.embed_tokens.weight"): ...   # a few MB of rows at a time
     write_safetensors(path, shapes, tensors, metadata)   # shapes first (the header), then the data
 
 ``pytorch_model.bin`` is read with ``torch.load(weights_only=True)``: a file that asks to
@@ -11,6 +12,7 @@ run code when unpickled is refused, not run.
 from __future__ import annotations
 
 import json
+import math
 import pickle
 import struct
 from collections.abc import Iterable, Iterator
@@ -113,6 +115,30 @@ class HFWeights:
             raise UserError(f"{self.files[found]}: cannot read {found}, truncated or corrupt ({e})") from None
 
 
+    def row_blocks(self, name: str, size: int = 1 << 24) -> Iterator[torch.Tensor]:
+        """Tensor ``name`` as blocks of whole rows of about ``size`` bytes, in order, each read
+        on its own, so a large embedding is never whole in memory. A tensor of a pytorch_model.bin (mapped already)
+        comes as one block, as does one without rows."""
+        found = self._found(name)
+        if found in self._bin:
+            yield self._bin[found]
+            return
+        path = self.files[found]
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                shape = f.get_slice(found).get_shape()
+            if len(shape) < 2:
+                yield self.get(name)
+                return
+            step = max(1, size // max(1, self.dtype(name).itemsize * math.prod(shape[1:])))
+            for start in range(0, shape[0], step):
+                # the file opened for each block: held open, the blocks read stayed resident (measured)
+                with safe_open(str(path), framework="pt") as f:
+                    yield f.get_slice(found)[start:start + step]
+        except (SafetensorError, OSError, ValueError) as e:
+            raise UserError(f"{path}: cannot read {found}, truncated or corrupt ({e})") from None
+
+
 def _load_bin(path: Path) -> dict[str, torch.Tensor]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
@@ -142,28 +168,48 @@ def write_safetensors(path: str | Path, shapes: list[tuple[str, tuple[int, ...],
                       tensors: Iterable[tuple[str, torch.Tensor]], metadata: dict[str, str]) -> None:
     """Write a safetensors file from ``shapes`` (name, shape, dtype), in that order, and
     ``tensors``, which yields the same names in the same order: the header goes first, then
-    each tensor's bytes as it comes, so only one tensor is in memory at a time."""
+    each tensor's bytes as it comes, so only one tensor is in memory at a time. A tensor may
+    come in consecutive blocks of its rows under its name (:meth:`HFWeights.row_blocks`)."""
     header: dict[str, object] = {"__metadata__": metadata}
     offset = 0
     for name, shape, dtype in shapes:
-        size = dtype.itemsize
-        for n in shape:
-            size *= n
+        size = dtype.itemsize * math.prod(shape)
         header[name] = {"dtype": DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + size]}
         offset += size
     raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
     raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
     expected: Iterator[tuple[str, tuple[int, ...], torch.dtype]] = iter(shapes)
+    want, shape, left = None, (), 0  # the tensor being written, and how many of its rows are still to come
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(raw)))
         f.write(raw)
         for name, t in tensors:
-            want = next(expected)
-            if (name, tuple(t.shape), t.dtype) != (want[0], tuple(want[1]), want[2]):
+            if left and name != want[0]:
+                _short(want[0], shape, left)
+            if left == 0:
+                want = next(expected, None)
+                if want is None:
+                    raise UserError(f"{name}: more tensors than the model has")
+                shape = tuple(want[1])
+                left = shape[0] if shape else 0
+            if left:  # rows, whole or in blocks
+                fits = t.dim() == len(shape) and tuple(t.shape[1:]) == shape[1:] and 0 < t.shape[0] <= left
+            else:  # a scalar, or a tensor without rows: whole
+                fits = tuple(t.shape) == shape
+            if not (fits and name == want[0] and t.dtype == want[2]):
                 raise UserError(f"{name}: shape {tuple(t.shape)} {t.dtype} does not fit the model's "
-                                f"{tuple(want[1])} {want[2]}; the checkpoint does not match its config.json")
+                                f"{shape} {want[2]}; the checkpoint does not match its config.json")
+            left = left - t.shape[0] if left else 0
             data = t.detach().contiguous().cpu()
             if data.numel():
                 f.write(memoryview(data.reshape(-1).view(torch.uint8).numpy()))
+        if left:
+            _short(want[0], shape, left)
         if next(expected, None) is not None:
             raise UserError(f"{path}: fewer tensors than the model has")
+
+
+def _short(name: str, shape: tuple[int, ...], left: int) -> None:
+    given = (shape[0] - left, *shape[1:])
+    raise UserError(f"{name}: shape {given} does not fit the model's {shape}; the checkpoint does not match its "
+                    "config.json")

@@ -28,8 +28,9 @@ follow (:func:`generation_differences`).
 Reading: tensor by tensor, by name, from the folder's weight files (``model.safetensors``, its
 shards, or a ``pytorch_model.bin`` under ``torch.load(weights_only=True, mmap=True)``) with
 :class:`~.hf_files.HFWeights`, as the language-model import reads them; each is converted
-(:func:`~transformer.interop.marian.name_map`) and streamed into ``best.safetensors``, so the
-import holds about one tensor, and never builds a ``MarianMTModel``. ``config.json`` and
+(:func:`~transformer.interop.marian.name_map`) and streamed into ``best.safetensors`` in blocks
+of rows, so the import holds a few MB of weights at a time (a safetensors checkpoint's), and never
+builds a ``MarianMTModel``. ``config.json`` and
 ``generation_config.json`` are read as ``from_pretrained`` reads them (``MarianConfig``,
 ``GenerationConfig``, local files only); no code from the folder is run. The embeddings are
 those HF's tying makes of the checkpoint (:func:`embedding_names`); a missing
@@ -88,13 +89,14 @@ def import_marian_run(source: Path, out: Path) -> None:
     dtype = weights.dtype(entries[0][1])  # the model takes its embedding's dtype, as from_pretrained does
     header = [(ours, shapes[ours], dtype) for ours, _ in entries]
 
-    def tensors():
+    def tensors():  # in blocks of rows: the embeddings are never whole in memory
         for ours, theirs in entries:
-            if theirs == "final_logits_bias" and theirs not in weights:
-                t = torch.zeros(shapes[ours])  # HF's start for a checkpoint without one
+            if ours == "out_bias":  # final_logits_bias (1, V); HF starts it at zero when a checkpoint has none
+                bias = weights.get(theirs) if theirs in weights else torch.zeros(shapes[ours])
+                yield ours, bias.reshape(-1).to(dtype)
             else:
-                t = weights.get(theirs)
-            yield ours, (t.reshape(-1) if ours == "out_bias" else t).to(dtype)  # final_logits_bias: (1, V)
+                for block in weights.row_blocks(theirs):
+                    yield ours, block.to(dtype)
 
     files = [name for name in (*MARIAN_FILES, TARGET_VOCAB, TOKENIZER_CONFIG)
              if (source / name).is_file() and (name != TARGET_VOCAB or tokenizer.separate)]
