@@ -164,7 +164,7 @@ def test_explain_gpt_run_shows_learned_positions_and_one_step(cli, trained_lm):
 
 
 @pytest.mark.parametrize("argv, mentions", [
-    (["   "], ["empty"]),
+    (["   "], ["the prompt is empty"]),
     (["the cat sat on the mat and then"], ["31 tokens", "context of 16"]),
     (["the cat", "--step", "10"], ["--step 10", "1..9"]),
     (["the cat", "--target", "x"], ["--target"]),

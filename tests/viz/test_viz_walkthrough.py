@@ -124,6 +124,6 @@ def test_explain_one_step(cli, run_dir):
 
 def test_explain_bad_input(cli, one_line_error, run_dir, tmp_path):
     one_line_error(cli("explain", "--model", run_dir, "Hello", "--step", "11"), "explain", "--step 11")
-    one_line_error(cli("explain", "--model", run_dir, "  "), "explain", "empty")
+    one_line_error(cli("explain", "--model", run_dir, "  "), "explain", "the sentence is empty")
     one_line_error(cli("explain", "--model", tmp_path / "nope", "Hello"), "explain", "nope")
     one_line_error(cli("explain", "--model", run_dir, "Hello", "--beam", "0"), "explain", "--beam")

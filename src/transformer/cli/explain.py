@@ -47,9 +47,11 @@ def run(args: argparse.Namespace) -> int:
         return _training(args)
     refuse_options(args, ("matrix", "lr", "from_init"), "for --training",
                    "without it, explain walks a sentence through the model")
+    decoder_only = read_model_config(args.model).decoder_only
     if args.sentence is None or not args.sentence.strip():
-        raise UserError("the sentence is empty; give some text to explain (or --training for a training update)")
-    if read_model_config(args.model).decoder_only:
+        raise UserError(f"the {'prompt' if decoder_only else 'sentence'} is empty; give some text to explain "
+                        "(or --training for a training update)")
+    if decoder_only:
         return _language_model(args)
     return _translation(args)
 
