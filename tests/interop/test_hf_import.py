@@ -344,6 +344,19 @@ def test_a_temperature_that_is_no_number_is_left_out(gpt2_folder, tmp_path, caps
     assert decoding == {"temperature": 1.0, "top_k": 50, "top_p": 1.0}
 
 
+@pytest.mark.parametrize("source", ["", " "])
+def test_an_empty_source_is_one_line(source, tmp_path, monkeypatch, capsys):
+    """'' is the current folder to the filesystem (a hub look-up for ' '): neither is meant."""
+    _copy(build_checkpoint("gpt2", tmp_path / "hf")[0], tmp_path / "here")
+    monkeypatch.chdir(tmp_path / "here")  # a model folder: it was imported
+    capsys.readouterr()
+    assert main(["import", source, "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err == "transformer import: error: SOURCE is empty; give a Hugging Face model folder or a hub id " \
+                  "(name or owner/name)\n"
+    assert not (tmp_path / "run").exists()
+
+
 def test_sliding_window_is_refused(tmp_path, capsys):
     folder, _ = build_checkpoint("mistral", tmp_path / "hf", sliding_window=8)
     _refused(folder, tmp_path / "run", capsys, "sliding_window")

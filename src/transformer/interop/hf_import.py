@@ -82,6 +82,8 @@ def write_run(out: Path, fill) -> None:
 def fetch(source: str) -> tuple[Path, str]:
     """The local folder for ``source`` (a folder, or a hub id downloaded with
     ``huggingface_hub.snapshot_download``) and how to name it in import.json."""
+    if not source.strip():  # Path("") is the current folder
+        raise UserError("SOURCE is empty; give a Hugging Face model folder or a hub id (name or owner/name)")
     path = Path(source)
     if path.is_dir():
         return path, str(path.resolve())
