@@ -69,6 +69,22 @@ def test_sampling_at_low_temperature_is_greedy():
     assert generate(model, PROMPTS, 8, temperature=1e-4, seed=1) == generate(model, PROMPTS, 8, temperature=0)
 
 
+@pytest.mark.parametrize("temperature", [1e-30, 1e-45, 1e-300])
+def test_a_temperature_so_small_that_logits_overflow_is_its_limit(temperature):
+    """logits / 1e-30 leaves float32 (1e-300 is 0 there): softmax was nan and multinomial
+    raised; the limit is the most probable token, shared between tied ones. Rows that do not
+    overflow sample as before."""
+    logits = torch.tensor([[1.0, 3.0, -2.0, 3.0], [-5.0, -4.0, -7.0, -6.0], [0.0, -1.0, -1.0, -1.0]])
+    gens = [torch.Generator().manual_seed(i) for i in range(3)]
+    picks = torch.stack([next_tokens(logits, temperature, 0, 1.0, gens) for _ in range(40)])  # (40, 3)
+    assert set(picks[:, 0].tolist()) == {1, 3}  # the two tied best, both drawn
+    assert set(picks[:, 1].tolist()) == {1} and set(picks[:, 2].tolist()) == {0}
+    gens = [torch.Generator().manual_seed(7)]
+    ordinary = logits[:1] * 1e-3  # / 1e-30 stays finite: sampled as ever
+    expected = torch.multinomial((ordinary / 1e-30).softmax(-1)[0], 1, generator=torch.Generator().manual_seed(7))
+    assert next_tokens(ordinary, 1e-30, 0, 1.0, gens).tolist() == expected.tolist()
+
+
 def test_generation_goes_past_the_positions_with_a_sliding_window():
     model = lm()
     out = generate(model, [[5, 6, 7]], 60, temperature=0)[0]  # max_len 24

@@ -44,7 +44,13 @@ def next_tokens(logits: Tensor, temperature: float, top_k: int, top_p: float,
     """(B, V) logits of the next position -> (B,) chosen ids."""
     if temperature == 0:
         return logits.argmax(dim=-1)
-    probs = filter_logits(logits.float() / temperature, top_k, top_p).softmax(dim=-1)
+    logits = logits.float()
+    scaled = logits / temperature
+    overflow = ~scaled.amax(dim=-1).isfinite()  # (B,) a temperature so small (1e-30) that logits / T leave float32
+    if overflow.any():  # softmax would be nan: its limit instead, the most probable token (ties share)
+        top = torch.where(logits == logits.amax(dim=-1, keepdim=True), 0.0, float("-inf"))
+        scaled = torch.where(overflow[:, None], top, scaled)
+    probs = filter_logits(scaled, top_k, top_p).softmax(dim=-1)
     return torch.cat([torch.multinomial(p, 1, generator=g) for p, g in zip(probs, generators)])
 
 
