@@ -157,6 +157,18 @@ def test_a_text_of_one_token_is_one_line_naming_the_file(runs, tmp_path, capsys)
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["tokens"] == 1
 
 
+@pytest.mark.parametrize("extra", [[], ["--html"]])
+def test_attention_out_empty_is_one_line(runs, extra, tmp_path, monkeypatch, capsys):
+    """(it said '.: cannot write (is a directory)', of a folder the user never named)"""
+    _, _, run = runs("gpt2")
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main(["attention", "--model", str(run), PROMPT, "--out", "", *extra]) == 2
+    assert capsys.readouterr().err == ("transformer attention: error: --out is empty; give the picture's file name, "
+                                       "e.g. --out attention.png\n")
+    assert not any(tmp_path.iterdir())
+
+
 # ---- GPT-2: the padding id is a real token --------------------------------------------------
 
 def test_gpt2_attention_reads_its_padding_id_as_text(runs):
