@@ -27,15 +27,15 @@ follow (:func:`generation_differences`).
 
 Reading: tensor by tensor, by name, from the folder's weight files (``model.safetensors``, its
 shards, or a ``pytorch_model.bin`` under ``torch.load(weights_only=True, mmap=True)``) with
-:class:`~.hf_files.HFWeights`, as the language-model import reads them; each is converted
+:class:`~.hf_files.HFWeights`, as the language-model import reads them. Each tensor is renamed
 (:func:`~transformer.interop.marian.name_map`) and streamed into ``best.safetensors`` in blocks
-of rows, so the import holds a few MB of weights at a time (a safetensors checkpoint's), and never
-builds a ``MarianMTModel``. ``config.json`` and
-``generation_config.json`` are read as ``from_pretrained`` reads them (``MarianConfig``,
-``GenerationConfig``, local files only); no code from the folder is run. The embeddings are
-those HF's tying makes of the checkpoint (:func:`embedding_names`); a missing
-``final_logits_bias`` is zeros, as in HF. HF builds its sinusoid tables itself unless the
-checkpoint stores them (older OPUS-MT conversions do): a stored one must be ours.
+of rows, so the import holds a few MB of a safetensors checkpoint's weights at a time; it builds
+no ``MarianMTModel`` and no model of ours. ``config.json`` and ``generation_config.json`` are
+read as ``from_pretrained`` reads them (``MarianConfig``, ``GenerationConfig``, local files
+only); no code from the folder is run. The embeddings are those HF's tying makes of the
+checkpoint (:func:`embedding_names`); a missing ``final_logits_bias`` is zeros, as in HF. HF
+builds its sinusoid tables itself unless the checkpoint stores them (older OPUS-MT conversions
+do): a stored one must be ours.
 """
 from __future__ import annotations
 
