@@ -347,6 +347,31 @@ def test_usage_errors_are_one_line(argv, says, cli):
     assert r.err.startswith(says) and r.err.rstrip().endswith("--help)"), r.err
 
 
+@pytest.mark.parametrize("argv, option", [
+    (["generate", "--model", "", "--prompt", "a"], "--model"),
+    (["info", "--model", " "], "--model"),
+    (["explain", "--model", "", "a dog"], "--model"),
+    (["translate", "--model", "run", "", "--input", "in.txt"], "--model"),
+    (["translate", "--model", "run", "--output", ""], "--output"),
+    (["translate", "--model", "run", "--input", ""], "--input"),
+    (["evaluate", "--model", "run", "--text", ""], "--text"),
+    (["evaluate", "--model", "run", "--src", "", "--ref", "r.txt"], "--src"),
+    (["train", "--config", ""], "--config"),
+    (["train", "--config", "c.yaml", "--out", ""], "--out"),
+    (["average", "--model", "run", "--out", ""], "--out"),
+    (["export", "--model", "run", "--format", "onnx", "--out", ""], "--out"),
+    (["import", "hf", "--out", ""], "--out"),
+])
+def test_an_empty_path_is_one_line(argv, option, cli, one_line_error, tmp_path, monkeypatch):
+    """An empty path ("$RUN" with RUN unset) is the current folder to the filesystem: a run
+    folder there was used as --model, train --out '' trained into the default folder,
+    translate --output '' wrote to stdout, export --out '' replaced an empty current folder.
+    Refused for every command, before anything is read or written."""
+    monkeypatch.chdir(tmp_path)
+    one_line_error(cli(*argv), argv[0], f"{option} is empty; give a path")
+    assert not any(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("command", [None, "demo", "train", "translate", "evaluate", "average", "attention",
                                      "explain", "serve", "export"])
 def test_help_exits_0(command, cli):

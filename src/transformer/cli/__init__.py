@@ -16,6 +16,10 @@ from ..errors import UserError
 # a quota, a file it may not touch), rather than a fault of the code.
 _ENVIRONMENT_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
 
+# The options that name a file or folder, in any command that has them. An empty one ("$RUN"
+# with RUN unset) is the current folder to the filesystem, which was never what was meant.
+PATH_OPTIONS = ("model", "out", "output", "input", "text", "src", "ref", "config", "data_dir")
+
 # The order in `transformer --help`; any other command module follows alphabetically.
 ORDER = ["demo", "train", "translate", "generate", "evaluate", "average", "attention", "explain", "serve", "export",
          "import_"]
@@ -55,12 +59,20 @@ def build_parser() -> Parser:
     return parser
 
 
+def _refuse_empty_paths(args: argparse.Namespace) -> None:
+    for name in PATH_OPTIONS:
+        value = getattr(args, name, None)
+        if any(isinstance(v, str) and not v.strip() for v in (value if isinstance(value, list) else [value])):
+            raise UserError(f"--{name.replace('_', '-')} is empty; give a path")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:
         parser.commands[args.command].unrecognized(extra)
     try:
+        _refuse_empty_paths(args)
         return int(args.func(args) or 0)
     except UserError as e:
         print(f"transformer {args.command}: error: {e}", file=sys.stderr)

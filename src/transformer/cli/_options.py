@@ -72,15 +72,13 @@ def check_count(args: argparse.Namespace, name: str, must: str = "at least 1") -
 
 def new_directory(value: str, option: str = "--out") -> None:
     """A directory a command writes whole (an export, an imported run: written beside it and
-    renamed onto it) is named by something other than nothing or the current directory: an
-    empty ``--out ""`` is the current directory to the filesystem, and an empty current
-    directory would be removed and replaced under the shell that stands in it."""
+    renamed onto it) is not the current directory: an empty one would be removed and replaced
+    under the shell that stands in it (an empty ``--out ""``, the same to the filesystem, is
+    refused for every command: cli/__init__.py)."""
     from pathlib import Path
 
     from ..errors import UserError
 
-    if not value.strip():
-        raise UserError(f"{option} is empty; give the name of a new directory to write")
     if Path(value).resolve() == Path.cwd().resolve():
         raise UserError(f"{option} {value}: the current directory; give the name of a new directory "
                         "(or an empty one other than the current directory)")

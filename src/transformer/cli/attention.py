@@ -48,8 +48,6 @@ def _check(args) -> None:
         raise UserError("--vs needs --focus and --to, e.g. --focus it --to animal --vs street")
     if args.html and args.out is None:
         raise UserError("--html needs --out FILE")
-    if args.out is not None and not args.out.strip():  # "" is the current folder to the filesystem
-        raise UserError("--out is empty; give the picture's file name, e.g. --out attention.png")
     suffix = Path(args.out).suffix.lower() if args.out is not None else ""
     if not args.html and suffix not in ("", ".png", ".html", ".htm"):
         raise UserError(f"--out {args.out}: the picture is a PNG; name it .png (or .html, or give --html, "
