@@ -214,6 +214,20 @@ def test_out_naming_a_file_is_refused(gpt2_folder, tmp_path, capsys):
     assert (tmp_path / "notes.txt").read_text() == "mine"
 
 
+@pytest.mark.parametrize("family, changes, says", [
+    ("gpt2", {"eos_token_id": 99999}, "eos_id=99999 is outside the vocabulary of 374"),
+    ("gpt2", {"n_embd": "big"}, "'n_embd' expected int, got str"),
+    ("llama3", {"num_attention_heads": 3}, "is not a multiple of the number of attention heads (3)"),
+    ("llama3", {"max_position_embeddings": 0}, "max_len must be > 1"),
+])
+def test_a_config_json_transformers_refuses_is_one_line_naming_it(family, changes, says, tmp_path, capsys):
+    """One stderr line naming config.json: transformers' own log lines ("eos_token_id must be
+    ... within the vocabulary", a rope check) no longer come first, and a validation error of
+    huggingface_hub's (Llama's heads; not a ValueError) is no longer a traceback."""
+    folder = _with_config(build_checkpoint(family, tmp_path / "hf")[0], **changes)
+    _refused(folder, tmp_path / "run", capsys, f"{folder / 'config.json'}: ", says)
+
+
 def test_truncated_safetensors(gpt2_folder, tmp_path, capsys):
     folder = _copy(gpt2_folder, tmp_path / "hf")
     data = (folder / "model.safetensors").read_bytes()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -157,14 +158,31 @@ def _model_type(folder: Path) -> str:
     return model_type
 
 
+@contextmanager
+def _hf_quiet():
+    """transformers' own log lines kept off stderr (its "Model config: eos_token_id must be
+    ... within the vocabulary" beside our one-line error saying the same)."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
 def _hf_config(folder: Path):
     require("transformers", "interop", __name__)
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(folder, trust_remote_code=False)  # an auto_map's code never runs
-    except (ValueError, OSError, KeyError, TypeError) as e:
-        raise UserError(f"{folder / 'config.json'}: {str(e).splitlines()[0]}") from None
+        with _hf_quiet():
+            return AutoConfig.from_pretrained(folder, trust_remote_code=False)  # an auto_map's code never runs
+    except Exception as e:  # noqa: BLE001 (transformers' and huggingface_hub's errors for a config they refuse)
+        cause = e.__cause__ or e  # a StrictDataclassClassValidationError says which check, its cause what
+        raise UserError(f"{folder / 'config.json'}: {(str(cause).strip() or type(cause).__name__).splitlines()[0]}") \
+            from None
 
 
 def _save_tokenizer(folder: Path, into: Path) -> str:
@@ -178,8 +196,9 @@ def _save_tokenizer(folder: Path, into: Path) -> str:
         try:
             from transformers import AutoTokenizer
 
-            backend = getattr(AutoTokenizer.from_pretrained(folder, trust_remote_code=False), "backend_tokenizer",
-                              None)
+            with _hf_quiet():
+                backend = getattr(AutoTokenizer.from_pretrained(folder, trust_remote_code=False), "backend_tokenizer",
+                                  None)
         except Exception:  # noqa: BLE001 (any failure there: the file as it is is the tokenizer)
             backend = None
         if backend is not None:
@@ -216,16 +235,18 @@ def _tied(hf_config, weights: HFWeights) -> bool:
     return bool(getattr(hf_config, "tie_word_embeddings", False)) or "lm_head.weight" not in weights
 
 
-def _config(family: str, hf_config, tie: bool, pad_id: int | None) -> ModelConfig:
+def _config(family: str, hf_config, tie: bool, pad_id: int | None, folder: Path) -> ModelConfig:
     from .gpt2 import config_from_gpt2
     from .llama import config_from_llama
 
     try:
-        if family in LLAMA_SHAPED:
-            return config_from_llama(hf_config, tie, pad_id)
-        return config_from_gpt2(hf_config, tie, pad_id)
+        with _hf_quiet():
+            if family in LLAMA_SHAPED:
+                return config_from_llama(hf_config, tie, pad_id)
+            return config_from_gpt2(hf_config, tie, pad_id)
     except ValueError as e:
-        raise UserError(str(e).replace("from_llama: ", "").replace("from_gpt2: ", "")) from None
+        what = str(e).replace("from_llama: ", "").replace("from_gpt2: ", "")
+        raise UserError(f"{folder / 'config.json'}: {what}") from None
 
 
 def _write_config(run: Path, cfg: ModelConfig, decoding: dict, source: str, family: str) -> None:
@@ -271,7 +292,7 @@ def import_pretrained(source: str, out: str | Path) -> Imported:
             raise UserError(f"{folder}: the tokenizer has {tokenizer.vocab_size} tokens but the model only "
                             f"{vocab}; they do not belong together")
         pad_id = _padding_id(tokenizer, vocab, hf_config)
-        cfg = _config(family, hf_config, tie, pad_id)
+        cfg = _config(family, hf_config, tie, pad_id, folder)
         with torch.device("meta"):
             shapes = {n: tuple(t.shape) for n, t in LanguageModel(cfg).state_dict().items()}
         entries = name_map(cfg, family)
