@@ -500,6 +500,21 @@ def test_generation_stops_at_any_of_the_models_stop_ids(tmp_path):
     assert generator.generate([PROMPT]) == [generator.tokenizer.decode(free[:end])]
 
 
+def test_stop_ids_outside_the_vocabulary_are_left_out(gpt2_folder, tmp_path):
+    """generation_config.json's eos_token_id [EOS, 5, 99999, true]: 99999 is no token and
+    true no id. They were recorded, and an export, finding a stop id outside the vocabulary,
+    then dropped the whole list (5 too) for the model's EOS alone."""
+    pytest.importorskip("ctranslate2")
+    folder = _copy(gpt2_folder, tmp_path / "hf")
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [0, 5, 99999, True]}))
+    assert import_run(folder, tmp_path / "run") == 0
+    assert json.loads((tmp_path / "run" / "import.json").read_text())["stop_ids"] == [0, 5]
+    assert main(["export", "--model", str(tmp_path / "run"), "--format", "ctranslate2", "--out",
+                 str(tmp_path / "ct2")]) == 0
+    vocab = json.loads((tmp_path / "ct2" / "vocabulary.json").read_text())
+    assert f"end_token={[vocab[0], vocab[5]]}" in (tmp_path / "ct2" / "README.txt").read_text()
+
+
 @pytest.mark.parametrize("imported", ["gpt2"], indirect=True)
 def test_explain_training_on_an_imported_run_is_one_line(imported, capsys):
     _, _, _, run = imported

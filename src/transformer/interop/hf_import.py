@@ -132,15 +132,16 @@ def decoding_defaults(folder: Path) -> tuple[dict, list[str]]:
     return out, notes
 
 
-def stop_ids(folder: Path, hf_config, eos_id: int) -> list[int]:
+def stop_ids(folder: Path, hf_config, eos_id: int, vocab_size: int) -> list[int]:
     """The ids that end a generation: every ``eos_token_id`` of generation_config.json and
-    config.json (Llama 3 Instruct lists three), the model's EOS first."""
+    config.json (Llama 3 Instruct lists three), the model's EOS first; an id outside the
+    vocabulary, which no generation produces, is left out (an export names the stop tokens)."""
     path = folder / "generation_config.json"
     found = [eos_id]
     for eos in ((_read_json(path) if path.is_file() else {}).get("eos_token_id"),
                 getattr(hf_config, "eos_token_id", None)):
         for i in (eos if isinstance(eos, (list, tuple)) else [eos]):
-            if isinstance(i, int) and i not in found:
+            if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab_size and i not in found:
                 found.append(i)
     return found
 
@@ -305,7 +306,7 @@ def import_pretrained(source: str, out: str | Path) -> Imported:
         record = {"source": where, "family": family, "model_type": family, "tokenizer": tokenizer_file,
                   "weights": sorted({p.name for p in weights.files.values()}) or ["pytorch_model.bin"],
                   "pad_id": cfg.pad_id, "tie_embeddings": cfg.tie_embeddings,
-                  "stop_ids": stop_ids(folder, hf_config, cfg.eos_id)}
+                  "stop_ids": stop_ids(folder, hf_config, cfg.eos_id, cfg.vocab_size)}
         (tmp / IMPORT_RECORD).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
         nonlocal result
         result = Imported(out, family, cfg, tokenizer_file, sum(math.prod(s) for s in shapes.values()),
