@@ -168,6 +168,19 @@ def test_attention_out_empty_is_one_line(runs, extra, tmp_path, monkeypatch, cap
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("extra, option, later", [(["--to", "world"], "--to", "world"),
+                                                 (["--to", "Hello", "--vs", "world"], "--vs", "world")])
+def test_attention_to_a_later_word_of_a_prompt_is_one_line(runs, extra, option, later, capsys):
+    """A causal model's word cannot attend to a later one: every head ranked 0.000, which
+    looked like a finding. Refused, naming the option."""
+    _, _, run = runs("llama3")
+    capsys.readouterr()
+    assert main(["attention", "--model", str(run), "Hello big world", "--focus", "big", *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"transformer attention: error: {option} {later!r} comes after "
+                                                    "--focus 'big' in the text"), err
+
+
 # ---- GPT-2: the padding id is a real token --------------------------------------------------
 
 def test_gpt2_attention_reads_its_padding_id_as_text(runs):

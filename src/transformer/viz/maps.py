@@ -241,6 +241,10 @@ def rank_heads(maps: AttentionMaps | PromptMaps, word: str, target: str, contras
     rows, cols = find(word), find(target)
     rows = rows[-1:] if causal else rows
     other = find(contrast) if contrast is not None else None
+    for option, name, idx in (("--to", target, cols), ("--vs", contrast, other)):
+        if causal and idx is not None and idx[0] > rows[-1]:  # every weight would be 0: the mask removes them
+            raise UserError(f"{option} {name!r} comes after --focus {word!r} in the text; a language model's token "
+                            "attends only to itself and the tokens before it (focus on the later word)")
     w = maps.weights(maps.focus_kind)[:, :, rows, :].mean(dim=2)  # (L, H, S): the word's attention row
     groups = words(pieces)
     if causal:
