@@ -168,6 +168,23 @@ def test_attention_out_empty_is_one_line(runs, extra, tmp_path, monkeypatch, cap
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("family", ["gpt2", "llama2-sp"])
+def test_attention_focus_finds_a_word_beside_its_punctuation(runs, family, capsys):
+    """'world' in "Hello world, hi there" (a word "world," to the pieces) was 'not a word of
+    the text'; it is found, and only its own pieces are read, not the comma's."""
+    from transformer.cli._lm import load_language_model, prompt_ids, token_pieces
+    from transformer.viz.maps import find_word
+
+    _, _, run = runs(family)
+    text = "Hello world, hi there"
+    capsys.readouterr()
+    assert main(["attention", "--model", str(run), text, "--focus", "there", "--to", "world"]) == 0
+    assert "ranked by attention from 'there' to 'world'" in capsys.readouterr().out
+    generator = load_language_model(run, {})
+    pieces = token_pieces(generator, prompt_ids(generator, text))
+    assert "".join(pieces[i] for i in find_word(pieces, "world")).strip("▁ ") == "world"
+
+
 @pytest.mark.parametrize("extra, option, later", [(["--to", "world"], "--to", "world"),
                                                  (["--to", "Hello", "--vs", "world"], "--vs", "world")])
 def test_attention_to_a_later_word_of_a_prompt_is_one_line(runs, extra, option, later, capsys):

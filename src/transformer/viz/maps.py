@@ -210,12 +210,30 @@ def _is_special(word: str) -> bool:
 
 
 def find_word(pieces: list[str], word: str) -> list[int]:
-    """Piece indices of the first word equal to ``word`` (case-insensitive)."""
-    for w, idx in words(pieces):
-        if w.lower() == word.strip().lower():
+    """Piece indices of the first word equal to ``word`` (case-insensitive); else of the first
+    equal to it without the punctuation around it ("tired." for tired, "world," for world),
+    less the pieces that are punctuation only (the comma is not what was asked about)."""
+    wanted, found = word.strip().lower(), words(pieces)
+    for w, idx in found:
+        if w.lower() == wanted:
             return idx
-    known = " ".join(w for w, _ in words(pieces))
+    for w, idx in found:
+        if wanted and _bare(w).lower() == wanted:
+            return [i for i in idx if _bare(pieces[i].removeprefix(WORD_START))] or idx
+    known = " ".join(w for w, _ in found)
     raise UserError(f"{word!r} is not a word of the text (its words: {known})")
+
+
+def _bare(text: str) -> str:
+    """``text`` without the punctuation at its ends (Unicode's P* categories: ,.;!?"'«»...)."""
+    import unicodedata
+
+    start, end = 0, len(text)
+    while start < end and unicodedata.category(text[start]).startswith("P"):
+        start += 1
+    while end > start and unicodedata.category(text[end - 1]).startswith("P"):
+        end -= 1
+    return text[start:end]
 
 
 @dataclass(frozen=True)
