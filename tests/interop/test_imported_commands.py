@@ -363,6 +363,21 @@ def test_export_out_empty_or_the_current_directory_is_one_line(runs, fmt, out, s
     assert sorted(p.name for p in tmp_path.iterdir()) == ["here"]  # no temporary folder beside it
 
 
+@pytest.mark.parametrize("record", ["{", "[1, 2]"])
+def test_export_of_a_run_whose_import_json_is_unreadable_stops_at_eos(runs, record, tmp_path):
+    """A damaged import.json ended the export in a JSONDecodeError traceback; generate reads
+    the model's EOS then, and so does the export now."""
+    pytest.importorskip("ctranslate2")
+    _, _, imported = runs("gpt2")
+    run = tmp_path / "run"
+    shutil.copytree(imported, run)
+    (run / "import.json").write_text(record)
+    assert main(["export", "--model", str(run), "--format", "ctranslate2", "--out", str(tmp_path / "ct2")]) == 0
+    vocab = json.loads((tmp_path / "ct2" / "vocabulary.json").read_text())
+    eos = load_model(run)[0].cfg.eos_id
+    assert f"end_token={[vocab[eos]]}" in (tmp_path / "ct2" / "README.txt").read_text()
+
+
 # ---- the compiled decoding step -------------------------------------------------------------
 
 def test_compiled_step_on_an_imported_run(tmp_path, capfd):

@@ -159,7 +159,10 @@ def _language_model(args, model, meta) -> int:
     root = run_root(args.model)
     record = root / "import.json" if root is not None else None
     if record is not None and record.is_file():  # an imported model may end its text with any of several ids
-        listed = json.loads(record.read_text(encoding="utf-8")).get("stop_ids")
+        try:
+            listed = json.loads(record.read_text(encoding="utf-8")).get("stop_ids")
+        except (OSError, ValueError, AttributeError):  # unreadable: the model's EOS, as generate takes it then
+            listed = None
         if isinstance(listed, list) and listed and all(isinstance(i, int) and 0 <= i < len(vocab) for i in listed):
             stops = listed
 
