@@ -371,6 +371,19 @@ def test_an_empty_source_is_one_line(source, tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("to", ["empty", "nowhere"])
+def test_out_naming_a_symbolic_link_is_one_line(gpt2_folder, to, tmp_path, capsys):
+    """(it said 'cannot write the run (Not a directory)')"""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / to)
+    capsys.readouterr()
+    assert import_run(gpt2_folder, tmp_path / "link") == 2
+    err = capsys.readouterr().err
+    assert err == f"transformer import: error: --out {tmp_path / 'link'}: a symbolic link (to {tmp_path / to}); " \
+                  "give the directory itself\n"
+    assert (tmp_path / "link").is_symlink() and not any((tmp_path / "empty").iterdir())
+
+
 def test_sliding_window_is_refused(tmp_path, capsys):
     folder, _ = build_checkpoint("mistral", tmp_path / "hf", sliding_window=8)
     _refused(folder, tmp_path / "run", capsys, "sliding_window")

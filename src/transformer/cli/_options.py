@@ -82,6 +82,8 @@ def new_directory(value: str, option: str = "--out") -> None:
     if Path(value).resolve() == Path.cwd().resolve():
         raise UserError(f"{option} {value}: the current directory; give the name of a new directory "
                         "(or an empty one other than the current directory)")
+    if Path(value).is_symlink():  # the rename that ends the writing would replace the link, not fill its folder
+        raise UserError(f"{option} {value}: a symbolic link (to {Path(value).readlink()}); give the directory itself")
 
 
 def add_decoding_options(p: argparse.ArgumentParser, *names: str) -> None:
