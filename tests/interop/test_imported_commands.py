@@ -198,6 +198,16 @@ def test_attention_to_a_later_word_of_a_prompt_is_one_line(runs, extra, option, 
                                                     "--focus 'big' in the text"), err
 
 
+@pytest.mark.parametrize("stride", ["0", "64", "-1"])
+def test_evaluate_text_stride_out_of_range_names_the_option(runs, stride, tmp_path, capsys):
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT, encoding="utf-8")
+    capsys.readouterr()
+    assert main(["evaluate", "--model", str(runs("gpt2")[2]), "--text", str(text), "--stride", stride]) == 2
+    assert capsys.readouterr().err == ("transformer evaluate: error: --stride must be between 1 and the model's "
+                                       f"context minus one (63), got {stride}\n")
+
+
 # ---- GPT-2: the padding id is a real token --------------------------------------------------
 
 def test_gpt2_attention_reads_its_padding_id_as_text(runs):

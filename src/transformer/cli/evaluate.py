@@ -137,6 +137,10 @@ def run_text(args: argparse.Namespace) -> int:
     decoding = generator.decoding  # precision auto resolved for this machine
     if note := slow_precision_warning(generator.requested_precision, decoding.device):
         print(f"warning: {note}", file=sys.stderr, flush=True)
+    context = generator.model.cfg.max_len
+    if args.stride is not None and not 1 <= args.stride <= context - 1:
+        raise UserError(f"--stride must be between 1 and the model's context minus one ({context - 1}), "
+                        f"got {args.stride}")
     t0 = time.perf_counter()
     scores = score_text(generator.model, generator.tokenizer, text, args.stride, decoding.max_tokens, args.text)
     seconds = time.perf_counter() - t0
