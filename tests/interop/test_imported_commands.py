@@ -134,6 +134,24 @@ def test_explain_shows_special_tokens_by_name_and_split_characters_by_their_byte
         assert "▁" + emoji in shown and "<0x" not in shown.replace(emoji, "")
 
 
+def test_explain_prints_no_control_character(runs, capsys):
+    """Byte-level BPE has a token for each control byte: ESC went raw to the terminal (and
+    drove it), a carriage return overwrote the line. Shown as <0x1B> and \\r; a Qwen2 id
+    beyond its tokenizer (the padded embedding) as <unused_N>, not '?'."""
+    from transformer.data.text import load_tokenizer
+    from transformer.viz.lm_walkthrough import token_shower
+
+    _, _, run = runs("gpt2")
+    capsys.readouterr()
+    assert main(["explain", "--model", str(run), "a\x1b[31mred\rb", "--step", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\r" not in out
+    tokens = next(line for line in out.splitlines() if line.strip().startswith("tokens:"))
+    assert "<0x1B>" in tokens and "\\r" in tokens
+    tokenizer = load_tokenizer(runs("qwen2")[2])
+    assert token_shower(tokenizer)(tokenizer.vocab_size + 1) == f"<unused_{tokenizer.vocab_size + 1}>"
+
+
 def test_service_attention_names_special_tokens_and_bytes(runs):
     """The explorer's attention map labelled Llama 3's BOS as an empty cell and each byte of a
     split emoji as U+FFFD."""

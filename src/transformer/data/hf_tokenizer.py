@@ -116,7 +116,7 @@ class PretrainedTokenizer:
         text = self.decode([i])
         if text and "\ufffd" not in text:
             return text
-        piece = self.tokenizer.id_to_token(int(i)) or "?"
+        piece = self.tokenizer.id_to_token(int(i)) or f"<unused_{int(i)}>"  # Qwen pads its embedding beyond us
         return _shown_bytes(bytes(BYTE_LEVEL[c] for c in piece)) if all(c in BYTE_LEVEL for c in piece) else piece
 
 

@@ -54,9 +54,24 @@ def token_shower(tokenizer) -> Callable[[int], str]:
             c = "▁" + c[1:]
         elif sp is not None and c.strip() and sp.id_to_piece(i).startswith("▁"):
             c = "▁" + c
-        return {"": SPECIAL.get(i, "?"), " ": "▁", "\n": "\\n", "\t": "\\t"}.get(c, c)
+        return _visible({"": SPECIAL.get(i, "?"), " ": "▁"}.get(c, c))
 
     return show
+
+
+ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def _visible(token: str) -> str:
+    """``token`` safe to print: a newline, tab or carriage return as ``\\n``, ``\\t``, ``\\r``,
+    any other control character as its byte (``<0x1B>``: byte-level BPE has a token for each,
+    and ESC would drive the terminal)."""
+    if token.isprintable():
+        return token
+    import unicodedata
+
+    return "".join(ESCAPES.get(ch) or (f"<0x{ord(ch):02X}>" if unicodedata.category(ch) == "Cc" else ch)
+                   for ch in token)
 
 
 @dataclass
