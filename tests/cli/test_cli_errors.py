@@ -335,6 +335,8 @@ def test_demo_bad_steps(cli, one_line_error):
     (["translate", "--model", "x", "--beam", "2", "y"], "transformer translate: error: unrecognized arguments: y "
                                                          "(see transformer translate --help)"),
     (["explain", "--model"], "transformer explain: error: argument --model: expected one argument"),
+    (["explain", "a dog", "--model", "A", "--bogus"], "transformer explain: error: unrecognized arguments: --bogus "
+                                                      "(see transformer explain --help)"),
 ])
 def test_usage_errors_are_one_line(argv, says, cli):
     """A missing, unknown or badly typed argument is one line naming the command and what was

@@ -44,7 +44,8 @@ class Parser(argparse.ArgumentParser):
         top-level parser, without the command's name). A command that reads text (explain's
         sentence, import's folder) most often meets them as the second word of unquoted text."""
         reads_text = any(not a.option_strings for a in self._actions)
-        hint = "; text with spaces needs quotes" if reads_text else ""
+        words = not any(a.startswith("-") for a in extra)  # not an option misspelt
+        hint = "; text with spaces needs quotes" if reads_text and words else ""
         self.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
 
 
