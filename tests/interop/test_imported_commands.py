@@ -90,6 +90,19 @@ def test_service_stops_at_the_models_eos(runs, tmp_path):
     assert streamed[-1][0] == "done" and streamed[-1][1]["text"] == expected
 
 
+def test_serve_names_the_runs_own_max_new_tokens(tmp_path, capsys):
+    """An imported model's generation_config.json max_new_tokens (2048) above serve's default
+    limit (1024): the line named --max-new-tokens 2048, an option nobody gave."""
+    folder, _ = build_checkpoint("gpt2", tmp_path / "hf")
+    (folder / "generation_config.json").write_text(json.dumps({"max_new_tokens": 2048}))
+    assert main(["import", str(folder), "--out", str(tmp_path / "run")]) == 0
+    capsys.readouterr()
+    assert main(["serve", "--model", str(tmp_path / "run"), "--port", "0"]) == 2
+    assert capsys.readouterr().err == ("transformer serve: error: the run's default max_new_tokens (2048) is larger "
+                                       "than --new-tokens-limit 1024; give --max-new-tokens N, or a larger "
+                                       "--new-tokens-limit\n")
+
+
 def test_explorer_and_attention_on_an_imported_run(runs):
     _, _, run = runs("llama3")
     with _client(run) as client:

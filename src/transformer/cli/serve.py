@@ -68,6 +68,20 @@ token from #token=... in its address, which the start-up line prints).
 """
 
 
+def _given(args: argparse.Namespace, name: str, value) -> str:
+    """A decoding setting as the user knows it: the option they gave, or the run's default
+    (an imported model's comes from its generation_config.json)."""
+    if getattr(args, name) is not None:
+        return f"--{name.replace('_', '-')} {value}"
+    return f"the run's default {name} ({value})"
+
+
+def _remedy(args: argparse.Namespace, name: str, limit: str) -> str:
+    if getattr(args, name) is not None:
+        return ""
+    return f"; give --{name.replace('_', '-')} N, or a larger --{limit.replace('_', '-')}"
+
+
 def _settings(args: argparse.Namespace):
     from ..errors import UserError
     from ..serve import ServeConfig
@@ -144,10 +158,11 @@ def run(args: argparse.Namespace) -> int:
     cfg = _settings(args)
     decoding = run_decoding(args.model, decoding_options(args))
     if lm and decoding.max_new_tokens > cfg.new_tokens_limit:
-        raise UserError(f"--max-new-tokens {decoding.max_new_tokens} is larger than --new-tokens-limit "
-                        f"{cfg.new_tokens_limit}")
+        raise UserError(f"{_given(args, 'max_new_tokens', decoding.max_new_tokens)} is larger than "
+                        f"--new-tokens-limit {cfg.new_tokens_limit}{_remedy(args, 'max_new_tokens', 'new_tokens_limit')}")
     if not lm and decoding.beam > cfg.max_beam:
-        raise UserError(f"--beam {decoding.beam} is larger than --max-beam {cfg.max_beam}")
+        raise UserError(f"{_given(args, 'beam', decoding.beam)} is larger than --max-beam {cfg.max_beam}"
+                        f"{_remedy(args, 'beam', 'max_beam')}")
     if args.threads:
         torch.set_num_threads(args.threads)
     if note := slow_precision_warning(decoding.precision, decoding.device):
