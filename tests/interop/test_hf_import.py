@@ -384,6 +384,28 @@ def test_out_naming_a_symbolic_link_is_one_line(gpt2_folder, to, tmp_path, capsy
     assert (tmp_path / "link").is_symlink() and not any((tmp_path / "empty").iterdir())
 
 
+def test_tensors_config_json_does_not_describe_are_named(gpt2_folder, tmp_path, capsys):
+    """config.json with 1 layer over a 2-layer checkpoint imported the first layer and said
+    nothing (as HF loads it, with a log line): one warning line now names what is left over.
+    A checkpoint read whole gives none (GPT-2's causal-mask buffers are no weights)."""
+    from safetensors.torch import load_file, save_file
+
+    folder = _copy(gpt2_folder, tmp_path / "hf")
+    state = load_file(folder / "model.safetensors")
+    save_file({**state, "transformer.h.0.attn.bias": torch.ones(1, 1, 64, 64)}, folder / "model.safetensors",
+              metadata={"format": "pt"})
+    capsys.readouterr()
+    assert import_run(folder, tmp_path / "whole") == 0
+    assert capsys.readouterr().err == ""
+    _with_config(folder, n_layer=1)
+    assert import_run(folder, tmp_path / "run") == 0
+    err = capsys.readouterr().err
+    assert err == (f"warning: {folder}: 12 tensor(s) of the checkpoint are not used (transformer.h.1.attn.c_attn.bias, "
+                   "transformer.h.1.attn.c_attn.weight, transformer.h.1.attn.c_proj.bias, ...); does config.json "
+                   "describe these weights?\n")
+    assert load_model(tmp_path / "run")[0].cfg.n_layers == 1
+
+
 def test_sliding_window_is_refused(tmp_path, capsys):
     folder, _ = build_checkpoint("mistral", tmp_path / "hf", sliding_window=8)
     _refused(folder, tmp_path / "run", capsys, "sliding_window")

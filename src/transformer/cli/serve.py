@@ -158,8 +158,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = _settings(args)
     decoding = run_decoding(args.model, decoding_options(args))
     if lm and decoding.max_new_tokens > cfg.new_tokens_limit:
-        raise UserError(f"{_given(args, 'max_new_tokens', decoding.max_new_tokens)} is larger than "
-                        f"--new-tokens-limit {cfg.new_tokens_limit}{_remedy(args, 'max_new_tokens', 'new_tokens_limit')}")
+        raise UserError(f"{_given(args, 'max_new_tokens', decoding.max_new_tokens)} is larger than --new-tokens-limit "
+                        f"{cfg.new_tokens_limit}{_remedy(args, 'max_new_tokens', 'new_tokens_limit')}")
     if not lm and decoding.beam > cfg.max_beam:
         raise UserError(f"{_given(args, 'beam', decoding.beam)} is larger than --max-beam {cfg.max_beam}"
                         f"{_remedy(args, 'beam', 'max_beam')}")

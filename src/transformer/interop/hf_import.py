@@ -61,7 +61,7 @@ class Imported:
     cfg: ModelConfig | None  # None for a translation run (Marian)
     tokenizer: str
     parameters: int
-    notes: tuple[str, ...] = ()  # generation_config.json's values left out (decoding_defaults)
+    notes: tuple[str, ...] = ()  # warnings: generation_config.json's values left out, unused tensors
 
 
 def _read_json(path: Path) -> dict:
@@ -144,6 +144,19 @@ def stop_ids(folder: Path, hf_config, eos_id: int, vocab_size: int) -> list[int]
             if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab_size and i not in found:
                 found.append(i)
     return found
+
+
+# Buffers some checkpoints hold beside the weights: GPT-2's causal mask, an old rotary table.
+BUFFERS = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq")
+
+
+def unused_tensors(weights: HFWeights, used: set[str], tied: bool) -> list[str]:
+    """The checkpoint's tensors that no weight of the model comes from, buffers aside (and a
+    tied model's lm_head, which HF ties to the embedding as well): a config.json that
+    describes fewer layers than the checkpoint has read the first ones and said nothing."""
+    used = {n.removeprefix("transformer.") for n in used}
+    return sorted(n for n in weights.names() if n.removeprefix("transformer.") not in used
+                  and not n.endswith(BUFFERS) and not (tied and n == "lm_head.weight"))
 
 
 def _model_type(folder: Path) -> str:
@@ -299,6 +312,9 @@ def import_pretrained(source: str, out: str | Path) -> Imported:
         entries = name_map(cfg, family)
         assert sorted(shapes) == sorted(ours for ours, _, _ in entries), "the name map misses a tensor"
         header = [(ours, shapes[ours], weights.dtype(theirs)) for ours, theirs, _ in entries]
+        if unused := unused_tensors(weights, {theirs for _, theirs, _ in entries}, cfg.tie_embeddings):
+            notes.append(f"{folder}: {len(unused)} tensor(s) of the checkpoint are not used ({', '.join(unused[:3])}"
+                         f"{', ...' if len(unused) > 3 else ''}); does config.json describe these weights?")
         converted = tensors_from_hf(cfg, family, weights.get)
         meta = {"model_config": json.dumps(cfg.to_dict()), "format": FORMAT, "imported_from": where}
         write_safetensors(tmp / BEST, header, converted, meta)
