@@ -202,6 +202,15 @@ def test_average_without_checkpoints(cli, tmp_path, one_line_error):
     one_line_error(cli("average", "--model", tmp_path), "average", str(tmp_path), "no checkpoints")
 
 
+def test_average_out_under_a_file_is_one_line(run_copy, cli, tmp_path, one_line_error):
+    """--out notes.txt/avg.safetensors: the copy of config.yaml failed, and removing the
+    copies it had not made ended in a NotADirectoryError traceback."""
+    (tmp_path / "notes.txt").write_text("mine")
+    one_line_error(cli("average", "--model", run_copy, "--out", tmp_path / "notes.txt" / "avg.safetensors"),
+                   "average", f"({tmp_path / 'notes.txt'} is a file, not a folder)")
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
 @pytest.mark.parametrize("name", ["config.yaml", "subwords.model", "best.safetensors", "metrics.jsonl",
                                   "checkpoints/step-0000300/model.safetensors"])
 def test_average_out_naming_a_file_of_the_run_is_refused(run_copy, cli, one_line_error, name):

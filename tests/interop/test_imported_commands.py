@@ -419,6 +419,22 @@ def test_export_of_a_run_whose_import_json_is_unreadable_stops_at_eos(runs, reco
     assert f"end_token={[vocab[eos]]}" in (tmp_path / "ct2" / "README.txt").read_text()
 
 
+@pytest.mark.parametrize("argv", [["import", "{hf}", "--out", "{file}/run"],
+                                  ["export", "--model", "{run}", "--format", "onnx", "--out", "{file}/sub/exp"],
+                                  ["attention", "--model", "{run}", PROMPT, "--out", "{file}/a.png"]])
+def test_out_under_a_file_names_the_file(runs, argv, tmp_path, capsys):
+    """An --out whose folder would be where a file is: mkdir said 'File exists', of a path
+    that does not exist; now the file is named."""
+    folder, _, run = runs("gpt2")
+    (tmp_path / "notes.txt").write_text("mine")
+    argv = [a.format(hf=folder, run=run, file=tmp_path / "notes.txt") for a in argv]
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.rstrip().endswith(f"({tmp_path / 'notes.txt'} is a file, not a folder)"), err
+    assert (tmp_path / "notes.txt").read_text() == "mine" and sorted(tmp_path.iterdir()) == [tmp_path / "notes.txt"]
+
+
 # ---- the compiled decoding step -------------------------------------------------------------
 
 def test_compiled_step_on_an_imported_run(tmp_path, capfd):

@@ -13,6 +13,7 @@ written. ``--out`` naming a folder writes ``averaged.safetensors`` in it."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 from pathlib import Path
 
@@ -50,7 +51,8 @@ def run(args: argparse.Namespace) -> int:
         average_checkpoints(dirs, out)
     except BaseException:
         for _, dst in copies or []:  # a refusal or a failure leaves no copies behind
-            dst.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # (none made where the folder could not be: a file there)
+                dst.unlink(missing_ok=True)
         raise
     finally:
         if lock is not None:

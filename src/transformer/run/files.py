@@ -93,6 +93,17 @@ class RecordingWriter(io.RawIOBase):
             raise
 
 
+def make_parent(path: Path) -> None:
+    """Make ``path``'s folder (and those above it); a file where a folder is needed is named
+    (NotADirectoryError), where mkdir says only "File exists"."""
+    for folder in path.parents:
+        if folder.exists():
+            if not folder.is_dir():
+                raise NotADirectoryError(errno.ENOTDIR, f"{folder} is a file, not a folder", str(folder))
+            break
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+
 def atomic_write(path: str | Path, write: Callable[[str], None], suffix: str = ".tmp") -> Path:
     """Call ``write(tmp_path)`` then move the result to ``path``. On any failure the target
     keeps its earlier content and no temporary file is left (``suffix``: the temporary file's,
@@ -100,7 +111,7 @@ def atomic_write(path: str | Path, write: Callable[[str], None], suffix: str = "
     written, also when ``write`` is a library that wraps the OSError (see :func:`storage_error`)."""
     path = Path(path)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_parent(path)
         if path.is_dir():
             raise IsADirectoryError(21, "is a directory")
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
@@ -135,7 +146,7 @@ def atomic_dir(path: str | Path, fill: Callable[[Path], None], make_room: Callab
     failure is raised as OSError (also one a library wrapped, see :func:`storage_error`): the
     caller names what it was writing."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_parent(path)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         fill(tmp)
