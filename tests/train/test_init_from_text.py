@@ -168,3 +168,25 @@ def test_a_translation_source_is_one_line(cli, one_line_error, user_text, tmp_pa
     config.write_text(f"dataset: text\ntext_files: [{user_text}]\ninit_from: {mt}\n")
     r = cli("train", "--config", config, "--out", tmp_path / "ft")
     one_line_error(r, "train", "init_from", "translation model", "decoder-only")
+
+
+def test_a_run_nested_in_another_kind_of_run_reads_its_own_tokenizer(source, user_text, tmp_path):
+    """A run directory inside a folder that holds another tokenizer (a character run's
+    chars.json two levels up, as runs/char/bpe/ nests): generate, evaluate and init_from
+    read the run's own tokenizer, not the folder's above it."""
+    import shutil
+
+    from transformer.data.chars import Chars
+    from transformer.train.reuse import tokenizer_files
+
+    outer = tmp_path / "outer"
+    Chars.learn("xyz").save(outer / "chars.json")
+    run = outer / "runs" / "lm"
+    shutil.copytree(source, run)
+    own = load_tokenizer(source)
+    for path in (run, run / "best.safetensors", *sorted((run / "checkpoints").iterdir())):
+        assert type(load_tokenizer(path)) is type(own) and load_tokenizer(path).vocab_size == own.vocab_size
+    main = "chars.json" if (source / "chars.json").is_file() else "subwords.model"
+    assert tokenizer_files(run)[main].parent == run
+    Trainer(finetune(run, user_text, "max_steps=1"), tmp_path / "ft", log=quiet).train()
+    assert (tmp_path / "ft" / main).read_bytes() == (source / main).read_bytes()

@@ -111,18 +111,15 @@ def load_tokenizer(path: str | Path) -> Chars | LineSubwords | PretrainedTokeniz
     """The tokenizer of the language-model run that ``path`` belongs to (the run directory, a
     checkpoint or a weights file in it): its chars.json, else the pretrained model's
     tokenizer.json or tokenizer.model (``transformer import``; :mod:`.hf_tokenizer`), else its
-    subwords.model."""
-    found = run_file(path, CHARS_FILE)
-    if found is not None:
-        return Chars.load(found)
-    for name in (HF_TOKENIZER, SP_TOKENIZER):
-        found = run_file(path, name)
-        if found is not None:
-            return load_pretrained_tokenizer(found.parent)
-    found = run_file(path, SUBWORDS)
+    subwords.model; looked for in the run directory before a folder above it."""
+    found = run_file(path, CHARS_FILE, HF_TOKENIZER, SP_TOKENIZER, SUBWORDS)  # the nearest folder's
     if found is None:
         raise UserError(f"{path}: no {CHARS_FILE} or {SUBWORDS} (nor an imported model's {HF_TOKENIZER}) found beside "
                         "the weights; give the run directory")
+    if found.name == CHARS_FILE:
+        return Chars.load(found)
+    if found.name in (HF_TOKENIZER, SP_TOKENIZER):
+        return load_pretrained_tokenizer(found.parent)
     return LineSubwords(Subwords.load(found))
 
 

@@ -51,15 +51,18 @@ STALE_PATTERNS = (f".{CONFIG}.*.tmp", f".{BEST}.*.tmp", f".{AVERAGED}.*.tmp", f"
                   ".prepare.*")
 
 
-def run_file(path: str | Path, name: str) -> Path | None:
+def run_file(path: str | Path, name: str, *others: str) -> Path | None:
     """The file ``name`` (subwords.model, config.yaml) of the run that ``path`` belongs to: a
     run directory, or a weights file or checkpoint in one, as deep as
-    checkpoints/step-N/model.safetensors; None when there is none."""
+    checkpoints/step-N/model.safetensors; None when there is none. With ``others``: the
+    first of the names found in the folder nearest to ``path`` (a run's own tokenizer, not
+    another kind in a folder above it)."""
     path = Path(path)
     root = path if path.is_dir() else path.parent
     for folder in (root, root.parent, root.parent.parent):
-        if (folder / name).is_file():
-            return folder / name
+        for each in (name, *others):
+            if (folder / each).is_file():
+                return folder / each
     return None
 
 

@@ -151,7 +151,7 @@ def read_lm_source(given: str) -> Source:
 def tokenizer_files(path: Path) -> dict[str, Path]:
     """The tokenizer files of the run that ``path`` belongs to, by name: those of
     :data:`TOKENIZER_FILES` in the folder of its main one (chars.json, subwords.model, ...)."""
-    main = next((found for name in MAIN_TOKENIZER_FILES if (found := layout.run_file(path, name))), None)
+    main = layout.run_file(path, *MAIN_TOKENIZER_FILES)  # the nearest folder's
     if main is None:
         raise UserError(f"init_from: {path}: no tokenizer ({', '.join(MAIN_TOKENIZER_FILES)}) beside the weights")
     return {name: main.parent / name for name in TOKENIZER_FILES if (main.parent / name).is_file()}
