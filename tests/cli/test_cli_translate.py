@@ -219,3 +219,27 @@ def test_a_repeated_model_option_adds_ensemble_members_instead_of_dropping_the_f
     args = build_parser().parse_args([command, "--model", "a", "b", "--model", "c"])
     assert args.model == ["a", "b", "c"]
     assert build_parser().parse_args([command, "--model", "a"]).model == ["a"]
+
+
+def test_output_through_a_link_or_into_a_pipe(trained, cli, alone, tmp_path):
+    """--output names what is not a plain file: a symbolic link keeps being one (its target
+    gets the text), and a named pipe (as /dev/stdout or /dev/null are not files) is written
+    into, not replaced by a file, so its reader gets the translations."""
+    real, link = tmp_path / "real.txt", tmp_path / "link.txt"
+    real.write_text("old\n", encoding="utf-8")
+    link.symlink_to(real)
+    r = cli("translate", "--model", trained.run, "--output", link, stdin="red dog runs\n")
+    assert r.code == 0, r.err
+    assert link.is_symlink()
+    assert real.read_text(encoding="utf-8") == alone["red dog runs"] + "\n"
+
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    reader = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK)  # open first, so the writer's open does not block
+    try:
+        r = cli("translate", "--model", trained.run, "--output", pipe, stdin="red dog runs\nsmall bird\n")
+        assert r.code == 0, r.err
+        assert stat.S_ISFIFO(os.lstat(pipe).st_mode)
+        assert os.read(reader, 1 << 16).decode() == f"{alone['red dog runs']}\n{alone['small bird']}\n"
+    finally:
+        os.close(reader)

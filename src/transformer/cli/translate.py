@@ -6,6 +6,8 @@ grow with its length; each chunk's lines are written in input order as soon as i
 from __future__ import annotations
 
 import argparse
+import os
+import stat
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -35,7 +37,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..data import count_lines
-    from ..run.files import atomic_write
     from ..translator import load_translator
     from ._progress import line_progress, stderr_is_terminal
 
@@ -53,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         with line_progress(count_lines(args.input) if show else None, show) as done:
             chunks = translator.translate_stream(lines, args.chunk_lines or CHUNK_LINES, progress=done)
             if args.output:
-                atomic_write(args.output, lambda tmp: _write_to_file(chunks, tmp, translator.decoding.n_best))
+                _write_output(args.output, chunks, translator.decoding.n_best)
             else:
                 _write(chunks, sys.stdout, translator.decoding.n_best)
     report_truncated(translator)
@@ -76,6 +77,30 @@ def _write(chunks: Iterable[list], out: TextIO, n_best: int) -> None:
 def _write_to_file(chunks: Iterable[list], path: str, n_best: int) -> None:
     with open(path, "w", encoding="utf-8") as f:
         _write(chunks, f, n_best)
+
+
+def _write_output(path: str, chunks: Iterable[list], n_best: int) -> None:
+    """``--output``: a file is written beside itself and renamed into place when complete
+    (through a symbolic link: its target, the link kept). What is not a file (/dev/stdout,
+    /dev/null, a named pipe) cannot be renamed over, only written into, as the shell's ``>``
+    does: renaming would replace the device or pipe with a file and the reader get nothing."""
+    from ..errors import UserError
+    from ..run.files import atomic_write
+
+    try:
+        mode = os.stat(path).st_mode  # through links: /dev/stdout is one
+    except OSError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        try:
+            f = open(path, "w", encoding="utf-8")
+        except OSError as e:
+            raise UserError(f"{path}: cannot write ({e.strerror or e})") from None
+        with f:
+            _write(chunks, f, n_best)
+        return
+    target = os.path.realpath(path) if os.path.islink(path) else path
+    atomic_write(target, lambda tmp: _write_to_file(chunks, tmp, n_best))
 
 
 @contextmanager
