@@ -109,6 +109,7 @@ def _bad_files(tmp_path, corpus) -> dict[str, dict]:
         "blank-tsv": {"train_src": str(tmp_path / "blank.tsv"), "train_tgt": None, "valid_src": None,
                       "valid_tgt": None},
         "empty-valid": {"valid_src": str(tmp_path / "empty.src"), "valid_tgt": str(tmp_path / "empty.tgt")},
+        "all-too-long": {"model": {"preset": "toy", "max_len": 2}},
     }
 
 
@@ -124,6 +125,10 @@ def _bad_files(tmp_path, corpus) -> dict[str, dict]:
     ("blank-tsv", ["blank.tsv: no training pairs (each of its 2 lines is empty on one side or both)"]),
     # empty validation files: refused (the run trained without validation and said nothing)
     ("empty-valid", ["empty.src and ", "empty.tgt: no validation pairs (both files are empty)", "leave valid_src out"]),
+    # every pair longer than the positions (paragraphs, not sentences): it said the data "fills fewer
+    # batches of max_tokens=256 than there are ranks (1)"
+    ("all-too-long", ["train.src and ", "train.tgt: every one of the 160 training pairs is too long for the model's 2 "
+                      "positions", "raise model.max_len"]),
 ])
 def test_bad_files_are_one_line_errors_and_leave_no_run(case, mentions, corpus, tmp_path, cli, one_line_error,
                                                         write_config):

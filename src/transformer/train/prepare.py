@@ -134,6 +134,14 @@ def _read_pairs(cfg: TrainConfig, split: str, download: bool = True) -> list[tup
     return read_parallel(src, tgt)
 
 
+def _pair_files(cfg: TrainConfig, split: str) -> str:
+    """The files of a split, or the dataset's name, as messages name them."""
+    if cfg.dataset != "files":
+        return cfg.dataset
+    src, tgt = (cfg.train_src, cfg.train_tgt) if split == "train" else (cfg.valid_src, cfg.valid_tgt)
+    return src if tgt is None else f"{src} and {tgt}"
+
+
 def _no_pairs(cfg: TrainConfig, split: str, n_empty: int) -> str:
     """The one-line error for a split without a sentence pair, naming its file(s)."""
     name = "training" if split == "train" else "validation"
@@ -221,6 +229,10 @@ def prepare_data(cfg: TrainConfig, run_dir: Path, max_len: int | None = None,
     n_too_long = 0
     if max_len is not None:
         encoded, n_too_long = filter_long(encoded, max_len)
+        if not encoded:  # else the batching reports an empty epoch, which names max_tokens
+            raise UserError(f"{_pair_files(cfg, 'train')}: every one of the {n_too_long} training pairs is too long "
+                            f"for the model's {max_len} positions (model.max_len; subwords plus BOS and EOS); "
+                            "raise model.max_len or split the long lines")
     log(f"training pairs: {len(encoded)} (skipped {n_empty} empty, {n_too_long} longer than {max_len} tokens); "
         f"validation pairs: {len(valid)}")
     return PreparedData(subwords, encoded, valid, n_empty, n_too_long)
