@@ -113,3 +113,17 @@ def test_greedy_generation_matches_a_plain_loop_on_the_trained_model(trained_lm)
     for t in out:
         assert t == int(model(torch.tensor([seq]))[0, -1].argmax())
         seq = seq + [t]
+
+
+def test_a_seed_past_what_torch_takes_is_one_line(trained_lm, capsys):
+    """--seed 2**64 (or a run's decoding.seed as large) was a ValueError traceback from
+    torch's generator after the prompt was printed; it is refused, naming the limit, and
+    the largest seed allowed still samples, sample n with seed + n."""
+    code, out, err = run_cli(capsys, "generate", "--model", trained_lm, "--prompt", "a", "--seed", 2**64,
+                             "--max-new-tokens", "3")
+    assert code == 2 and out == ""
+    assert err.startswith("transformer generate: error: --seed must be a non-negative integer, at most "
+                          f"{2**63 - 1}") and "Traceback" not in err
+    code, out, err = run_cli(capsys, "generate", "--model", trained_lm, "--prompt", "a", "--seed", 2**63 - 1,
+                             "--max-new-tokens", "3", "--num-samples", "2")
+    assert code == 0, err

@@ -35,6 +35,9 @@ PRECISIONS = ("auto", "fp32", "bf16", "int8")
 COMPILE_CHOICES = ("auto", "on", "off")
 # How beam search divides a hypothesis's log-probability by its length (decode/common.py).
 LENGTH_NORMS = ("gnmt", "length")
+# The largest seed: torch's generators take up to 2**64 - 1, and sample n or row i of a batch
+# samples with seed + n + i, so half of that leaves room for any number of them.
+SEED_MAX = 2**63 - 1
 
 
 def check_precision(precision: str, device: str = "cpu") -> None:
@@ -106,8 +109,8 @@ class SamplingConfig:
               "must be a finite number, at least 0 (0 = greedy)", self.temperature)
         _need(isinstance(self.top_k, int) and self.top_k >= 0, "top_k", "must be at least 0 (0 = off)", self.top_k)
         _need(isinstance(self.top_p, float) and 0 < self.top_p <= 1, "top_p", "must be in (0, 1]", self.top_p)
-        _need(self.seed is None or (isinstance(self.seed, int) and self.seed >= 0), "seed",
-              "must be a non-negative integer", self.seed)
+        _need(self.seed is None or (isinstance(self.seed, int) and 0 <= self.seed <= SEED_MAX), "seed",
+              f"must be a non-negative integer, at most {SEED_MAX} (2**63 - 1)", self.seed)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,8 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from ..decode.config import SEED_MAX
+
 
 def _valid_unicode(text: str) -> str:
     """JSON can spell lone UTF-16 surrogates (``"\\ud800"``), which no tokenizer can encode."""
@@ -101,9 +103,6 @@ class AttentionResponse(BaseModel):
     decoder_self: Maps = Field(description="[layer][head][T][T]")
     cross: Maps = Field(description="[layer][head][T][S]")
     truncated: bool = Field(False, description="the text was longer than the model's limit and was cut")
-
-
-SEED_MAX = 2**63 - 1  # what torch.Generator.manual_seed takes (and JSON numbers keep exactly in Python)
 
 
 class GenerateRequest(_Strict):
