@@ -228,6 +228,19 @@ def test_a_config_json_transformers_refuses_is_one_line_naming_it(family, change
     _refused(folder, tmp_path / "run", capsys, f"{folder / 'config.json'}: ", says)
 
 
+@pytest.mark.parametrize("family, changes, says", [
+    ("gpt2", {"n_positions": 32}, "the checkpoint's transformer.wpe.weight gives positions.weight the shape (64, 32), "
+                                  "where config.json asks for (32, 32)"),
+    ("llama3", {"num_key_value_heads": 4}, "the checkpoint's model.layers.0.self_attn.k_proj.weight gives "
+                                           "decoder.layers.0.self_attn.k_proj.weight the shape (16, 32), where "
+                                           "config.json asks for (32, 32)"),
+])
+def test_weights_config_json_does_not_describe_name_the_checkpoints_tensor(family, changes, says, tmp_path, capsys):
+    """(the line named only our tensor, positions.weight, which is in no file the user has)"""
+    folder = _with_config(build_checkpoint(family, tmp_path / "hf")[0], **changes)
+    _refused(folder, tmp_path / "run", capsys, f"{folder}: {says}; the weights and config.json do not belong together")
+
+
 def test_truncated_safetensors(gpt2_folder, tmp_path, capsys):
     folder = _copy(gpt2_folder, tmp_path / "hf")
     data = (folder / "model.safetensors").read_bytes()

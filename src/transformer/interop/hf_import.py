@@ -263,6 +263,18 @@ def _config(family: str, hf_config, tie: bool, pad_id: int | None, folder: Path)
         raise UserError(f"{folder / 'config.json'}: {what}") from None
 
 
+def _checked(converted, entries, shapes: dict[str, tuple[int, ...]], folder: Path):
+    """``converted`` (our name, tensor), each tensor's shape checked against the model
+    config.json describes: a mismatch names the checkpoint's tensor, not only ours."""
+    theirs = {ours: hf for ours, hf, _ in entries}
+    for name, tensor in converted:
+        if tuple(tensor.shape) != shapes[name]:
+            raise UserError(f"{folder}: the checkpoint's {theirs[name]} gives {name} the shape {tuple(tensor.shape)}, "
+                            f"where config.json asks for {shapes[name]}; the weights and config.json do not belong "
+                            "together")
+        yield name, tensor
+
+
 def _write_config(run: Path, cfg: ModelConfig, decoding: dict, source: str, family: str) -> None:
     import yaml
 
@@ -315,7 +327,7 @@ def import_pretrained(source: str, out: str | Path) -> Imported:
         if unused := unused_tensors(weights, {theirs for _, theirs, _ in entries}, cfg.tie_embeddings):
             notes.append(f"{folder}: {len(unused)} tensor(s) of the checkpoint are not used ({', '.join(unused[:3])}"
                          f"{', ...' if len(unused) > 3 else ''}); does config.json describe these weights?")
-        converted = tensors_from_hf(cfg, family, weights.get)
+        converted = _checked(tensors_from_hf(cfg, family, weights.get), entries, shapes, folder)
         meta = {"model_config": json.dumps(cfg.to_dict()), "format": FORMAT, "imported_from": where}
         write_safetensors(tmp / BEST, header, converted, meta)
         _write_config(tmp, cfg, decoding, where, family)
