@@ -204,3 +204,18 @@ def test_the_start_up_line_gives_the_pages_address_with_the_token(run_dir, monke
     # a token from the variable is never printed; the line says what goes in place of "..."
     assert "from-env" not in line
     assert (f"${TOKEN_ENV} goes in place of ..." in line) == (option is None and env is not None)
+
+
+def test_the_scheme_name_is_case_insensitive(request):
+    """HTTP's authentication scheme names are case-insensitive (RFC 9110 11.1): clients that
+    send "bearer TOKEN" or "BEARER  TOKEN" are let in (they got 401); the token itself is
+    compared exactly."""
+    async def go():
+        async with token_app(request, "translation") as (app, http):
+            return {value: (await http.get("/stats", headers={"Authorization": value})).status_code
+                    for value in (f"bearer {TOKEN}", f"BEARER  {TOKEN}", f"Bearer {TOKEN.upper()}",
+                                  f"Bearer{TOKEN}", f"Basic {TOKEN}", f"Bearer {TOKEN} x")}
+
+    got = asyncio.run(go())
+    assert got == {f"bearer {TOKEN}": 200, f"BEARER  {TOKEN}": 200, f"Bearer {TOKEN.upper()}": 401,
+                   f"Bearer{TOKEN}": 401, f"Basic {TOKEN}": 401, f"Bearer {TOKEN} x": 401}

@@ -46,7 +46,7 @@ class Guard:
 
     def __init__(self, app, max_bytes: int, timeout: float, token: str | None = None) -> None:
         self.app, self.max_bytes, self.timeout = app, max_bytes, timeout
-        self.expected = None if token is None else f"Bearer {token}".encode()
+        self.expected = None if token is None else token.encode()
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -80,7 +80,9 @@ class Guard:
         if self.expected is None or is_open(scope["method"], scope["path"]):
             return True
         given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-        return hmac.compare_digest(given, self.expected)
+        # The scheme's name is case-insensitive (RFC 9110 11.1): "bearer TOKEN" is the same.
+        scheme, _, credentials = given.partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(credentials.lstrip(b" "), self.expected)
 
     async def _read_body(self, receive) -> tuple[bytearray | None, int, bool]:
         """(the body up to max_bytes, its size, whether more was left unread); None for the
