@@ -110,6 +110,8 @@ def _bad_files(tmp_path, corpus) -> dict[str, dict]:
                       "valid_tgt": None},
         "empty-valid": {"valid_src": str(tmp_path / "empty.src"), "valid_tgt": str(tmp_path / "empty.tgt")},
         "all-too-long": {"model": {"preset": "toy", "max_len": 2}},
+        "vocab-too-large": {"vocab_size": 100000},
+        "vocab-too-small": {"vocab_size": 5},
     }
 
 
@@ -129,6 +131,10 @@ def _bad_files(tmp_path, corpus) -> dict[str, dict]:
     # batches of max_tokens=256 than there are ranks (1)"
     ("all-too-long", ["train.src and ", "train.tgt: every one of the 160 training pairs is too long for the model's 2 "
                       "positions", "raise model.max_len"]),
+    # sentencepiece's refusals, in words: it said "INTERNAL: src/trainer_interface.cc(...)" and, for a
+    # vocabulary too small for the text's characters, "try a smaller vocab_size"
+    ("vocab-too-large", ["vocab_size 100000 is more subwords than this text holds (at most ", "lower vocab_size"]),
+    ("vocab-too-small", ["vocab_size 5 is fewer than this text's ", "raise vocab_size to "]),
 ])
 def test_bad_files_are_one_line_errors_and_leave_no_run(case, mentions, corpus, tmp_path, cli, one_line_error,
                                                         write_config):
@@ -198,3 +204,14 @@ def test_a_run_without_validation_bleu_does_not_report_one(corpus, tmp_path, set
     overrides = file_overrides(corpus, valid=False) + ["max_steps=2", "eval_every=1", *sets]
     Trainer(load_config(None, overrides), tmp_path / "run", log=lines.append).train()
     assert lines[-1].startswith("stopped at step 2 (max_steps); ") and lines[-1].endswith(" no validation BLEU")
+
+
+@pytest.mark.parametrize("vocab_size,words", [(100000, "lower vocab_size to "), (5, "raise vocab_size to ")])
+def test_the_vocabulary_size_sentencepiece_suggests_trains(corpus, tmp_path, vocab_size, words, cli, write_config):
+    """The size the refusal names is one the text allows: the largest, or the smallest."""
+    config = write_config(tmp_path / "own.yaml", vocab_size=vocab_size)
+    result = cli("train", "--config", config, "--out", tmp_path / "run", "--set", "max_steps=1")
+    assert result.code == 2 and words in result.err
+    size = int(result.err.split(words)[1].split()[0])
+    cfg = load_config(None, [*file_overrides(corpus), f"vocab_size={size}", "max_steps=1"])
+    assert prepare_data(cfg, tmp_path / "ok", log=quiet).subwords.vocab_size == size

@@ -23,6 +23,7 @@ thread, so the same texts and vocabulary size give the same pieces, scores and e
 
 from __future__ import annotations
 
+import re
 import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -187,8 +188,20 @@ def train_subwords(
                 minloglevel=2,
             )
         except RuntimeError as e:
-            raise UserError(f"subword training failed: {e}; try a smaller vocab_size") from None
+            raise UserError(_vocab_size_error(str(e), vocab_size)) from None
     return Subwords.load(model_prefix.with_name(model_prefix.name + ".model"))
+
+
+def _vocab_size_error(message: str, vocab_size: int) -> str:
+    """sentencepiece's refusal of ``vocab_size`` in words: too large says the largest the
+    text allows, too small the fewest pieces it needs (its characters and 4 special ones)."""
+    if m := re.search(r"Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)", message):
+        return (f"vocab_size {vocab_size} is more subwords than this text holds (at most {m[1]}); "
+                f"lower vocab_size to {m[1]} or less")
+    if m := re.search(r"Vocabulary size is smaller than required_chars\. \d+ vs (\d+)", message):
+        return (f"vocab_size {vocab_size} is fewer than this text's {m[1]} distinct characters and special "
+                f"pieces; raise vocab_size to {m[1]} or more")
+    return f"subword training failed: {message}; try another vocab_size"
 
 
 def _lowercase_rules() -> str:
