@@ -157,8 +157,12 @@ def test_port_in_use(serve_cmd, run_dir, server):
     (["--timeout", "0"], ["--timeout must be a positive number of seconds"]),
     (["--token", ""], ["--token must be printable ASCII"]),
     (["--token", "two words"], ["--token must be printable ASCII"]),
+    # waits past the deadline: a request alone was answered 504, never translated
+    (["--max-wait-ms", "inf"], ["--max-wait-ms must be at least 0 and below the timeout (60 s), got inf"]),
+    (["--max-wait-ms", "nan"], ["--max-wait-ms", "got nan"]),
+    (["--max-wait-ms", "2000", "--timeout", "2"], ["--max-wait-ms", "(2 s), got 2000"]),
 ], ids=["port", "beam", "max-batch", "max-wait", "max-chars", "threads", "host", "precision", "max-queue", "timeout",
-        "token-empty", "token-space"])
+        "token-empty", "token-space", "max-wait-inf", "max-wait-nan", "max-wait-timeout"])
 def test_bad_options(serve_cmd, run_dir, args, mentions):
     assert_one_line_error(*serve_cmd("--model", run_dir, *args), *mentions)
 

@@ -51,10 +51,12 @@ class ServeConfig:
                      "max_queue"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.max_wait_ms < 0:
-            raise ValueError(f"max_wait_ms must be at least 0, got {self.max_wait_ms}")
         if not self.timeout > 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {self.timeout}")
+        # A lone request waits max_wait_ms for company: as long as the timeout, every one would get 504.
+        if not 0 <= self.max_wait_ms < self.timeout * 1000:
+            raise ValueError(f"max_wait_ms must be at least 0 and below the timeout ({self.timeout:g} s), "
+                             f"got {self.max_wait_ms:g}")
         if self.token is not None and not (self.token.isascii() and self.token.isprintable()
                                            and " " not in self.token and self.token):
             raise ValueError("token must be printable ASCII without spaces (it travels in an HTTP header), "
