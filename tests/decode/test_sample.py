@@ -69,6 +69,17 @@ def test_sampling_at_low_temperature_is_greedy():
     assert generate(model, PROMPTS, 8, temperature=1e-4, seed=1) == generate(model, PROMPTS, 8, temperature=0)
 
 
+@pytest.mark.parametrize("top_p", [1e-30, 1e-50, 1e-300])
+def test_a_top_p_so_small_that_float32_makes_it_0_keeps_the_most_probable_token(top_p):
+    """top_p 1e-300 is 0 next to float32 probabilities, so every token was dropped: softmax
+    was nan and multinomial raised (a 500 from /generate, a traceback from generate). The
+    nucleus is never empty: its limit is the most probable token."""
+    logits = torch.tensor([[1.0, 3.0, -2.0, 0.0], [-5.0, -4.0, -7.0, -6.0]])
+    assert (~torch.isinf(filter_logits(logits, top_p=top_p))).nonzero().tolist() == [[0, 1], [1, 1]]
+    gens = [torch.Generator().manual_seed(i) for i in range(2)]
+    assert next_tokens(logits, 1.0, 0, top_p, gens).tolist() == [1, 1]
+
+
 @pytest.mark.parametrize("temperature", [1e-30, 1e-45, 1e-300])
 def test_a_temperature_so_small_that_logits_overflow_is_its_limit(temperature):
     """logits / 1e-30 leaves float32 (1e-300 is 0 there): softmax was nan and multinomial

@@ -35,6 +35,7 @@ def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
         probs = sorted_logits.softmax(dim=-1)
         before = probs.cumsum(dim=-1) - probs  # the probability of the tokens ranked above each
         drop = before >= top_p
+        drop[:, 0] = False  # the most probable token, also for a top_p below float32's range (0 there)
         logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
     return logits
 
