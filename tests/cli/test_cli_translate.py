@@ -243,3 +243,54 @@ def test_output_through_a_link_or_into_a_pipe(trained, cli, alone, tmp_path):
         assert os.read(reader, 1 << 16).decode() == f"{alone['red dog runs']}\n{alone['small bird']}\n"
     finally:
         os.close(reader)
+
+
+def _typed(argv: list[str], lines: list[bytes], timeout: float = 120) -> str:
+    """What a terminal shows when ``lines`` are typed, one at a time, into ``transformer
+    *argv`` run on a pseudo-terminal (stdin, stdout and stderr), then Ctrl-D."""
+    import pty
+    import select
+    import time
+
+    from tiny_corpus import TRANSFORMER, process_env
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the command on the terminal
+        try:
+            os.execve(TRANSFORMER, [TRANSFORMER, *argv], process_env())
+        finally:
+            os._exit(127)
+    shown, deadline = b"", time.monotonic() + timeout
+
+    def read_until(marker: bytes, count: int) -> None:
+        nonlocal shown
+        while shown.count(marker) < count and time.monotonic() < deadline:
+            if select.select([fd], [], [], 0.2)[0]:
+                try:
+                    chunk = os.read(fd, 4096)
+                except OSError:  # the child closed the terminal
+                    return
+                if not chunk:
+                    return
+                shown += chunk
+
+    read_until(b"Ctrl-D to quit", 1)
+    for n, line in enumerate(lines, start=1):
+        os.write(fd, line + b"\n")
+        read_until(b"\n", 2 * n + 1)  # the echo of the line, then its answer
+    os.write(fd, b"\x04")
+    read_until(b"\0", 1)  # to the end
+    os.waitpid(pid, 0)
+    os.close(fd)
+    return shown.decode("utf-8", "replace").replace("\r\n", "\n")
+
+
+def test_a_typed_line_that_is_not_utf8_is_one_line_and_the_session_goes_on(trained, alone):
+    """At a terminal, sentences are translated one by one. A line typed in Latin-1 ended the
+    session in sentencepiece's "Unable to cast Python instance" traceback; it is one line
+    saying so, and the next sentence is translated."""
+    shown = _typed(["translate", "--model", str(trained.run)], [b"red dog runs", b"caf\xe9", b"small bird"])
+    assert "Traceback" not in shown, shown
+    assert "transformer translate: error: that line is not UTF-8 (byte 0xe9 at byte column 4)" in shown
+    answers = [line for line in shown.splitlines() if line in alone.values()]
+    assert answers == [alone["red dog runs"], alone["small bird"]], shown

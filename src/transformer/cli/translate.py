@@ -127,7 +127,15 @@ def report_truncated(translator) -> None:
 
 
 def _interactive(translator) -> int:
+    """Typed lines, read as bytes: a line that is not UTF-8 (a terminal set to Latin-1) gets
+    one line saying so, and the session goes on."""
     print("Type a sentence and press Enter (Ctrl-D to quit).", file=sys.stderr)
-    for line in sys.stdin:
-        print(translator.translate([line.rstrip("\n")])[0], flush=True)
+    for raw in sys.stdin.buffer:
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            print(f"transformer translate: error: that line is not UTF-8 (byte 0x{raw[e.start]:02x} at byte column "
+                  f"{e.start + 1}); set the terminal to UTF-8", file=sys.stderr, flush=True)
+            continue
+        print(translator.translate([line.removesuffix("\n").removesuffix("\r")])[0], flush=True)
     return 0
