@@ -127,3 +127,14 @@ def test_a_seed_past_what_torch_takes_is_one_line(trained_lm, capsys):
     code, out, err = run_cli(capsys, "generate", "--model", trained_lm, "--prompt", "a", "--seed", 2**63 - 1,
                              "--max-new-tokens", "3", "--num-samples", "2")
     assert code == 0, err
+
+
+def test_a_prompt_argument_that_is_not_utf8_says_so(trained_lm, capsys):
+    """Bytes that are not UTF-8 in --prompt (a Latin-1 terminal) arrive as lone surrogates:
+    the character model said "character '\\udce9' is not in the character vocabulary" and a
+    Hugging Face tokenizer raised TypeError; it is one line naming the byte."""
+    code, out, err = run_cli(capsys, "generate", "--model", trained_lm, "--prompt", "the caf\udce9",
+                             "--max-new-tokens", "3")
+    assert code == 2 and out == ""
+    assert err == ("transformer generate: error: --prompt is not UTF-8 (byte 0xe9 at character 8); give UTF-8 text "
+                   "(a Latin-1 terminal or file: convert it, e.g. `iconv -f latin1 -t utf-8`)\n")
