@@ -227,7 +227,11 @@ def intro(decoding_commands: list[str]) -> list[str]:
         "as YAML (`--set max_steps=200`, `--set eval_bleu=false`). `model.X` and `decoding.X` set one key "
         "of those sections: `--set model.dropout=0.1 --set decoding.beam=5`.",
         "- **Resuming**: training into a run directory that holds a checkpoint resumes it. Only the keys "
-        "marked *may change* may differ from the run's config.yaml; any other change is refused.",
+        "marked *may change* may differ from the run's config.yaml; any other change is refused. The data "
+        "files (`train_src`, `train_tgt`, `valid_src`, `valid_tgt`, `text_files`) are checked by content: "
+        "paths are relative to the folder training starts in, so a run resumed from another folder names "
+        "them from there (`--set train_src=...`); a file edited or replaced since the checkpoints is refused "
+        "(train on it in a new run with `init_from`).",
         f"- **Decoding** ({commands}): each setting is the command's flag when given, else the run's "
         "`decoding:` section (in its config.yaml), else the [default](#decoding-keys).",
         "- **The service** (`transformer serve`) takes its [settings](#service-keys) as flags.",

@@ -193,3 +193,68 @@ def test_fp16_on_the_cpu_scales_the_loss_and_resumes_the_scale(tmp_path, make_cf
     resumed = Trainer(make_cfg("precision=fp16", "max_steps=4", "save_every=3"), run, log=lambda *a: None)
     assert resumed.step == 3 and resumed.scaler.get_scale() == saved["scale"]
     assert resumed.train()["step"] == 4
+
+
+@pytest.fixture
+def files_run(tmp_path, corpus, monkeypatch, cli) -> tuple[Path, Path]:
+    """A run started in start/ with a config whose data paths are relative to it (copies of
+    the corpus there), stopped after 2 updates: (the start folder, the run)."""
+    start = tmp_path / "start"
+    start.mkdir()
+    for key in ("train_src", "train_tgt"):
+        shutil.copyfile(corpus[key], start / corpus[key].name)
+    config = start / "own.yaml"
+    config.write_text(f"dataset: files\ntrain_src: {corpus['train_src'].name}\ntrain_tgt: {corpus['train_tgt'].name}\n"
+                      "valid_size: 4\nvocab_size: 120\nmodel: {preset: toy}\nmax_tokens: 256\nwarmup: 8\n"
+                      "progress: false\nthreads: 1\neval_every: 1000\nsave_every: 2\n", encoding="utf-8")
+    monkeypatch.chdir(start)
+    assert cli("train", "--config", "own.yaml", "--out", "run", "--set", "max_steps=2").code == 0
+    return start, start / "run"
+
+
+def test_a_run_resumes_from_another_folder_with_its_files_named_from_there(files_run, corpus, tmp_path, monkeypatch,
+                                                                         cli, one_line_error):
+    """Started with paths relative to start/, the run resumes from elsewhere: the same config
+    says where to go, and the files named from there (absolute or relative) are accepted, the
+    checkpoint recording their content. It was 'pairs.en: file not found', then 'holds a run
+    with a different config (train_src, train_tgt)': no way to resume but from start/."""
+    start, run = files_run
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    src, tgt = corpus["train_src"].name, corpus["train_tgt"].name
+    one_line_error(cli("train", "--config", start / "own.yaml", "--out", run, "--set", "max_steps=4"), "train",
+                   f"train_src {src}: file not found from {elsewhere}", "relative to the folder training starts in",
+                   "--set train_src=")
+    assert (run / "checkpoints" / "step-0000002").is_dir() and not (run / "checkpoints" / "step-0000004").exists()
+    resumed = cli("train", "--config", start / "own.yaml", "--out", run, "--set", "max_steps=4",
+                  "--set", f"train_src={start / src}", "--set", f"train_tgt=../start/{tgt}")
+    assert resumed.code == 0, resumed.err
+    assert "resumed from" in resumed.out and (run / "checkpoints" / "step-0000004").is_dir()
+
+
+@pytest.mark.parametrize("change", ["edited", "another-file", "tsv"])
+def test_a_run_resumed_on_other_data_is_refused(files_run, corpus, cli, one_line_error, change):
+    """The data a run trained on, edited or replaced, is refused by content in one line (the run
+    went on silently on other pairs, its data position and best BLEU those of the old ones);
+    the run is left as it was."""
+    start, run = files_run
+    src = start / corpus["train_src"].name
+    sets = ["--set", "max_steps=4"]
+    if change == "edited":
+        src.write_text(src.read_text(encoding="utf-8").replace(" ", "  ", 1), encoding="utf-8")
+    elif change == "another-file":
+        lines = src.read_text(encoding="utf-8").splitlines()
+        (start / "other.src").write_text("".join(line + "\n" for line in lines[1:] + lines[:1]), encoding="utf-8")
+        sets += ["--set", "train_src=other.src"]
+    else:
+        pairs = zip(src.read_text(encoding="utf-8").splitlines(),
+                    (start / corpus["train_tgt"].name).read_text(encoding="utf-8").splitlines())
+        (start / "pairs.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in pairs), encoding="utf-8")
+        sets += ["--set", "train_src=pairs.tsv", "--set", "train_tgt=null"]
+    config_before = (run / "config.yaml").read_bytes()
+    result = cli("train", "--config", "own.yaml", "--out", "run", *sets)
+    one_line_error(result, "train", "not the data the run trained on", "--set init_from=run")
+    assert ("train_tgt (none)" in result.err) == (change == "tsv")
+    assert (run / "config.yaml").read_bytes() == config_before
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-0000002"]

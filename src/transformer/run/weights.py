@@ -67,6 +67,11 @@ def read_model_config(path: str | Path) -> ModelConfig:
     return _config_of(weights, _metadata(weights))
 
 
+def read_metadata(path: str | Path) -> dict[str, str]:
+    """A weights file's metadata alone (its header: no tensor is read)."""
+    return _metadata(Path(path))
+
+
 def _metadata(path: Path) -> dict[str, str]:
     try:
         with safe_open(str(path), framework="pt") as f:

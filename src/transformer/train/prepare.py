@@ -7,6 +7,7 @@ fine-tuned with ``init_from`` encodes it with its source's tokenizer, whose file
 (:func:`copy_tokenizer`) the run directory holds instead of a vocabulary of its own."""
 from __future__ import annotations
 
+import hashlib
 import math
 import shutil
 import tempfile
@@ -73,6 +74,28 @@ def copy_tokenizer(found: dict[str, Path], run_dir: Path, log=print) -> None:
         elif file_sha256(target) != file_sha256(source):
             raise UserError(f"{target} is not the {name} of init_from ({source}); use another --out directory")
     log(f"init_from: the tokenizer of {found[names[-1]].parent} ({', '.join(sorted(found))}) -> {run_dir}")
+
+
+# The keys naming a run's own data files: read again at every start, so a resume checks them
+# by content (a checkpoint records their checksums), not by how the path is spelled.
+DATA_FILES = ("train_src", "train_tgt", "valid_src", "valid_tgt", "text_files")
+
+
+def data_checksums(cfg: TrainConfig) -> dict[str, str | list[str] | None]:
+    """The SHA-256 of each file the keys of :data:`DATA_FILES` name (a list for text_files),
+    by key; None for a file that is not there. Empty for a dataset of the registry."""
+    def sha(path: str) -> str | None:
+        if not Path(path).is_file():
+            return None
+        with open(path, "rb") as f:  # block by block: a corpus can be large
+            return hashlib.file_digest(f, "sha256").hexdigest()
+
+    out: dict[str, str | list[str] | None] = {}
+    for key in DATA_FILES:
+        value = getattr(cfg, key)
+        if value:
+            out[key] = [sha(p) for p in value] if isinstance(value, list) else sha(value)
+    return out
 
 
 def text_paths(cfg: TrainConfig, download: bool = True) -> list[Path]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import math
 import random
 import signal
@@ -29,7 +30,7 @@ from .config import TrainConfig
 from .distributed import Dist, reshard_position
 from .loss import compile_loss
 from .monitor import Monitor, ended_at, require_tensorboard
-from .prepare import PreparedData, PreparedText, prepare_data, prepare_run, tokenizer_file
+from .prepare import DATA_FILES, PreparedData, PreparedText, data_checksums, prepare_data, prepare_run, tokenizer_file
 from .reuse import Start
 from .schedule import dropout_ramp, lr_at
 from ..hardware import slow_precision_warning
@@ -37,6 +38,7 @@ from .step import StepStats, finite_in_fp32, forward_loss, make_optimizer, resol
 from .task import make_task
 
 SIGNAL_CODES = {"SIGINT": 1, "SIGTERM": 2}
+DATA_SHA256 = "data_sha256"  # a checkpoint's record of its data files' checksums, by key (prepare.data_checksums)
 
 
 def _quiet(*args, **kwargs) -> None:  # noqa: ARG001 - the log of ranks other than 0
@@ -370,7 +372,8 @@ class Trainer:
             vocab = tokenizer_file(self.cfg, self.run_dir)
             try:
                 return ckpt.save_checkpoint(self.run_dir, self.model, state, self.step, self.cfg.keep_last,
-                                            {f"{vocab.stem}_sha256": files.file_sha256(vocab)})
+                                            {f"{vocab.stem}_sha256": files.file_sha256(vocab),
+                                             DATA_SHA256: self.data_sha256})
             except OSError as e:
                 raise UserError(f"{self.run_dir}: could not save a checkpoint ({e.strerror or e}); "
                                 "the previous checkpoint is intact") from None
@@ -459,6 +462,7 @@ class Trainer:
     def _prepare_run_dir(self) -> None:
         self.data = prepare_run(self.cfg, self.run_dir, self._max_len(), self.log, self.start.subwords,
                                 self.start.tokenizer_files)
+        self.data_sha256 = json.dumps(data_checksums(self.cfg))  # each checkpoint records it
 
     def _loss_kernels(self):
         if not (self.cfg.compile_loss and self.device.type == "cpu"):
@@ -539,12 +543,54 @@ def check_run_dir(run_dir: Path, cfg: TrainConfig) -> None:
         raise UserError(f"{path}: not a run config ({what}); restore it or use another --out")
     new, free = cfg.to_dict(), TrainConfig.resumable_fields()
     saved = {**TrainConfig().to_dict(), **_before_it_existed(saved), **saved}  # an option newer than the run
+    recorded = _recorded_data(run_dir)
+    if recorded is not None:  # the data files are checked by their content, wherever they are named from
+        free = free | set(DATA_FILES)
     changed = sorted(k for k, v in new.items() if k not in free and k != "model" and saved.get(k) != v)
     old_model, new_model = saved.get("model") or {}, new["model"]
     changed += sorted(f"model.{k}" for k in set(old_model) | set(new_model) if old_model.get(k) != new_model.get(k))
     if changed:
         raise UserError(f"{run_dir}: holds a run with a different config ({', '.join(changed)}); "
                         "use another --out, or the same config to resume")
+    if recorded is not None:
+        _check_data(run_dir, cfg, recorded)
+
+
+def _recorded_data(run_dir: Path) -> dict | None:
+    """The data checksums the newest checkpoint recorded; None for a checkpoint older than
+    the record, or one that does not read (the resume sets it aside or names it)."""
+    newest = layout.latest_checkpoint(run_dir)
+    try:
+        recorded = json.loads(weights.read_metadata(newest / layout.WEIGHTS)[DATA_SHA256])
+    except (UserError, KeyError, ValueError, TypeError):
+        return None
+    return recorded if isinstance(recorded, dict) else None
+
+
+def _check_data(run_dir: Path, cfg: TrainConfig, recorded: dict) -> None:
+    """A resumed run reads the files it trained on: moved or named from another folder they
+    may be, but a file not found, or not the one trained on (edited, another), is refused."""
+    now = data_checksums(cfg)
+    for key, sha in now.items():
+        names, shas = (getattr(cfg, key), sha) if key == "text_files" else ([getattr(cfg, key)], [sha])
+        missing = [n for n, h in zip(names, shas) if h is None]
+        if missing:
+            raise UserError(f"{key} {missing[0]}: file not found from {Path.cwd()}; a config's paths are relative to "
+                            f"the folder training starts in: resume there, or name the file from here "
+                            f"(--set {key}=...)")
+    changed = [k for k in DATA_FILES if now.get(k) != recorded.get(k)]
+    if changed:
+        what = ", ".join(f"{k} {_named(getattr(cfg, k))}" for k in changed)
+        raise UserError(f"{run_dir}: {what}: not the data the run trained on (other content than its checkpoints "
+                        f"recorded); resume with the files as they were, or train on these in a new run: "
+                        f"--out NEW --set init_from={run_dir}")
+
+
+def _named(value: str | list[str] | None) -> str:
+    """A data key's value as a message names it: the path, [a, b] for text_files, (none)."""
+    if isinstance(value, list):
+        return f"[{', '.join(value)}]"
+    return value or "(none)"
 
 
 def _before_it_existed(saved: dict) -> dict:
