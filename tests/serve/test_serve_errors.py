@@ -30,6 +30,8 @@ CASES = {
     "n-best-over-beam": ("/translate", {**OK, "beam": 2, "n_best": 3}, "application/json", 422, ["n_best", "beam"]),
     "n-best-float": ("/translate", {**OK, "n_best": 1.5}, "application/json", 422, ["n_best", "integer"]),
     "lone-surrogate": ("/translate", b'{"text": "a \\ud800 b"}', "application/json", 422, ["surrogate"]),
+    "lone-surrogate-in-texts": ("/translate", b'{"texts": ["a", "b \\udfff"]}', "application/json", 422,
+                                ["texts[1]: contains an unpaired surrogate"]),  # which one: it said "texts"
     "text-too-long": ("/translate", {"text": "a" * 601}, "application/json", 413, ["601 characters", "600"]),
     "one-of-texts-too-long": ("/translate", {"texts": ["a", "b" * 700]}, "application/json", 413, ["text 1", "700"]),
     "too-many-texts": ("/translate", {"texts": ["a"] * 17}, "application/json", 413, ["17 texts", "16"]),

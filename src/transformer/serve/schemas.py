@@ -47,15 +47,10 @@ class TranslateRequest(_Strict):
 
     text: Annotated[Text, _given("a sentence to translate")] | None = Field(
         None, description="one sentence (not blank)", examples=["A dog runs in the park."])
-    texts: list[str] | None = Field(None, description="several sentences, translated in order (a blank one as a "
+    texts: list[Text] | None = Field(None, description="several sentences, translated in order (a blank one as a "
                                                       "blank line, as the translate command does)")
     beam: int | None = Field(None, ge=1, description="beam size (1 = greedy); default: the server's")
     n_best: int = Field(1, ge=1, description="translations per sentence, best first (at most the beam size)")
-
-    @field_validator("texts")
-    @classmethod
-    def _texts_unicode(cls, v: list[str] | None) -> list[str] | None:
-        return None if v is None else [_valid_unicode(t) for t in v]
 
     @model_validator(mode="after")
     def _one_of(self) -> TranslateRequest:
