@@ -165,3 +165,19 @@ def test_a_training_config_with_a_key_given_twice_is_refused(tmp_path):
     f.write_text("max_steps: [5\n", encoding="utf-8")
     with pytest.raises(UserError, match=r"mine\.yaml: not readable YAML \(.*\); correct it$"):
         load_config(f)
+
+
+@pytest.mark.parametrize("text,where", [
+    # a key indented one space too little after a section: YAML's first line named only line 1's mapping
+    ("dataset: files\nmodel:\n  preset: toy\n  dropout: 0.1\n max_steps: 3\n",
+     "line 5, column 2: expected <block end>, but found '<block mapping start>'"),
+    ("dataset: files\nmax_steps: 3\n\tseed: 2\n", "line 3, column 1: found character '\\t' that cannot start any token"),
+    ("betas: [0.9, 0.98\nseed: 1\n", "line 2, column 5: expected ',' or ']', but got ':'"),
+])
+def test_unreadable_yaml_names_the_line_where_it_breaks(tmp_path, text, where):
+    """It said "not readable YAML (while parsing a block mapping)": which of the lines, not said."""
+    f = tmp_path / "mine.yaml"
+    f.write_text(text, encoding="utf-8")
+    with pytest.raises(UserError) as e:
+        load_config(f)
+    assert str(e.value) == f"{f}: not readable YAML ({where}); correct it"

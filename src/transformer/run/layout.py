@@ -105,7 +105,11 @@ def read_yaml(path: Path, remedy: str) -> Any:
         raise UserError(f"{path}: line {e.line}: key {e.key!r} appears twice in one mapping (first on line "
                         f"{e.first}), and only the last would count; keep one") from None
     except (yaml.YAMLError, UnicodeDecodeError) as e:
-        detail = (str(e).splitlines() or [type(e).__name__])[0]
+        mark, problem = getattr(e, "problem_mark", None), getattr(e, "problem", None)
+        if mark is not None and problem:  # where the parser stopped, and why: "line 4, column 2: expected ..."
+            detail = f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+        else:
+            detail = (str(e).splitlines() or [type(e).__name__])[0]
         raise UserError(f"{path}: not readable YAML ({detail}); {remedy}") from None
 
 
