@@ -181,3 +181,18 @@ def test_unreadable_yaml_names_the_line_where_it_breaks(tmp_path, text, where):
     with pytest.raises(UserError) as e:
         load_config(f)
     assert str(e.value) == f"{f}: not readable YAML ({where}); correct it"
+
+
+@pytest.mark.parametrize("section,message", [
+    # it said "config: model: ModelConfig.__init__() got an unexpected keyword argument 'd_modl'"
+    ("model: {preset: toy, d_modl: 32}", "config: model: unknown key(s) ['d_modl']; choose from ['attn_dropout', "),
+    # it said "config: decoding.decoding: unknown key(s) ['bean']"
+    ("decoding: {bean: 3}", "config: decoding: unknown key(s) ['bean']; choose from ['beam', "),
+])
+def test_a_misspelled_key_of_a_section_in_the_file_is_named(tmp_path, section, message):
+    """In the YAML file as with --set (model.d_modl=32): the section, the key and the choices."""
+    f = tmp_path / "mine.yaml"
+    f.write_text(f"dataset: files\ntrain_src: a.txt\ntrain_tgt: b.txt\n{section}\n", encoding="utf-8")
+    with pytest.raises(UserError) as e:
+        load_config(f)
+    assert str(e.value).startswith(message)

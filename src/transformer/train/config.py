@@ -30,6 +30,7 @@ OPTIMIZERS = ("adam", "adamw")
 TOKENIZERS = ("bpe", "chars")
 TEXT_DATASETS = ("text", "tinyshakespeare", "multi30k-mono")  # a decoder-only language model trains on these
 TRAINING_PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # autocast (the decoding choices: decode/config.py)
+MODEL_KEYS = {f.name for f in dataclasses.fields(ModelConfig)} | {"preset"}  # the model section's
 
 
 def resumable(default: Any) -> Any:
@@ -262,6 +263,8 @@ class TrainConfig(LoggingConfig, CheckpointConfig, ScheduleConfig, OptimConfig, 
         _typed(self, ("model", "decoding"))
         _need(isinstance(self.model, dict) and self.model.get("preset", "tiny") in PRESETS,
               f"model.preset must be one of {sorted(PRESETS)}")
+        unknown = sorted(set(self.model) - MODEL_KEYS, key=str)
+        _need(not unknown, f"model: unknown key(s) {unknown}; choose from {sorted(MODEL_KEYS)}")
         kind = self.model.get("kind", PRESETS[self.model.get("preset", "tiny")].get("kind", "encoder-decoder"))
         # a fine-tune without a model section takes its source's model (checked in train/reuse.py)
         source_model = bool(self.init_from) and not {"kind", "preset"} & set(self.model)
@@ -290,8 +293,8 @@ class TrainConfig(LoggingConfig, CheckpointConfig, ScheduleConfig, OptimConfig, 
                                                             "better BLEU; it needs eval_bleu: true")
         try:
             DecodingConfig.from_dict(self.decoding)
-        except (ValueError, TypeError) as e:
-            raise UserError(f"config: decoding.{e}") from None
+        except (ValueError, TypeError) as e:  # "beam must be ...", or "decoding: unknown key(s) ..."
+            raise UserError(f"config: {'' if str(e).startswith('decoding') else 'decoding.'}{e}") from None
 
     data = part(DataConfig)
     optim = part(OptimConfig)
@@ -339,8 +342,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     data = {**data, "model": dict(model), "decoding": dict(data.get("decoding") or {})}
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     # the sections whose keys --set reaches with a dot: model.d_model=256, decoding.beam=5
-    sections = {"model": {f.name for f in dataclasses.fields(ModelConfig)} | {"preset"},
-                "decoding": set(DECODING_FIELDS)}
+    sections = {"model": MODEL_KEYS, "decoding": set(DECODING_FIELDS)}
     for item in overrides:
         if "=" not in item:
             raise UserError(f"--set {item!r}: expected key=value, e.g. --set max_steps=200")
