@@ -294,3 +294,37 @@ def test_a_typed_line_that_is_not_utf8_is_one_line_and_the_session_goes_on(train
     assert "transformer translate: error: that line is not UTF-8 (byte 0xe9 at byte column 4)" in shown
     answers = [line for line in shown.splitlines() if line in alone.values()]
     assert answers == [alone["red dog runs"], alone["small bird"]], shown
+
+
+def test_input_from_a_pipe_with_a_progress_bar_is_translated(trained, cli, alone, tmp_path, monkeypatch):
+    """With a terminal on stderr, --input's lines were counted ahead for the progress bar's
+    total; from a pipe (--input <(zcat ...), a named pipe) the count took the lines and
+    nothing was translated (exit 0, empty output). A pipe is read once, the bar counts
+    without a total."""
+    import threading
+
+    from transformer.cli import _progress
+
+    monkeypatch.setattr(_progress, "stderr_is_terminal", lambda: True)
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+
+    def feed():
+        with open(pipe, "w", encoding="utf-8") as f:
+            f.write("red dog runs\nsmall bird\n")
+
+    writer = threading.Thread(target=feed, daemon=True)
+    writer.start()
+    done = {}
+    command = threading.Thread(target=lambda: done.update(r=cli("translate", "--model", trained.run, "--input", pipe)),
+                               daemon=True)
+    command.start()
+    command.join(timeout=120)
+    if command.is_alive():  # stuck opening the pipe a second time (no writer left): let it go on, then fail
+        with open(pipe, "w"):
+            pass
+        command.join(timeout=60)
+    writer.join(timeout=10)
+    r = done["r"]
+    assert r.code == 0, r.err
+    assert r.out == f"{alone['red dog runs']}\n{alone['small bird']}\n"

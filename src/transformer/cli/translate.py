@@ -51,7 +51,10 @@ def run(args: argparse.Namespace) -> int:
         if typed:
             return _interactive(translator)
         show = args.input is not None and stderr_is_terminal()
-        with line_progress(count_lines(args.input) if show else None, show) as done:
+        # Counted ahead for the bar's total only in a file: a pipe (--input <(zcat ...)) read
+        # twice gives its lines to the count, and nothing is left to translate.
+        total = count_lines(args.input) if show and os.path.isfile(args.input) else None
+        with line_progress(total, show) as done:
             chunks = translator.translate_stream(lines, args.chunk_lines or CHUNK_LINES, progress=done)
             if args.output:
                 _write_output(args.output, chunks, translator.decoding.n_best)
