@@ -151,11 +151,16 @@ def test_a_character_the_source_never_saw_is_one_line(cli, one_line_error, tmp_p
     cfg = load_config(None, ["dataset=text", f"text_files=[{root / 'a.txt'}]", "tokenizer=chars", *TOY, *TRAINING,
                              "max_steps=1"])
     Trainer(cfg, root / "run", log=quiet).train()
-    (tmp_path / "greek.txt").write_text(make_text(60, seed=1) + "λόγος\n", encoding="utf-8")
+    (tmp_path / "greek.txt").write_text(make_text(60, seed=1) + "a λόγος\n", encoding="utf-8")
     config = tmp_path / "ft.yaml"
-    config.write_text(f"dataset: text\ntext_files: [{tmp_path / 'greek.txt'}]\ninit_from: {root / 'run'}\n")
+    config.write_text(f"dataset: text\ntext_files: [{root / 'a.txt'}, {tmp_path / 'greek.txt'}]\n"
+                      f"init_from: {root / 'run'}\n")
     r = cli("train", "--config", config, "--out", tmp_path / "ft")
-    one_line_error(r, "train", "'λ'", "not in the character vocabulary")
+    # the file, line and column of the first character the source lacks (it named only the new run's
+    # copy of chars.json, removed as the failed start is undone)
+    one_line_error(r, "train", f"{tmp_path / 'greek.txt'}:61: character 'λ' (U+03BB) at column 3 is not one of the ",
+                   f"characters of init_from {root / 'run'} (its chars.json)", "replace or remove it")
+    assert not (tmp_path / "ft").exists()
 
 
 def test_a_translation_source_is_one_line(cli, one_line_error, user_text, tmp_path):

@@ -22,7 +22,7 @@ from ..data import (Subwords, clean_pairs, filter_long, hold_out, load_multi30k,
 from ..data.chars import CHARS_FILE as CHARS
 from ..data.chars import Chars
 from ..data.registry import load_multi30k_text, tinyshakespeare_path
-from ..data.text import LineSubwords, load_tokenizer, read_texts, split_text
+from ..data.text import LineSubwords, load_tokenizer, read_text, read_texts, split_text
 from ..errors import UserError
 from ..run.files import atomic_write, file_sha256, write_text_atomic
 from ..run.layout import CONFIG, SUBWORDS, remove_stale_files
@@ -124,6 +124,8 @@ def prepare_text(cfg: TrainConfig, run_dir: Path, context: int, log=print, downl
     path = tokenizer_file(cfg, run_dir)
     if cfg.init_from:  # the source's, copied in by prepare_run
         tokenizer = load_tokenizer(path)
+        if isinstance(tokenizer, Chars):
+            _check_chars(cfg, tokenizer, text, download)
     elif cfg.tokenizer == "chars":
         tokenizer = Chars.load(path) if path.is_file() else Chars.learn(text)
         if tokenizer.path is None:
@@ -143,6 +145,24 @@ def prepare_text(cfg: TrainConfig, run_dir: Path, context: int, log=print, downl
     log(f"text: {len(text):,} characters; {len(train):,} training and {len(valid):,} validation tokens "
         f"({kind}, vocabulary {tokenizer.vocab_size})")
     return PreparedText(tokenizer, train, valid)
+
+
+def _check_chars(cfg: TrainConfig, chars: Chars, text: str, download: bool) -> None:
+    """A fine-tune's text holds only its source's characters: the first one it lacks is
+    refused with its file, line and column (Chars.encode names only the vocabulary)."""
+    unknown = set(text) - set(chars.chars)
+    if not unknown:
+        return
+    texts = ([(f"multi30k {cfg.tgt_lang}", text)] if cfg.dataset == "multi30k-mono" else
+             [(str(p), read_text(p)) for p in text_paths(cfg, download)])
+    for name, part in texts:
+        found = [i for i in (part.find(c) for c in unknown) if i >= 0]
+        if found:
+            i = min(found)
+            c, line, column = part[i], part.count("\n", 0, i) + 1, i - part.rfind("\n", 0, i)
+            raise UserError(f"{name}:{line}: character {c!r} (U+{ord(c):04X}) at column {column} is not one of the "
+                            f"{len(chars.chars)} characters of init_from {cfg.init_from} (its {CHARS}), the only ones "
+                            "its model reads; replace or remove it (and any other the text holds beyond them)")
 
 
 def _read_pairs(cfg: TrainConfig, split: str, download: bool = True) -> list[tuple[str, str]]:
