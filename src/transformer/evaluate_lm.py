@@ -123,6 +123,17 @@ def score_ids(model, ids: list[int] | torch.Tensor, stride: int | None = None, m
     return TextScore(nll, len(ids) - 1, n_bytes, len(spans), length, stride)
 
 
+def _where_unknown(text: str, tokenizer, name: str | None) -> str:
+    """"FILE:LINE:COLUMN: " of the first character of ``text`` that ``tokenizer`` (a character
+    vocabulary: ``chars``) lacks; "FILE: " alone for another tokenizer."""
+    known = set(getattr(tokenizer, "chars", None) or ())
+    i = next((i for i, c in enumerate(text) if c not in known), None) if known else None
+    if i is None:
+        return f"{name}: " if name else ""
+    line, column = text.count("\n", 0, i) + 1, i - text.rfind("\n", 0, i)
+    return f"{name}:{line}:{column}: " if name else f"line {line}, column {column}: "
+
+
 def score_text(model, tokenizer, text: str, stride: int | None = None, max_tokens: int = 4000,
                name: str | None = None) -> TextScore:
     """Cross-entropy, perplexity and bits per byte of ``text`` under ``model``, encoded by
@@ -136,7 +147,10 @@ def score_text(model, tokenizer, text: str, stride: int | None = None, max_token
     where = f"{name}: " if name else ""
     if not text.strip():
         raise UserError(f"{where}the text is empty; give a text to score")
-    ids = tokenizer.encode(text)
+    try:
+        ids = tokenizer.encode(text)
+    except UserError as e:  # a character a character vocabulary lacks: where it is in the file
+        raise UserError(f"{_where_unknown(text, tokenizer, name)}{e}") from None
     if len(ids) < 2:
         raise UserError(f"{where}a text of {len(ids)} token(s) has nothing to score (it takes 2: one to predict "
                         "from); give a longer text")

@@ -259,9 +259,10 @@ def test_bad_input_is_one_line(cli, one_line_error, char_run, tmp_path):
         (tmp_path / name).write_text(content, encoding="utf-8")
         one_line_error(cli("evaluate", "--model", char_run, "--text", tmp_path / name), "evaluate",
                        name, "holds no text")
-    (tmp_path / "greek.txt").write_text("the cat sat λ\n", encoding="utf-8")
+    (tmp_path / "greek.txt").write_text("the cat\nsat λ\n", encoding="utf-8")
+    # the file, line and column (it named the run's chars.json alone)
     one_line_error(cli("evaluate", "--model", char_run, "--text", tmp_path / "greek.txt"), "evaluate",
-                   "'λ'", "not in the character vocabulary")
+                   f"{tmp_path / 'greek.txt'}:2:5: character 'λ'", "not in the character vocabulary")
     one_line_error(cli("evaluate", "--model", char_run, "--text", good, "--stride", "16"), "evaluate",
                    "stride", "15")
     one_line_error(cli("evaluate", "--model", char_run, "--text", good, "--src", good), "evaluate",
