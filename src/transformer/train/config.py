@@ -93,7 +93,7 @@ class DataConfig:
     lowercase: bool = False  # the subword model lower-cases all text (as published Multi30k systems were trained)
     # ---- a new run built on earlier work (a resumed run does not read these again) ----
     init_from: str | None = None  # fine-tune: a run directory or weights file whose weights, vocabulary (a translation run's subwords.model; a language model's tokenizer files) and architecture start this run (a fresh optimizer and schedule); the model section: left out, or agreeing
-    subwords_from: str | None = None  # reuse a subword model (a run directory, or a sentencepiece .model file) instead of learning one; vocab_size and lowercase must match it
+    subwords_from: str | None = None  # reuse a subword model (a run directory, or a sentencepiece .model file) instead of learning one, with its own size (vocab_size is not used); lowercase must match it
     embedding_init: str | None = None  # word vectors (word2vec text or binary, GloVe text) that start the embedding rows of the pieces they hold (see data/word_vectors.py)
 
     def __post_init__(self) -> None:
