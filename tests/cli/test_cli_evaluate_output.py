@@ -1,0 +1,41 @@
+"""evaluate --output never replaces what the command reads: the --src or --ref file, or a
+file the --model run keeps. It wrote the translations over any of them (the source file gone,
+or the run's config.yaml holding hypotheses), after a successful scoring."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+
+@pytest.fixture
+def copies(trained, tmp_path):
+    """The run and its validation files, copied (the test tries to overwrite them)."""
+    run = shutil.copytree(trained.run, tmp_path / "run")
+    src = shutil.copyfile(trained.corpus["valid_src"], tmp_path / "valid.src")
+    ref = shutil.copyfile(trained.corpus["valid_tgt"], tmp_path / "valid.ref")
+    return run, src, ref
+
+
+@pytest.mark.parametrize("target,mention", [
+    ("src", "is the --src file"),
+    ("ref", "is the --ref file"),
+    ("run/config.yaml", "is a file of the run"),
+    ("run/subwords.model", "is a file of the run"),
+    ("run/best.safetensors", "is a file of the run"),
+    ("run/checkpoints/step-0000300/model.safetensors", "is a file of the run"),
+])
+def test_output_over_an_input_is_refused_and_nothing_changes(cli, one_line_error, copies, tmp_path, target, mention):
+    run, src, ref = copies
+    out = {"src": src, "ref": ref}.get(target, tmp_path / target)
+    before = {p: p.read_bytes() for p in [src, ref, *run.rglob("*")] if p.is_file()}
+    result = cli("evaluate", "--model", run, "--src", src, "--ref", ref, "--beam", "1", "--output", out)
+    one_line_error(result, "evaluate", f"--output {out}", mention, "give another file")
+    assert {p: p.read_bytes() for p in before} == before
+
+
+def test_output_beside_the_run_files_is_written(cli, copies, tmp_path):
+    run, src, ref = copies
+    result = cli("evaluate", "--model", run, "--src", src, "--ref", ref, "--beam", "1", "--output", run / "valid.hyp")
+    assert result.code == 0, result.err
+    assert len((run / "valid.hyp").read_text(encoding="utf-8").splitlines()) == len(src.read_text().splitlines())
