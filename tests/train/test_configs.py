@@ -196,3 +196,17 @@ def test_a_misspelled_key_of_a_section_in_the_file_is_named(tmp_path, section, m
     with pytest.raises(UserError) as e:
         load_config(f)
     assert str(e.value).startswith(message)
+
+
+def test_a_path_from_the_home_folder_in_a_yaml_file_is_expanded(tmp_path, monkeypatch):
+    """~/data/train.en in a config file, where no shell expands it, was looked for in a folder
+    named '~' ('~/data/train.en: file not found')."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    f = tmp_path / "mine.yaml"
+    f.write_text("dataset: files\ntrain_src: ~/data/train.en\ntrain_tgt: ~/data/train.de\ninit_from: ~/runs/base\n"
+                 "model: {preset: toy}\n", encoding="utf-8")
+    cfg = load_config(f)
+    assert (cfg.train_src, cfg.train_tgt) == (f"{tmp_path}/data/train.en", f"{tmp_path}/data/train.de")
+    assert cfg.init_from == f"{tmp_path}/runs/base"
+    lm = load_config(None, ["dataset=text", "text_files=[~/a.txt, b.txt]", "model.preset=nanogpt-char"])
+    assert lm.text_files == [f"{tmp_path}/a.txt", "b.txt"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,8 @@ OPTIMIZERS = ("adam", "adamw")
 TOKENIZERS = ("bpe", "chars")
 TEXT_DATASETS = ("text", "tinyshakespeare", "multi30k-mono")  # a decoder-only language model trains on these
 TRAINING_PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # autocast (the decoding choices: decode/config.py)
+PATH_KEYS = ("data_dir", "train_src", "train_tgt", "valid_src", "valid_tgt", "text_files", "init_from", "subwords_from",
+             "embedding_init")  # the keys naming a file or folder
 MODEL_KEYS = {f.name for f in dataclasses.fields(ModelConfig)} | {"preset"}  # the model section's
 
 
@@ -100,6 +103,12 @@ class DataConfig:
         if isinstance(self.text_files, str):  # text_files: one.txt
             object.__setattr__(self, "text_files", [self.text_files])
         _typed(self, _names(DataConfig))
+        for key in PATH_KEYS:  # ~/data/train.en in a YAML file, where no shell expands it
+            value = getattr(self, key)
+            if isinstance(value, list):
+                object.__setattr__(self, key, [os.path.expanduser(p) for p in value])
+            elif value:
+                object.__setattr__(self, key, os.path.expanduser(value))
         _not_negative(self, "train_limit", "valid_limit")
         _positive(self, "vocab_size")
         datasets = ("multi30k", "files", *TEXT_DATASETS)
