@@ -34,6 +34,9 @@ def test_a_text_shorter_than_two_context_windows(cli, config_file, tmp_path, one
     (tmp_path / "short.txt").write_text(make_text()[:chars])
     r = train(cli, config_file, tmp_path, text=tmp_path / "short.txt")
     one_line_error(r, "train", "short.txt", part, "fewer than two context windows")
+    # the validation part's size is valid_fraction's: the line says so (it said only "a longer text
+    # or a shorter context")
+    assert ("a larger valid_fraction (now 0.1), or valid_fraction: 0 for none" in r.err) == (part == "validation part")
 
 
 def test_a_context_longer_than_the_positions(cli, config_file, tmp_path, one_line_error, text_file):

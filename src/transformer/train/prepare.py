@@ -139,8 +139,11 @@ def prepare_text(cfg: TrainConfig, run_dir: Path, context: int, log=print, downl
     train, valid = (torch.tensor(tokenizer.encode(t), dtype=torch.long) for t in (train_text, valid_text))
     for part, stream in (("training part", train), ("validation part", valid)):
         if len(stream) < 2 * context + 1 and (part == "training part" or valid_text):
+            # the validation part of a text of one's own is sized by valid_fraction (multi30k-mono: its val split)
+            split = (f", a larger valid_fraction (now {cfg.valid_fraction:g}), or valid_fraction: 0 for none"
+                     if part == "validation part" and cfg.dataset != "multi30k-mono" else "")
             raise UserError(f"{names}: the {part} of the text holds {len(stream)} tokens, fewer than two context "
-                            f"windows ({2 * context} + 1); give a longer text or a shorter context")
+                            f"windows ({2 * context} + 1); give a longer text, a shorter context{split}")
     kind = f"the tokenizer of init_from ({path.name})" if cfg.init_from else cfg.tokenizer
     log(f"text: {len(text):,} characters; {len(train):,} training and {len(valid):,} validation tokens "
         f"({kind}, vocabulary {tokenizer.vocab_size})")
