@@ -16,6 +16,19 @@ def test_a_missing_file(cli, config_file, tmp_path, one_line_error):
     one_line_error(r, "train", "nowhere.txt", "not found")
 
 
+@pytest.mark.parametrize("given", ["{a},{b}", "{a} {b}"])
+def test_two_files_written_as_one_say_how_to_list_them(cli, config_file, tmp_path, one_line_error, text_file, given):
+    """text_files=a.txt,b.txt (--set as a shell list, or a comma-separated YAML value) said
+    'a.txt,b.txt: file not found', nothing about the list it takes."""
+    other = tmp_path / "more.txt"
+    other.write_text(make_text(), encoding="utf-8")
+    value = given.format(a=text_file, b=other)
+    r = train(cli, config_file, tmp_path, f"text_files={value}", text=text_file)
+    one_line_error(r, "train", f"text_files: {value}: file not found; several files are a list: "
+                               f"text_files: [{text_file}, {other}]")
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("content", ["", "  \n\n"], ids=["empty", "blank"])
 def test_an_empty_file(cli, config_file, tmp_path, one_line_error, content):
     (tmp_path / "empty.txt").write_text(content)

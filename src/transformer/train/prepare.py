@@ -101,6 +101,11 @@ def data_checksums(cfg: TrainConfig) -> dict[str, str | list[str] | None]:
 def text_paths(cfg: TrainConfig, download: bool = True) -> list[Path]:
     if cfg.dataset == "tinyshakespeare":
         return [tinyshakespeare_path(cfg.data_dir, download=download)]
+    for given in cfg.text_files:  # "a.txt,b.txt" or "a.txt b.txt": several files given as one
+        parts = given.replace(",", " ").split()
+        if not Path(given).exists() and len(parts) > 1 and all(Path(p).is_file() for p in parts):
+            raise UserError(f"text_files: {given}: file not found; several files are a list: "
+                            f"text_files: [{', '.join(parts)}] (--set 'text_files=[{', '.join(parts)}]')")
     return [Path(p) for p in cfg.text_files]
 
 
