@@ -16,7 +16,7 @@ from .decode.config import DecodingConfig
 from .errors import UserError
 from .front import FrontDoor, given, open_model, run_decoding, vocabulary_fits
 from .model import Transformer
-from .run import find_subwords, run_file
+from .run import SUBWORDS, find_subwords, run_file
 
 __all__ = ["Translation", "Translator", "load_translator", "run_decoding", "tokenizer_files"]
 
@@ -166,8 +166,8 @@ def tokenizer_files(path: str | Path) -> list[Path]:
     """The tokenizer files of the run that ``path`` belongs to: its subwords.model, or for a
     run imported from Marian (:mod:`transformer.interop.marian_run`) its source.spm first and
     the other files of :class:`~transformer.data.marian_tokenizer.MarianSubwords`."""
-    source = run_file(path, SOURCE_SPM)
-    if source is None:
+    source = run_file(path, SOURCE_SPM, SUBWORDS)  # the nearest folder's: a run's own, not one above it
+    if source is None or source.name == SUBWORDS:
         return [find_subwords(path)]
     return [source.parent / name for name in (SOURCE_SPM, TARGET_SPM, VOCAB, TARGET_VOCAB)
             if (source.parent / name).is_file()]

@@ -95,3 +95,22 @@ def test_the_same_key_in_different_mappings_and_a_merge_override_are_fine(tmp_pa
                  "1: one\n'1': also one\n", encoding="utf-8")
     assert read_yaml(f, "fix it") == {"a": {"x": 1}, "b": {"x": 2}, "base": {"beam": 4, "alpha": 0.6},
                                       "decoding": {"beam": 5, "alpha": 0.6}, 1: "one", "1": "also one"}
+
+
+def test_translation_tokenizer_is_the_nearest_folders(tmp_path):
+    """A run trained inside a folder that holds a Marian import's source.spm reads its own
+    subwords.model (and a Marian run nested under a trained run its own source.spm)."""
+    from transformer.translator import tokenizer_files
+
+    outer = tmp_path / "opus"
+    (outer / "mine" / "checkpoints" / "step-5").mkdir(parents=True)
+    for name in ("source.spm", "target.spm", "vocab.json"):
+        (outer / name).write_bytes(b"x")
+    (outer / "mine" / "subwords.model").write_bytes(b"x")
+    assert tokenizer_files(outer / "mine") == [outer / "mine" / "subwords.model"]
+    assert tokenizer_files(outer / "mine" / "checkpoints" / "step-5") == [outer / "mine" / "subwords.model"]
+    assert tokenizer_files(outer) == [outer / n for n in ("source.spm", "target.spm", "vocab.json")]
+    (outer / "mine" / "opus2").mkdir()
+    for name in ("source.spm", "target.spm", "vocab.json"):
+        (outer / "mine" / "opus2" / name).write_bytes(b"x")
+    assert tokenizer_files(outer / "mine" / "opus2")[0] == outer / "mine" / "opus2" / "source.spm"
