@@ -1,4 +1,4 @@
-"""evaluate --output never replaces what the command reads: the --src or --ref file, or a
+"""evaluate and translate --output never replace what the command reads: the --src or --ref file, or a
 file the --model run keeps. It wrote the translations over any of them (the source file gone,
 or the run's config.yaml holding hypotheses), after a successful scoring."""
 from __future__ import annotations
@@ -39,3 +39,19 @@ def test_output_beside_the_run_files_is_written(cli, copies, tmp_path):
     result = cli("evaluate", "--model", run, "--src", src, "--ref", ref, "--beam", "1", "--output", run / "valid.hyp")
     assert result.code == 0, result.err
     assert len((run / "valid.hyp").read_text(encoding="utf-8").splitlines()) == len(src.read_text().splitlines())
+
+
+@pytest.mark.parametrize("target,mention", [
+    ("input", "is the --input file"),
+    ("run/config.yaml", "is a file of the run"),
+    ("run/best.safetensors", "is a file of the run"),
+])
+def test_translate_output_over_an_input_is_refused(cli, one_line_error, copies, tmp_path, target, mention):
+    """translate --output naming its own --input (or a file of the run) replaced it with the
+    translations once they were complete: the source text was gone."""
+    run, src, _ = copies
+    out = src if target == "input" else tmp_path / target
+    before = {p: p.read_bytes() for p in [src, *run.rglob("*")] if p.is_file()}
+    result = cli("translate", "--model", run, "--input", src, "--beam", "1", "--output", out)
+    one_line_error(result, "translate", f"--output {out}", mention, "give another file")
+    assert {p: p.read_bytes() for p in before} == before

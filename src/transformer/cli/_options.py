@@ -60,6 +60,32 @@ def refuse_options(args: argparse.Namespace, names, purpose: str, instead: str) 
         raise UserError(f"{shown} {'is' if len(flags) == 1 else 'are'} {purpose}; {instead} (remove {shown})")
 
 
+def refuse_output_over_inputs(output: str, inputs: dict, models) -> None:
+    """A one-line UserError when ``--output`` names what the command reads: one of ``inputs``
+    (option -> the file given, or None), or a file a ``models`` run keeps (its config,
+    vocabulary, weights, metrics, curve, anything in checkpoints/), which the output would
+    replace. A new file inside a run is fine."""
+    from pathlib import Path
+
+    from ..errors import UserError
+    from ..run.layout import AVERAGED, BEST, CKPT_DIR, CURVE, DECODING_FILES, METRICS, run_root
+
+    out = Path(output).resolve()
+    for option, given in inputs.items():
+        if given and Path(given).resolve() == out:
+            raise UserError(f"--output {output} is the {option} file, which the translations would replace; "
+                            "give another file")
+    for model in models:
+        run_dir = run_root(model)
+        if run_dir is None:
+            continue
+        root = run_dir.resolve()
+        kept = {root / name for name in (*DECODING_FILES, METRICS, CURVE, BEST, AVERAGED)} | {Path(model).resolve()}
+        if out in kept or root / CKPT_DIR in out.parents:
+            raise UserError(f"--output {output} is a file of the run {run_dir}, which the translations would "
+                            "replace; give another file")
+
+
 def check_count(args: argparse.Namespace, name: str, must: str = "at least 1") -> None:
     """A count option (``--steps``, ``--num-samples``, ...) below 1: one line naming it
     ("--steps must be at least 1, got 0"); not given (None): nothing to check."""

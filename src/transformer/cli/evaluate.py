@@ -8,7 +8,8 @@ import json
 import sys
 import time
 
-from ._options import SEARCH_OPTIONS, add_decoding_options, decoding_options, prepare_compiled, refuse_options
+from ._options import (SEARCH_OPTIONS, add_decoding_options, decoding_options, prepare_compiled, refuse_options,
+                       refuse_output_over_inputs)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -58,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         refuse_options(args, ("data_dir",), "for --split (the folder holding multi30k/)",
                        "--src and --ref are read as they are")
     if args.output:
-        _refuse_output_over_inputs(args)
+        refuse_output_over_inputs(args.output, {"--src": args.src, "--ref": args.ref}, args.model)
     decoding = run_decoding(args.model[0], decoding_options(args))  # before the slow part: fail fast
     if read_model_config(args.model[0]).decoder_only:
         raise UserError(f"{args.model[0]}: a language model; score it on a text with --text FILE")
@@ -153,31 +154,6 @@ def run_text(args: argparse.Namespace) -> int:
         print(scores.summary())
         print(f"{decoding.precision}, {seconds:.1f}s")
     return 0
-
-
-def _refuse_output_over_inputs(args: argparse.Namespace) -> None:
-    """A one-line UserError when --output names what the command reads: the --src or --ref
-    file, or a file a --model run keeps (its config, vocabulary, weights, metrics, curve,
-    anything in checkpoints/), which the translations would replace."""
-    from pathlib import Path
-
-    from ..errors import UserError
-    from ..run.layout import AVERAGED, BEST, CKPT_DIR, CURVE, DECODING_FILES, METRICS, run_root
-
-    out = Path(args.output).resolve()
-    for option, given in (("--src", args.src), ("--ref", args.ref)):
-        if given and Path(given).resolve() == out:
-            raise UserError(f"--output {args.output} is the {option} file, which the translations would replace; "
-                            "give another file")
-    for model in args.model:
-        run_dir = run_root(model)
-        if run_dir is None:
-            continue
-        root = run_dir.resolve()
-        kept = {root / name for name in (*DECODING_FILES, METRICS, CURVE, BEST, AVERAGED)} | {Path(model).resolve()}
-        if out in kept or root / CKPT_DIR in out.parents:
-            raise UserError(f"--output {args.output} is a file of the run {run_dir}, which the translations would "
-                            "replace; give another file")
 
 
 def _split_pairs(args) -> tuple[list[str], list[str], dict]:

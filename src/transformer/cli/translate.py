@@ -13,7 +13,8 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import TextIO
 
-from ._options import add_decoding_options, check_count, decoding_options, prepare_compiled, refuse_options
+from ._options import (add_decoding_options, check_count, decoding_options, prepare_compiled, refuse_options,
+                       refuse_output_over_inputs)
 
 CHUNK_LINES = 2000  # lines read and translated at a time: enough to fill batches of similar lengths
 
@@ -45,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
     if typed:
         refuse_options(args, ("output", "n_best", "chunk_lines"), "for input from a file or a pipe",
                        "sentences typed at the terminal are translated one by one, the best translation shown")
+    if args.output:
+        refuse_output_over_inputs(args.output, {"--input": args.input}, args.model)
     with _input_lines(args.input) as lines:  # opened first: a missing file fails before the model loads
         translator = load_translator(args.model, warn=False, **decoding_options(args))
         prepare_compiled(translator)
