@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import filecmp
 import itertools
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,6 +109,7 @@ class Translator(FrontDoor):
         if chunk_lines < 1:
             raise ValueError(f"chunk_lines must be positive, got {chunk_lines}")
         it = iter(lines)
+        chunk_lines = min(chunk_lines, sys.maxsize)  # islice's limit; more is the whole input at once all the same
         while chunk := list(itertools.islice(it, chunk_lines)):
             yield self.translate_nbest(chunk, n_best, progress)
 

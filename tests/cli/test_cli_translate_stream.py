@@ -259,3 +259,11 @@ def test_evaluate_progress_bar_on_a_terminal_only(trained, cli, tmp_path, monkey
     with_bar, err = _evaluate(cli, trained, tmp_path)
     assert f"{len(LINES)}/{len(LINES)}" in err
     assert with_bar == plain and plain["bleu"] > 0
+
+
+def test_chunk_lines_past_what_islice_takes_is_one_chunk(trained, cli, translator):
+    """--chunk-lines 10**20 (more than sys.maxsize) ended in islice's ValueError traceback;
+    it is the whole input in one chunk, as any number above its length."""
+    r = cli("translate", "--model", trained.run, "--chunk-lines", 10**20, stdin="".join(line + "\n" for line in LINES[:3]))
+    assert r.code == 0, r.err
+    assert r.out.splitlines() == translator.translate(LINES[:3])
