@@ -298,3 +298,39 @@ def test_only_the_servers_own_beam_may_build_a_compiled_step(translator):
     assert service.translator(own).decoding.compile == "on"  # built at start-up by `transformer serve`
     assert service.translator(own + 1).decoding.compile == "auto"
     assert service.translator(1).decoding.compile == "auto"
+
+
+def test_streams_arriving_together_at_a_full_queue_get_503_not_an_error_event(lm_run):
+    """Streams were admitted when their handler ran but queued only when their stream began:
+    several arriving together all passed, and those the queue then had no room for got a
+    200 whose stream said "internal error: QueueFull". A stream is queued before its answer
+    starts, so each one gets its tokens or a 503."""
+    from transformer.generator import Generator
+
+    app = create_app(Generator.from_pretrained(lm_run, warn=False), ServeConfig(max_queue=1, max_batch=1))
+    batcher = app.state.service.batcher
+    gate = batcher.decode = Gate(batcher.decode)
+    body = {"prompt": "the cat", "max_new_tokens": 5, "seed": 1, "stream": True}
+
+    async def go():
+        async with app.router.lifespan_context(app):
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test") as http:
+                try:
+                    busy = asyncio.ensure_future(http.post("/generate", json={**body, "stream": False}))
+                    await until(gate.entered.is_set)  # the model is busy with it; the queue is empty
+                    streams = [asyncio.ensure_future(http.post("/generate", json=body)) for _ in range(6)]
+                    await asyncio.wait(streams, timeout=20, return_when=asyncio.FIRST_COMPLETED)
+                    gate.open.set()
+                    return await busy, await asyncio.gather(*streams)
+                finally:
+                    gate.open.set()
+
+    busy, streams = asyncio.run(go())
+    assert busy.status_code == 200
+    statuses = sorted(r.status_code for r in streams)
+    assert statuses == [200] + [503] * 5, [r.text[-200:] for r in streams]
+    for r in streams:
+        if r.status_code == 200:
+            assert "event: done" in r.text and "event: error" not in r.text
+        else:
+            assert "busy" in r.json()["error"] and "Retry-After" in r.headers

@@ -115,16 +115,9 @@ class DynamicBatcher:
     async def submit(self, key: Hashable, texts: list[str]) -> list[Any]:
         """Queue ``texts`` for decoding with ``key`` and wait for their results, in order.
         Raises :class:`QueueFull` when ``max_queue`` requests are waiting already."""
-        if self._arrived is None:
-            raise RuntimeError("DynamicBatcher.start() was not awaited")
-        self.admit()
-        self.stats.requests += 1
-        self.stats.texts += len(texts)
-        if not texts:
+        job = self._enqueue(key, texts)
+        if job is None:
             return []
-        job = _Job(key, list(texts), asyncio.get_running_loop().create_future())
-        self._pending.append(job)
-        self._arrived.set()
         try:
             return await job.future
         except asyncio.CancelledError:
@@ -132,6 +125,38 @@ class DynamicBatcher:
                 self._pending.remove(job)
                 self.stats.abandoned += 1
             raise
+
+    def enqueue(self, key: Hashable, texts: list[str]) -> asyncio.Future:
+        """:meth:`submit`, queued at once (a full queue raises :class:`QueueFull` here, not when
+        the results are awaited): the future of the results. Cancelled before its decode call,
+        it is never decoded."""
+        job = self._enqueue(key, texts)
+        if job is not None:
+            job.future.add_done_callback(lambda future: self._withdraw(job) if future.cancelled() else None)
+            return job.future
+        done = asyncio.get_running_loop().create_future()
+        done.set_result([])
+        return done
+
+    def _withdraw(self, job: _Job) -> None:
+        """A cancelled job still waiting leaves the queue (the worker skips one it took already)."""
+        if job in self._pending:
+            self._pending.remove(job)
+            self.stats.abandoned += 1
+
+    def _enqueue(self, key: Hashable, texts: list[str]) -> _Job | None:
+        """Admit and queue a request: its job (None for no texts: nothing to decode)."""
+        if self._arrived is None:
+            raise RuntimeError("DynamicBatcher.start() was not awaited")
+        self.admit()
+        self.stats.requests += 1
+        self.stats.texts += len(texts)
+        if not texts:
+            return None
+        job = _Job(key, list(texts), asyncio.get_running_loop().create_future())
+        self._pending.append(job)
+        self._arrived.set()
+        return job
 
     async def run_exclusive(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` in the decoding thread, between batches (for work that uses

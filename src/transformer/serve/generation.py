@@ -117,9 +117,11 @@ class LMService(ServiceCore):
             row.cancelled = True  # done, or the handler was cancelled: nobody waits for more
         return self.answer(row, result)
 
-    async def events(self, key: Sampling, row: Row) -> AsyncIterator[str]:
+    def events(self, key: Sampling, row: Row) -> AsyncIterator[str]:
         """Server-sent events: ``data: {"text": ..., "token": id}`` per token as it comes, then
-        ``event: done`` with the answer (or ``event: error``)."""
+        ``event: done`` with the answer (or ``event: error``). The row is queued now, before
+        the stream begins, so a full queue raises :class:`~.batching.QueueFull` here (a 503),
+        not in a stream already answered 200."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[dict | None] = asyncio.Queue()
 
@@ -130,9 +132,12 @@ class LMService(ServiceCore):
                 row.cancelled = True
 
         row.sink = sink
-        job = asyncio.ensure_future(self.batcher.submit(key, [row]))
+        job = self.batcher.enqueue(key, [row])
         # The tokens' events were queued before the job could finish, so None comes last.
         job.add_done_callback(lambda _: queue.put_nowait(None))
+        return self._stream(row, queue, job)
+
+    async def _stream(self, row: Row, queue: asyncio.Queue, job: asyncio.Future) -> AsyncIterator[str]:
         try:
             while (event := await queue.get()) is not None:
                 yield sse(event)

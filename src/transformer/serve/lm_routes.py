@@ -32,8 +32,7 @@ def add_generation_routes(app: FastAPI, service: "LMService") -> None:
         "Accept: text/event-stream" (or "stream": true) the tokens come as server-sent events."""
         key, row = service.request(req)
         streaming = req.stream if req.stream is not None else EVENT_STREAM in request.headers.get("accept", "")
-        if streaming:
-            service.batcher.admit()  # a full queue is a 503 now, not an error event in a 200 stream
+        if streaming:  # queued now: a full queue is a 503, not an error event in a 200 stream
             return StreamingResponse(service.events(key, row), media_type=EVENT_STREAM,
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return JSONResponse(await service.complete(key, row))
