@@ -1,6 +1,7 @@
-"""evaluate and translate --output never replace what the command reads: the --src or --ref file, or a
-file the --model run keeps. It wrote the translations over any of them (the source file gone,
-or the run's config.yaml holding hypotheses), after a successful scoring."""
+"""evaluate --output never replaces what the command reads: the --src or --ref file, or a
+file the --model run keeps; nor does translate --output a file of the run. They wrote the
+translations over any of them (the source file gone, or the run's config.yaml holding
+hypotheses), after a successful decoding."""
 from __future__ import annotations
 
 import shutil
@@ -42,15 +43,15 @@ def test_output_beside_the_run_files_is_written(cli, copies, tmp_path):
 
 
 @pytest.mark.parametrize("target,mention", [
-    ("input", "is the --input file"),
     ("run/config.yaml", "is a file of the run"),
     ("run/best.safetensors", "is a file of the run"),
 ])
-def test_translate_output_over_an_input_is_refused(cli, one_line_error, copies, tmp_path, target, mention):
-    """translate --output naming its own --input (or a file of the run) replaced it with the
-    translations once they were complete: the source text was gone."""
+def test_translate_output_over_a_run_file_is_refused(cli, one_line_error, copies, tmp_path, target, mention):
+    """translate --output naming a file of the run replaced it with the translations once they
+    were complete (translating a file in place, --output naming the --input, is allowed:
+    test_cli_translate.test_output_may_overwrite_the_input)."""
     run, src, _ = copies
-    out = src if target == "input" else tmp_path / target
+    out = tmp_path / target
     before = {p: p.read_bytes() for p in [src, *run.rglob("*")] if p.is_file()}
     result = cli("translate", "--model", run, "--input", src, "--beam", "1", "--output", out)
     one_line_error(result, "translate", f"--output {out}", mention, "give another file")

@@ -47,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
         refuse_options(args, ("output", "n_best", "chunk_lines"), "for input from a file or a pipe",
                        "sentences typed at the terminal are translated one by one, the best translation shown")
     if args.output:
-        refuse_output_over_inputs(args.output, {"--input": args.input}, args.model)
+        # (the --input file itself may be named: it is read whole before the output replaces it)
+        refuse_output_over_inputs(args.output, {}, args.model)
     with _input_lines(args.input) as lines:  # opened first: a missing file fails before the model loads
         translator = load_translator(args.model, warn=False, **decoding_options(args))
         prepare_compiled(translator)
