@@ -135,7 +135,12 @@ def test_attention_picture_options_need_a_png(extra, cli, trained, tmp_path, one
 
 # ---- translate -----------------------------------------------------------------------------
 
-class Terminal(io.StringIO):
+class Terminal(io.TextIOWrapper):
+    """Typed lines on a terminal: text, with the bytes under it (``.buffer``) as a real stdin has."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(io.BytesIO(text.encode("utf-8")), encoding="utf-8")
+
     def isatty(self) -> bool:
         return True
 
