@@ -56,3 +56,17 @@ def test_translate_output_over_a_run_file_is_refused(cli, one_line_error, copies
     result = cli("translate", "--model", run, "--input", src, "--beam", "1", "--output", out)
     one_line_error(result, "translate", f"--output {out}", mention, "give another file")
     assert {p: p.read_bytes() for p in before} == before
+
+
+def test_output_through_a_link_writes_its_target(cli, copies, tmp_path):
+    """evaluate --output through a symbolic link writes the link's target and keeps the link
+    (renaming a finished file over it replaced the link), as translate --output does."""
+    run, src, ref = copies
+    target, link = tmp_path / "hyps" / "valid.hyp", tmp_path / "latest.hyp"
+    target.parent.mkdir()
+    target.write_text("old\n", encoding="utf-8")
+    link.symlink_to(target)
+    result = cli("evaluate", "--model", run, "--src", src, "--ref", ref, "--beam", "1", "--output", link)
+    assert result.code == 0, result.err
+    assert link.is_symlink() and link.resolve() == target
+    assert len(target.read_text(encoding="utf-8").splitlines()) == len(src.read_text(encoding="utf-8").splitlines())

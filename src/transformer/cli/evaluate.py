@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from ..evaluate import score
     from ..front import run_decoding
     from ..run import read_model_config
-    from ..run.files import write_text_atomic
+    from ..run.files import write_output
     from ..translator import load_translator
     from ._progress import line_progress
     from .translate import report_truncated
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - t0
     scores = score(hyps, ref, lang=lang)
     if args.output:
-        write_text_atomic(args.output, "".join(h + "\n" for h in hyps))
+        write_output(args.output, lambda f: f.write("".join(h + "\n" for h in hyps)))
     lowercase = translator.subwords.lowercases
     if args.json:
         print(json.dumps({**scores.to_dict(), "beam": decoding.beam, "alpha": decoding.alpha,

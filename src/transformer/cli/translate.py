@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import stat
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -81,33 +80,11 @@ def _write(chunks: Iterable[list], out: TextIO, n_best: int) -> None:
         first += len(results)
 
 
-def _write_to_file(chunks: Iterable[list], path: str, n_best: int) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        _write(chunks, f, n_best)
-
-
 def _write_output(path: str, chunks: Iterable[list], n_best: int) -> None:
-    """``--output``: a file is written beside itself and renamed into place when complete
-    (through a symbolic link: its target, the link kept). What is not a file (/dev/stdout,
-    /dev/null, a named pipe) cannot be renamed over, only written into, as the shell's ``>``
-    does: renaming would replace the device or pipe with a file and the reader get nothing."""
-    from ..errors import UserError
-    from ..run.files import atomic_write
+    """``--output``: complete or not at all (:func:`~transformer.run.files.write_output`)."""
+    from ..run.files import write_output
 
-    try:
-        mode = os.stat(path).st_mode  # through links: /dev/stdout is one
-    except OSError:
-        mode = None
-    if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
-        try:
-            f = open(path, "w", encoding="utf-8")
-        except OSError as e:
-            raise UserError(f"{path}: cannot write ({e.strerror or e})") from None
-        with f:
-            _write(chunks, f, n_best)
-        return
-    target = os.path.realpath(path) if os.path.islink(path) else path
-    atomic_write(target, lambda tmp: _write_to_file(chunks, tmp, n_best))
+    write_output(path, lambda f: _write(chunks, f, n_best))
 
 
 @contextmanager

@@ -136,6 +136,34 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
     return atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
+def write_output(path: str | Path, write: Callable[[io.TextIOBase], None]) -> None:
+    """A user's output file (``--output``): ``write(f)`` into a UTF-8 text file beside ``path``
+    that is renamed into place when complete (through a symbolic link: its target, the link
+    kept). What is not a file (/dev/stdout, /dev/null, a named pipe) cannot be renamed over,
+    only written into, as the shell's ``>`` does: renaming would replace the device or pipe
+    with a file and the reader get nothing."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode  # through links: /dev/stdout is one
+    except OSError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        try:
+            f = open(path, "w", encoding="utf-8")
+        except OSError as e:
+            raise UserError(f"{path}: cannot write ({e.strerror or e})") from None
+        with f:
+            write(f)
+        return
+
+    def to_file(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as f:
+            write(f)
+
+    atomic_write(os.path.realpath(path) if os.path.islink(path) else path, to_file)
+
+
 def atomic_dir(path: str | Path, fill: Callable[[Path], None], make_room: Callable[[Path], None] | None = None) -> Path:
     """Call ``fill(tmp_dir)`` on a new folder beside ``path``, then rename it to ``path``.
 
