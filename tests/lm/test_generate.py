@@ -138,3 +138,15 @@ def test_a_prompt_argument_that_is_not_utf8_says_so(trained_lm, capsys):
     assert code == 2 and out == ""
     assert err == ("transformer generate: error: --prompt is not UTF-8 (byte 0xe9 at character 8); give UTF-8 text "
                    "(a Latin-1 terminal or file: convert it, e.g. `iconv -f latin1 -t utf-8`)\n")
+
+
+def test_explain_text_that_is_not_utf8_says_so(trained_lm, capsys):
+    """The same check serves every command's text (explain's sentence here), while a path
+    option is left as it is: a file name need not be UTF-8."""
+    code, out, err = run_cli(capsys, "explain", "--model", trained_lm, "the caf\udce9")
+    assert code == 2 and out == ""
+    assert err.startswith("transformer explain: error: the sentence is not UTF-8 (byte 0xe9 at character 8)")
+    from transformer.cli import _refuse_undecodable_text, build_parser
+
+    explain = build_parser().commands["explain"]
+    _refuse_undecodable_text(explain.parse_args(["--model", "caf\udce9", "a"]), explain)  # no error: a path

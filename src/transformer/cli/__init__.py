@@ -67,6 +67,23 @@ def _refuse_empty_paths(args: argparse.Namespace) -> None:
             raise UserError(f"--{name.replace('_', '-')} is empty; give a path")
 
 
+def _refuse_undecodable_text(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Bytes of an argument that are not UTF-8 (a Latin-1 terminal) reach Python as lone
+    surrogates (U+DC80..U+DCFF, see os.fsdecode), which no tokenizer encodes: one line naming
+    the option and the byte. Paths are left alone: a file name need not be UTF-8."""
+    names = {a.dest: (a.option_strings[0] if a.option_strings else f"the {a.dest}") for a in parser._actions}
+    for dest, value in vars(args).items():
+        if dest in PATH_OPTIONS:
+            continue
+        for text in value if isinstance(value, list) else [value]:
+            bad = next((i for i, c in enumerate(text) if "\udc80" <= c <= "\udcff"), None) \
+                if isinstance(text, str) else None
+            if bad is not None:
+                raise UserError(f"{names.get(dest, dest)} is not UTF-8 (byte 0x{ord(text[bad]) - 0xdc00:02x} at "
+                                f"character {bad + 1}); give UTF-8 text (a Latin-1 terminal or file: convert it, "
+                                "e.g. `iconv -f latin1 -t utf-8`)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -74,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.commands[args.command].unrecognized(extra)
     try:
         _refuse_empty_paths(args)
+        _refuse_undecodable_text(args, parser.commands[args.command])
         return int(args.func(args) or 0)
     except UserError as e:
         print(f"transformer {args.command}: error: {e}", file=sys.stderr)

@@ -28,8 +28,6 @@ def run(args: argparse.Namespace) -> int:
     prompt = args.prompt
     if prompt is None:
         prompt = "" if sys.stdin.isatty() else _read_stdin()
-    else:
-        _check_utf8(prompt)
     generator = Generator.from_pretrained(args.model, warn=False, **decoding_options(args))
     prepare_compiled(generator)
     generator.encode(prompt)
@@ -54,13 +52,3 @@ def _read_stdin() -> str:
     data = stream.read() if stream is not None else sys.stdin.read().encode("utf-8", "surrogateescape")
     return "\n".join(decode_lines(data, "<stdin>"))
 
-
-def _check_utf8(prompt: str) -> None:
-    """A --prompt whose bytes are not UTF-8 reaches Python with each bad byte as a lone
-    surrogate (U+DC80..U+DCFF), which no tokenizer encodes: one line naming the byte."""
-    from ..errors import UserError
-
-    for i, c in enumerate(prompt):
-        if "\udc80" <= c <= "\udcff":
-            raise UserError(f"--prompt is not UTF-8 (byte 0x{ord(c) - 0xdc00:02x} at character {i + 1}); "
-                            "give UTF-8 text (a Latin-1 terminal or file: convert it, e.g. `iconv -f latin1 -t utf-8`)")
