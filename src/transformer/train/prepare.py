@@ -177,7 +177,7 @@ def _read_pairs(cfg: TrainConfig, split: str, download: bool = True) -> list[tup
     if cfg.dataset == "multi30k":
         name = {"train": "train", "valid": "val"}[split]
         return load_multi30k(name, cfg.src_lang, cfg.tgt_lang, data_dir=cfg.data_dir, download=download)
-    src, tgt = (cfg.train_src, cfg.train_tgt) if split == "train" else (cfg.valid_src, cfg.valid_tgt)
+    src, tgt = _split_files(cfg, split)
     if src is None:
         return []
     if tgt is None:
@@ -185,11 +185,16 @@ def _read_pairs(cfg: TrainConfig, split: str, download: bool = True) -> list[tup
     return read_parallel(src, tgt)
 
 
+def _split_files(cfg: TrainConfig, split: str) -> tuple[str, str | None]:
+    """A ``files`` dataset's source and target files of ``split`` (target None: one TSV)."""
+    return (cfg.train_src, cfg.train_tgt) if split == "train" else (cfg.valid_src, cfg.valid_tgt)
+
+
 def _pair_files(cfg: TrainConfig, split: str) -> str:
     """The files of a split, or the dataset's name, as messages name them."""
     if cfg.dataset != "files":
         return cfg.dataset
-    src, tgt = (cfg.train_src, cfg.train_tgt) if split == "train" else (cfg.valid_src, cfg.valid_tgt)
+    src, tgt = _split_files(cfg, split)
     return src if tgt is None else f"{src} and {tgt}"
 
 
@@ -198,7 +203,7 @@ def _no_pairs(cfg: TrainConfig, split: str, n_empty: int) -> str:
     name = "training" if split == "train" else "validation"
     if cfg.dataset != "files":
         return f"{cfg.dataset}: no {name} pairs left after skipping {n_empty} with an empty side"
-    src, tgt = (cfg.train_src, cfg.train_tgt) if split == "train" else (cfg.valid_src, cfg.valid_tgt)
+    src, tgt = _split_files(cfg, split)
     if tgt is None:  # one TSV file
         why = f"each of its {n_empty} lines is empty on one side or both" if n_empty else "the file is empty"
         return f"{src}: no {name} pairs ({why}); give a file of sentence pairs"
