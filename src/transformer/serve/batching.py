@@ -121,9 +121,7 @@ class DynamicBatcher:
         try:
             return await job.future
         except asyncio.CancelledError:
-            if job in self._pending:  # still waiting: it leaves the queue, never decoded
-                self._pending.remove(job)
-                self.stats.abandoned += 1
+            self._withdraw(job)  # still waiting: it leaves the queue, never decoded
             raise
 
     def enqueue(self, key: Hashable, texts: list[str]) -> asyncio.Future:
