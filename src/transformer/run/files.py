@@ -93,6 +93,27 @@ class RecordingWriter(io.RawIOBase):
             raise
 
 
+def refuse_links(folder: str | Path) -> None:
+    """A one-line UserError naming the first symbolic link inside ``folder``, at any depth
+    (``folder`` itself may be one: the user named it). A run folder someone hands over may
+    hold a link where a run file should be (``.lock``, ``metrics.jsonl``, ``checkpoints/``);
+    writing the run through it would change a file outside the run, so every writer of a run
+    checks first (:func:`~transformer.run.lock.lock_run`)."""
+    for top, dirs, names in os.walk(folder):  # followlinks=False: a linked folder is listed, not entered
+        for name in sorted(dirs + names):
+            if os.path.islink(link := os.path.join(top, name)):
+                raise UserError(f"{link}: a symbolic link inside the run {folder}; transformer writes nothing "
+                                "through links in a run (the file it names, outside the run, would change): "
+                                "remove the link, or put the file itself there")
+
+
+def open_to_append(path: str | Path):
+    """``path`` opened to append UTF-8 text (made if missing), never through a symbolic link:
+    a link there is an OSError (ELOOP), not a write into the file it names."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    return open(fd, "a", encoding="utf-8")
+
+
 def make_parent(path: Path) -> None:
     """Make ``path``'s folder (and those above it); a file where a folder is needed is named
     (NotADirectoryError), where mkdir says only "File exists"."""

@@ -9,14 +9,20 @@ left behind by one is taken over by the next start. The file holds the holder's 
 message. Where there is no ``flock`` (Windows) or the filesystem refuses it (some network
 filesystems), training runs unlocked, as it did before there was a lock.
 
-Imports nothing but the standard library (and :mod:`transformer.errors`).
+Taking the lock first refuses a run that holds a symbolic link anywhere inside it
+(:func:`~transformer.run.files.refuse_links`): every file a writer of the run touches is
+then the run's own, and ``.lock`` itself is opened without following a link.
+
+Imports nothing but the standard library (and :mod:`transformer.errors`, :mod:`.files`).
 """
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
 from ..errors import UserError
+from .files import refuse_links
 
 LOCK = ".lock"
 
@@ -56,16 +62,19 @@ def lock_run(run_dir: str | Path, what: str = "transformer train") -> RunLock | 
     """Take ``run_dir``'s writer lock (the folder is made if missing); None where locks are
     not available. Raises UserError when another process holds it, naming its pid."""
     run_dir = Path(run_dir)
+    make_run_dir(run_dir)
+    refuse_links(run_dir)
     try:
         import fcntl
     except ImportError:  # not a POSIX system: no advisory locks
         return None
-    make_run_dir(run_dir)
     path = run_dir / LOCK
     while True:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:  # O_NOFOLLOW: a link put there after the check is refused too (ELOOP), never written through
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
         except OSError as e:
+            if e.errno == errno.ELOOP:
+                refuse_links(run_dir)  # names the link
             raise UserError(f"{run_dir}: cannot write ({e.strerror or e})") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -99,7 +108,7 @@ def _holder(fd: int) -> int | None:
 
 def _same_file(fd: int, path: Path) -> bool:
     try:
-        a, b = os.fstat(fd), os.stat(path)
+        a, b = os.fstat(fd), os.lstat(path)
     except OSError:
         return False
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..extras import require
+from ..run.files import open_to_append
 from ..run.layout import CURVE, METRICS
 from .step import StepStats
 
@@ -64,7 +65,7 @@ class Monitor:
         if not self.active:
             return
         try:
-            with open(self.run_dir / METRICS, "a", encoding="utf-8") as f:
+            with open_to_append(self.run_dir / METRICS) as f:
                 f.write(json.dumps(rec) + "\n")
         except OSError as e:
             raise UserError(f"{self.run_dir / METRICS}: cannot write ({e.strerror or e})") from None
