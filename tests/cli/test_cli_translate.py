@@ -151,6 +151,21 @@ def test_output_file_has_ordinary_permissions(trained, cli, tmp_path):
         os.umask(old)
 
 
+def test_output_over_a_private_file_keeps_it_private(trained, cli, tmp_path):
+    """A file being replaced keeps its mode: translating over a 0600 file left it 0644."""
+    old = os.umask(0o022)
+    try:
+        out = tmp_path / "out.txt"
+        out.write_text("earlier, private\n")
+        out.chmod(0o600)
+        r = cli("translate", "--model", trained.run, "--output", out, stdin="red dog runs\n")
+        assert r.code == 0, r.err
+        assert out.read_text() != "earlier, private\n"
+        assert stat.S_IMODE(out.stat().st_mode) == 0o600
+    finally:
+        os.umask(old)
+
+
 def test_invalid_utf8_on_stdin_real_process(trained, real_cli):
     """Bytes that are not UTF-8 on stdin: a one-line error naming stdin, never a traceback."""
     done = real_cli("translate", "--model", trained.run, input=b"red dog\n\xff\xfe cat\n",

@@ -191,3 +191,22 @@ def test_real_full_disk_one_line_then_exact_resume(small_disk, room, write_confi
     for name in ("checkpoints/step-0000004/model.safetensors", "best.safetensors"):
         mine, theirs = load_file(run / name), load_file(alone / name)
         assert mine.keys() == theirs.keys() and all(mine[k].equal(theirs[k]) for k in mine), name
+
+
+def test_an_atomic_write_keeps_the_replaced_files_mode_and_syncs_its_folder(tmp_path, monkeypatch):
+    """The rename that ends an atomic write is made durable (the folder fsynced, as checkpoints
+    are), and a file it replaces keeps its permissions; a new file gets the usual ones."""
+    synced = []
+    monkeypatch.setattr(run_files, "fsync_dir", lambda path: synced.append(Path(path)))
+    old = os.umask(0o022)
+    try:
+        private = tmp_path / "private.txt"
+        private.write_text("a")
+        private.chmod(0o640)
+        run_files.write_text_atomic(private, "b")
+        run_files.write_text_atomic(tmp_path / "new.txt", "c")
+    finally:
+        os.umask(old)
+    assert private.read_text() == "b" and (private.stat().st_mode & 0o777) == 0o640
+    assert ((tmp_path / "new.txt").stat().st_mode & 0o777) == 0o644
+    assert synced == [tmp_path, tmp_path]

@@ -141,9 +141,10 @@ def atomic_write(path: str | Path, write: Callable[[str], None], suffix: str = "
         raise UserError(f"{path}: cannot write ({e.strerror or e})") from None
     try:
         write(tmp)
-        os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes 0600 files; give the usual permissions
+        os.chmod(tmp, _mode_for(path))
         _fsync_file(Path(tmp))
         os.replace(tmp, path)
+        fsync_dir(path.parent)
     except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
         if (os_error := storage_error(e)) is None:
@@ -151,6 +152,20 @@ def atomic_write(path: str | Path, write: Callable[[str], None], suffix: str = "
         raise UserError(f"{path}: cannot write ({os_error.strerror or os_error}); "
                         "any earlier file there is intact") from None
     return path
+
+
+def _mode_for(path: Path) -> int:
+    """The permissions a file written to ``path`` gets: those of the file it replaces (a 0600
+    file stays private), else the usual ones for a new file (mkstemp makes 0600 files)."""
+    import stat
+
+    try:
+        st = os.lstat(path)
+    except OSError:
+        st = None
+    if st is not None and stat.S_ISREG(st.st_mode):
+        return stat.S_IMODE(st.st_mode)
+    return 0o666 & ~umask()
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:
