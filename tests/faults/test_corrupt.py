@@ -148,3 +148,30 @@ def test_subwords_are_learned_aside_and_moved_in_complete(tmp_path, make_cfg):
     assert not list(run.glob(".prepare.*"))
     assert sorted(p.name for p in run.iterdir()) == ["config.yaml", "subwords.model", "subwords.vocab"]
     assert any(f"-> {run / 'subwords.model'}" in x for x in lines), lines  # the final path, not the staging one
+
+
+@pytest.mark.parametrize("forged", [{"vocab_size": 10**9}, {"n_layers": 10**5, "d_ff": 10**5},
+                                    {"max_len": 10**10}])
+def test_weights_declaring_a_model_larger_than_the_file_are_refused_before_it_is_built(run, forged, monkeypatch):
+    """A weights file's metadata describes the model it rebuilds; forged to a huge one, the
+    model was built (all the memory, or a crash) before any shape was compared."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    import transformer.run.weights as weights
+    from transformer.run import load_model
+
+    good = run / "checkpoints/step-0000004/model.safetensors"
+    with safe_open(str(good), framework="pt") as f:
+        meta = f.metadata()
+    forged_path = run / "forged.safetensors"
+    save_file(load_file(str(good)), str(forged_path),
+              metadata={**meta, "model_config": json.dumps({**json.loads(meta["model_config"]), **forged})})
+    monkeypatch.setattr(weights, "build_model", lambda cfg: pytest.fail("built before the sizes were checked"))
+    with pytest.raises(UserError) as e:
+        load_model(forged_path)
+    assert str(e.value).startswith(f"{forged_path}: its metadata describes a model of at least ")
+    assert "not built (the metadata was damaged or edited)" in str(e.value)
+    monkeypatch.undo()
+    model, _ = load_model(good)  # the file it was made from loads as before
+    assert sum(p.numel() for p in model.parameters()) > 0

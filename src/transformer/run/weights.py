@@ -3,6 +3,7 @@ so a file alone rebuilds its model. Nothing here unpickles anything."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -53,11 +54,40 @@ def read_weights(path: str | Path) -> tuple[ModelConfig, dict[str, torch.Tensor]
     if not path.is_file():
         raise UserError(f"{path}: weights file not found")
     meta = _metadata(path)
+    cfg = _config_of(path, meta)
     try:
+        _refuse_oversized(path, cfg)
         tensors = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as e:
         raise UserError(f"{path}: not a readable safetensors file, truncated or corrupt ({e})") from None
-    return _config_of(path, meta), tensors, meta
+    return cfg, tensors, meta
+
+
+# The position tables a model computes when it is built (sinusoids, rotary angles) are not in its
+# file; a model whose tables are larger than its weights by more than this is refused as well.
+TABLE_SLACK = 1 << 22
+
+
+def fewest_parameters(cfg: ModelConfig) -> int:
+    """A lower bound on the parameters of the model ``cfg`` describes, from the parts every
+    variant has: the embedding and, in each layer of one stack, the attention's W^Q and W^O
+    and the feed-forward network's two matrices."""
+    d = cfg.d_model
+    return cfg.vocab_size * d + cfg.n_layers * (2 * d * d + 2 * d * cfg.d_ff)
+
+
+def _refuse_oversized(path: Path, cfg: ModelConfig) -> None:
+    """A weights file whose metadata declares a model larger than the tensors it holds is
+    refused before the model is built: built first, a forged config (a vocabulary of 10**9)
+    took all the memory before any shape was compared. Reads the file's header alone."""
+    with safe_open(str(path), framework="pt") as f:
+        held = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+    declared = fewest_parameters(cfg)
+    table = cfg.max_len * (cfg.d_head if cfg.positions == "rope" else cfg.d_model)
+    if declared > held or table > held + TABLE_SLACK:
+        raise UserError(f"{path}: its metadata describes a model of at least {declared:,} parameters (and position "
+                        f"tables of {table:,} numbers), but the file holds {held:,} numbers; not built (the "
+                        "metadata was damaged or edited)")
 
 
 def read_model_config(path: str | Path) -> ModelConfig:
