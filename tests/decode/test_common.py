@@ -29,6 +29,15 @@ def test_limit_with_a_and_b_and_the_position_table():
     assert max_output_lengths(src, CFG).tolist() == [40, 40]  # capped by max_len
 
 
+@pytest.mark.parametrize("a,b", [(1.0, 10**20), (1.0, 2**63 - 1), (1e30, 0), (1e300, 2**63 - 1)])
+def test_limits_of_any_size_are_the_position_table(a, b):
+    """max_len_a and max_len_b far beyond the positions (10**20 from a config.yaml) are the
+    table's limit: b = 10**20 was an OverflowError traceback, and 2**63 - 1 wrapped around
+    int64 to a limit of one token (an empty translation)."""
+    src = torch.tensor([[5, 6, 7, 0], [5, 0, 0, 0]])
+    assert max_output_lengths(src, CFG, a=a, b=b).tolist() == [40, 40]
+
+
 @pytest.mark.parametrize("length,alpha", [(1, 0.6), (4, 0.6), (10, 1.0), (7, 0.0)])
 def test_length_penalty_is_gnmt(length, alpha):
     assert length_penalty(length, alpha) == pytest.approx(((5 + length) / 6) ** alpha)

@@ -41,7 +41,8 @@ def max_output_lengths(src: Tensor, cfg: ModelConfig, a: float = 1.0, b: int = 5
     counting the source's real tokens only (padding never changes a sentence's limit), and
     never more than the positional table allows."""
     src_len = (src != cfg.pad_id).sum(dim=1)
-    limit = (a * src_len.double()).floor().long() + b
+    # clamped before the sum, in float64 and as a Python int: a and b of any size (10**20) cannot overflow int64
+    limit = (a * src_len.double()).floor().clamp(max=cfg.max_len).long() + min(b, cfg.max_len)
     return limit.clamp(min=1, max=cfg.max_len)
 
 
