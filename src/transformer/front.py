@@ -79,6 +79,16 @@ def vocabulary_fits(tokens: int, rows: int, *, imported: bool) -> bool:
     return tokens <= rows if imported else tokens == rows
 
 
+def refuse_misfit(decoding: DecodingConfig, cfg) -> None:
+    """A one-line UserError for settings the model cannot decode with: a translation beam
+    larger than the target vocabulary (there are never that many hypotheses to keep; a beam of
+    10**9 took all the memory before anything was decoded)."""
+    vocab = cfg.target_vocab_size
+    if not cfg.decoder_only and decoding.beam > vocab:
+        raise UserError(f"beam {decoding.beam} is larger than the model's target vocabulary ({vocab} tokens), "
+                        f"the most hypotheses a beam can hold; give --beam {vocab} or less (a beam of 4 to 10 is usual)")
+
+
 class FrontDoor:
     """The base of :class:`~transformer.translator.Translator` and
     :class:`~transformer.generator.Generator`: the model converted for decoding, its
@@ -102,6 +112,7 @@ class FrontDoor:
         self.device = torch.device(self.decoding.device)
         self.warn = warn
         self.truncated = 0  # inputs cut to fit, over this object's life
+        refuse_misfit(self.decoding, self.model.cfg)
 
     def with_decoding(self, **changes) -> Self:
         """The same front door (the same model, already converted) with other search settings."""
@@ -110,6 +121,7 @@ class FrontDoor:
             raise ValueError(f"with_decoding: precision and device need a new {name} (the model is converted)")
         other = copy.copy(self)
         other.decoding, other.truncated = self.decoding.replace(**changes), 0
+        refuse_misfit(other.decoding, self.model.cfg)
         return other
 
     def compiles(self) -> tuple[bool, bool]:

@@ -11,6 +11,7 @@ import yaml
 
 from transformer import hardware
 from transformer.cli import build_parser
+from transformer.errors import UserError
 from transformer.decode.config import FIELDS, DecodingConfig
 from transformer.translator import Translator, load_translator, run_decoding
 
@@ -140,6 +141,23 @@ def test_evaluate_reports_the_settings_it_used(run_with, trained, cli, tmp_path)
                                           (["--alpha", "nan"], "--alpha")])
 def test_bad_flags_are_one_line_errors_naming_the_option(trained, cli, one_line_error, argv, option):
     one_line_error(cli("translate", "--model", trained.run, *argv, stdin="red dog\n"), "translate", option)
+
+
+def test_a_beam_larger_than_the_vocabulary_is_refused_before_decoding(run_with, trained, cli):
+    """A beam can hold no more hypotheses than the target vocabulary has tokens; --beam 10**9
+    (or decoding.beam in a run's config.yaml) took all the memory and ended in a traceback."""
+    vocab = load_translator(trained.run).model.cfg.target_vocab_size
+    expected = (f"beam 1000000000 is larger than the model's target vocabulary ({vocab} tokens), the most "
+                f"hypotheses a beam can hold; give --beam {vocab} or less (a beam of 4 to 10 is usual)")
+    for argv, model in ((["--beam", "1000000000"], trained.run), ([], run_with({"beam": 10**9}))):
+        for command in (["translate"], ["evaluate", "--src", trained.corpus["valid_src"], "--ref",
+                                        trained.corpus["valid_tgt"]]):
+            r = cli(*command, "--model", model, *argv, stdin="red dog\n")
+            assert (r.code, r.err.splitlines()) == (2, [f"transformer {command[0]}: error: {expected}"])
+    translator = load_translator(trained.run, beam=vocab)  # the largest beam decodes
+    assert len(translator.translate_nbest(["red dog"], vocab)[0]) == vocab
+    with pytest.raises(UserError, match=f"^beam {vocab + 1} is larger"):
+        translator.with_decoding(beam=vocab + 1)
 
 
 def test_a_bad_decoding_section_names_the_run_config(run_with, cli, one_line_error):
