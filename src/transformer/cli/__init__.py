@@ -84,6 +84,23 @@ def _refuse_undecodable_text(args: argparse.Namespace, parser: argparse.Argument
                                 "e.g. `iconv -f latin1 -t utf-8`)")
 
 
+def out_of_memory(e: BaseException) -> str | None:
+    """What an allocation that failed asked for ("tried to allocate 40.0 GB"), or None when
+    ``e`` is not a failed allocation: Python's MemoryError, torch's on the CPU (a RuntimeError
+    from DefaultCPUAllocator) or on a GPU (torch.OutOfMemoryError)."""
+    import re
+
+    text = str(e)
+    if not (isinstance(e, MemoryError) or "can't allocate memory" in text or "not enough memory" in text
+            or "out of memory" in text.lower()):
+        return None
+    asked = re.search(r"tried to allocate (\d+) bytes", text) or re.search(r"[Tt]ried to allocate ([\d.]+ [KMGT]iB)", text)
+    if asked is None:
+        return "an allocation failed"
+    size = asked.group(1)
+    return f"tried to allocate {int(size) / 2**30:.1f} GiB" if size.isdigit() else f"tried to allocate {size}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -101,6 +118,12 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 1
+    except (MemoryError, RuntimeError) as e:
+        if (short := out_of_memory(e)) is None:
+            raise
+        remedy = getattr(args, "memory_remedy", "use smaller settings or a machine with more memory")
+        print(f"transformer {args.command}: error: out of memory ({short}); {remedy}", file=sys.stderr)
+        return 2
     except OSError as e:
         # The machine refused a write or a read (disk full, read-only, quota, permissions) in
         # a place no writer catches: one line, as for any user error. Every writer writes to

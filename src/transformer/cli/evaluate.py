@@ -37,7 +37,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "context-1: windows that share one token, the fastest)")
     p.add_argument("--json", action="store_true", help="print the scores as JSON")
     add_decoding_options(p, "beam", "alpha", "max_tokens", "precision", "device", "compile")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, memory_remedy="lower --beam, or --max-tokens (the source tokens decoded together)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -18,7 +18,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="continuations of the prompt, one after another, sample n with seed + n (the rows "
                         "of one batch of n prompts with the same seed) (default: 1)")
     add_decoding_options(p, "max_new_tokens", "temperature", "top_k", "top_p", "seed", "precision", "device", "compile")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run,
+                   memory_remedy="try --precision bf16 (half the memory of fp32), or a machine with more memory")
 
 
 def run(args: argparse.Namespace) -> int:

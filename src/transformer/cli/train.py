@@ -17,7 +17,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data-dir", help="folder holding multi30k/ (default: $TRANSFORMER_DATA)")
     p.add_argument("--device", default="cpu",
                    help="cpu or cuda[:N]; under torchrun, cuda means cuda:LOCAL_RANK for each process")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, memory_remedy="lower max_tokens or, for a language model, batch_size "
+                              "(--set max_tokens=N; raise accum_steps to keep the batch)")
 
 
 def run(args: argparse.Namespace) -> int:

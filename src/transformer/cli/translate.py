@@ -32,7 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help=f"lines read and translated at a time; batches are sorted by length within a "
                         f"chunk (default: {CHUNK_LINES})")
     add_decoding_options(p, "beam", "alpha", "n_best", "max_tokens", "precision", "device", "compile")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, memory_remedy="lower --beam, or --max-tokens (the source tokens decoded together)")
 
 
 def run(args: argparse.Namespace) -> int:
