@@ -38,23 +38,42 @@ def _pretrained(tokenizer) -> bool:
 class TextPieces:
     """One row's text as its tokens come: ``add(token)`` gives the text the token adds
     (possibly "" while a multi-byte character or a subword is incomplete), ``finish()``
-    whatever was held back, ``text`` all of it so far; the pieces join to the decoded ids."""
+    whatever was held back; the pieces join to the decoded ids.
 
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer = tokenizer
+    Only a window of the newest tokens is decoded each time: the tokens not yet shown and
+    ``CONTEXT`` before them (so that a subword's leading space, or a character split over
+    several byte tokens, decodes as in the whole text). A stream of any length costs the same
+    per token and holds no more than the window; with ``keep``, ``ids`` and ``text`` also
+    hold the whole row (what a caller that answers at the end needs)."""
+
+    CONTEXT = 8
+
+    def __init__(self, tokenizer, keep: bool = False) -> None:
+        self.tokenizer, self.keep = tokenizer, keep
+        self.window: list[int] = []  # the newest tokens
+        self.shown = ""  # the text given out for them (decoded from the window's first token)
         self.ids: list[int] = []
         self.text = ""
 
     def add(self, token: int) -> str:
-        self.ids.append(token)
-        decoded = self.tokenizer.decode(self.ids)
-        stable = decoded[: len(decoded) - 1] if decoded.endswith("\ufffd") else decoded  # an incomplete character
-        piece, self.text = stable[len(self.text):], stable
+        self.window.append(token)
+        decoded = self.tokenizer.decode(self.window)
+        incomplete = decoded.endswith("\ufffd")  # a character whose bytes have not all come
+        stable = decoded[: len(decoded) - 1] if incomplete else decoded
+        piece, self.shown = stable[len(self.shown):], stable
+        if not incomplete and len(self.window) > 2 * self.CONTEXT:  # slide: keep the context
+            self.window = self.window[-self.CONTEXT:]
+            self.shown = self.tokenizer.decode(self.window)
+        if self.keep:
+            self.ids.append(token)
+            self.text += piece
         return piece
 
     def finish(self) -> str:
-        final = self.tokenizer.decode(self.ids)
-        piece, self.text = final[len(self.text):], final
+        final = self.tokenizer.decode(self.window)
+        piece, self.shown = final[len(self.shown):], final
+        if self.keep:
+            self.text += piece
         return piece
 
 

@@ -120,6 +120,20 @@ def test_past_the_slide_a_row_still_does_not_depend_on_its_batch():
         assert together == alone, temperature
 
 
+def test_a_long_generation_holds_no_more_than_its_windows(monkeypatch):
+    """Past the slides the rows keep only what a later slide can need (their windows): the
+    whole history grew with every token, so a stream of 10**12 tokens ran out of memory."""
+    from transformer.decode import sample
+
+    seen = []
+    windows = sample._windows
+    monkeypatch.setattr(sample, "_windows", lambda history, *a: seen.append(max(map(len, history))) or
+                        windows(history, *a))
+    model = lm()  # max_len 24
+    generate(model, PROMPTS, 400, temperature=1.0, seed=5)
+    assert len(seen) > 20 and max(seen) <= 24 + 1
+
+
 def test_one_seed_per_row():
     model = lm()
     batch = generate(model, PROMPTS, 12, temperature=1.0, seed=[40, 3, 40])

@@ -116,14 +116,22 @@ def test_sentencepiece_is_used_as_trained(imported):
 
 
 def test_streamed_pieces_hold_back_partial_characters(imported):
-    """Byte-level BPE splits an emoji across tokens: the pieces never show U+FFFD and join to the text."""
+    """Byte-level BPE splits an emoji across tokens: the pieces never show U+FFFD and join to
+    the text, also for a text of hundreds of tokens, of which no more than a window is ever
+    decoded at once (a long generation costs the same per token, in bounded memory)."""
     _, _, _, run = imported
     tokenizer = load_tokenizer(run)
-    ids = tokenizer.encode(TEXT)
-    pieces = TextPieces(tokenizer)
-    shown = [pieces.add(i) for i in ids] + [pieces.finish()]
-    assert "".join(shown) == tokenizer.decode(ids)
-    assert not any("\ufffd" in p for p in shown)
+    decoded_lengths = []
+    decode = tokenizer.decode
+    for text in (TEXT, " ".join([TEXT] * 30)):
+        ids = tokenizer.encode(text)
+        pieces = TextPieces(tokenizer)
+        tokenizer.decode = lambda ids: decoded_lengths.append(len(ids)) or decode(ids)
+        shown = [pieces.add(i) for i in ids] + [pieces.finish()]
+        tokenizer.decode = decode
+        assert "".join(shown) == tokenizer.decode(ids)
+        assert not any("\ufffd" in p for p in shown)
+    assert len(ids) > 200 and max(decoded_lengths) <= 2 * TextPieces.CONTEXT + 4
 
 
 def test_run_directory(imported):

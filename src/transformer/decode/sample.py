@@ -94,7 +94,8 @@ def generate_stream(model, prompts: list[list[int]], max_new_tokens: int, temper
                 row.extend(ts)
             new.clear()
             # next_position counts the tokens of a row's window in the cache; the new token is not in it yet
-            cache, logits = step.prefill(_windows(history, cache.next_position.tolist(), cfg.max_len), capacity)
+            history = _windows(history, cache.next_position.tolist(), cfg.max_len)  # no more is needed again
+            cache, logits = step.prefill(history, capacity)
         else:
             logits, cache = step(token[:, None], cache)
 

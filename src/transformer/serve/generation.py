@@ -155,7 +155,7 @@ class LMService(ServiceCore):
     def _generate(self, key: Sampling, rows: list[Row]) -> list[Continuation]:
         tokenizer, stop_id = self.generator.tokenizer, self.generator.stop_id
         stops = set() if stop_id is None else {stop_id} if isinstance(stop_id, int) else set(stop_id)
-        texts = [TextPieces(tokenizer) for _ in rows]
+        texts = [TextPieces(tokenizer, keep=True) for _ in rows]
         ended = [False] * len(rows)  # the row has produced a stop id (kept, as HF keeps EOS); it adds no more
         if not all(row.cancelled for row in rows):
             for token in generate_stream(self.generator.model, [r.ids for r in rows], key.max_new_tokens,
