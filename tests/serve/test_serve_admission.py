@@ -253,7 +253,7 @@ def test_the_real_server_drops_a_request_whose_client_hung_up(start_another):
             await until_stats(lambda s: s["waiting"] >= 2)  # one decoding, more waiting
             parts = urlsplit(server.url)
             sock = socket.create_connection((parts.hostname, parts.port))
-            sock.sendall(b"POST /translate HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+            sock.sendall(b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                          b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
             await until_stats(lambda s: s["requests"] - before["requests"] == 5)  # it is queued
             sock.close()

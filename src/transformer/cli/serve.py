@@ -36,6 +36,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="require 'Authorization: Bearer TOKEN' on every route but /health and the page "
                         "(which takes it from #token= in its address) (default: "
                         "$TRANSFORMER_SERVE_TOKEN, else none; the variable keeps it out of the process list)")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="also answer requests whose Host header names NAME (repeatable); others get 403 unless "
+                        "the server listens on every address (0.0.0.0, ::) (default: the --host address, "
+                        "and localhost for a loopback one)")
+    p.add_argument("--max-attention", type=int, default=2_000_000, metavar="N",
+                   help="the most attention weights one /attention answer may hold (layers x heads x the maps' "
+                        "cells); a larger one is a 413 (default: 2000000)")
     add_decoding_options(p, "beam", "alpha", "max_tokens", "max_new_tokens", "temperature", "top_k", "top_p", "seed",
                          "precision", "device", "compile")
     p.add_argument("--access-log", action="store_true", help="log every request")
@@ -64,7 +71,10 @@ with Retry-After, a request not answered within --timeout seconds gets 504 and i
 and a request whose client went away is not decoded. It listens on 127.0.0.1 unless --host
 says otherwise; elsewhere, set a token (TRANSFORMER_SERVE_TOKEN=... or --token) and clients
 send "Authorization: Bearer TOKEN" (GET /health and the page stay open; the page takes the
-token from #token=... in its address, which the start-up line prints).
+token from #token=... in its address, which the start-up line prints). A request whose Host
+header names another host than the one it listens on gets 403 (a page elsewhere reaching a
+local server through DNS rebinding); --allow-host NAME adds a name. One /attention answer
+holds at most --max-attention weights; a request may ask for some "layers" and "heads" only.
 """
 
 
@@ -96,9 +106,30 @@ def _settings(args: argparse.Namespace):
     try:
         return ServeConfig(**limits, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
                            batching=not args.no_batching, max_chars=args.max_chars, max_texts=args.max_texts,
-                           max_queue=args.max_queue, timeout=args.timeout, token=token)
+                           max_queue=args.max_queue, timeout=args.timeout, token=token,
+                           max_attention=args.max_attention, allowed_hosts=allowed_hosts(args.host, args.allow_host))
     except ValueError as e:  # the message names the setting; give it its option's spelling
         raise UserError("--" + str(e).replace("_", "-")) from None
+
+
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+def allowed_hosts(host: str, extra: list[str]) -> tuple[str, ...] | None:
+    """The names a request's Host header may give a server listening on ``host`` (see
+    serve.guard): that address, the loopback names for a loopback one, and ``extra``
+    (--allow-host). None (any) for a server on every address (0.0.0.0, ::) given no
+    --allow-host: it cannot know the names it is reached by."""
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        address = None
+    if address is not None and address.is_unspecified and not extra:
+        return None
+    loopback = host == "localhost" or (address is not None and address.is_loopback)
+    names = [host.strip("[]"), *(LOOPBACK_NAMES if loopback or (address is not None and address.is_unspecified)
+                                 else ()), *extra]
+    return tuple(dict.fromkeys(n.lower() for n in names))
 
 
 def _listen(host: str, port: int) -> socket.socket:

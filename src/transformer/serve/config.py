@@ -22,6 +22,10 @@ class ServeConfig:
         max_texts: the most texts in one request (413 beyond).
         max_body_bytes: the largest request body, in bytes (413 beyond).
         attention_decimals: attention weights are rounded to this many decimals.
+        max_attention: the most attention weights one /attention answer may return (its
+            layers x heads x the cells of its maps); the model may compute
+            ``serve.attention.COMPUTE_FACTOR`` times as many for it. A text over it is a 413
+            that says to ask for fewer layers or heads, or to send a shorter text.
         max_queue: the most requests waiting for the model; one more gets 503 with
             Retry-After at once.
         timeout: seconds a request may take from its arrival until its answer starts (its
@@ -31,6 +35,9 @@ class ServeConfig:
             static files, which hold no data) wants ``Authorization: Bearer TOKEN`` (401
             without it); the page takes the token from ``#token=`` in its address. Kept out
             of the repr.
+        allowed_hosts: the host names a request's ``Host`` header may give (any port); others
+            get 403, as a page elsewhere reaching a local server through DNS rebinding would.
+            None: any (a server listening on every address, 0.0.0.0, cannot tell its names).
     """
 
     max_beam: int = 16
@@ -42,13 +49,15 @@ class ServeConfig:
     max_texts: int = 64
     max_body_bytes: int = 1 << 20
     attention_decimals: int = 3
+    max_attention: int = 2_000_000
     max_queue: int = 128
     timeout: float = 60.0
     token: str | None = field(default=None, repr=False)
+    allowed_hosts: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_beam", "new_tokens_limit", "max_batch", "max_chars", "max_texts", "max_body_bytes",
-                     "max_queue"):
+                     "max_queue", "max_attention"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if not self.timeout > 0:

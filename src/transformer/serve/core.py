@@ -16,9 +16,10 @@ from fastapi import FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
+from .attention import Bounds, TooMuchAttention, attention_maps_tensors, maps_json
 from .batching import Decode, DynamicBatcher
 from .config import ServeConfig
-from .errors import add_error_handlers
+from .errors import ServeError, add_error_handlers
 from .guard import STATIC_URL, Guard
 
 STATIC = Path(str(files(__package__) / "static"))
@@ -43,6 +44,24 @@ class ServiceCore:
         """The model's shape and settings, for /health (this docstring describes the route)."""
         raise NotImplementedError
 
+    def attention_bounds(self, model_cfg, layers: list[int] | None, heads: list[int] | None) -> Bounds:
+        """The layers and heads an /attention request chose (422 outside the model), and the
+        server's bound on an answer's size."""
+        for name, chosen, n in (("layers", layers, model_cfg.n_layers), ("heads", heads, model_cfg.n_heads)):
+            if chosen is not None and max(chosen) >= n:
+                raise ServeError(422, f"{name}: {max(chosen)} is out of range; the model has {n} {name} "
+                                      f"(0 to {n - 1})")
+        return Bounds(layers, heads, self.cfg.max_attention)
+
+    def attention_json(self, front, text: str, bounds: Bounds, **extra) -> str:
+        """The /attention answer for ``text`` as JSON text (``extra``: more fields), built in
+        the batcher's thread: the event loop only sends it. 413 when it is over ``bounds``."""
+        try:
+            answer = attention_maps_tensors(front, text, bounds)
+        except TooMuchAttention as e:
+            raise ServeError(413, f"text: {e} (the server's --max-attention)") from None
+        return maps_json({**answer, **extra}, self.cfg.attention_decimals)
+
 
 def check_default(value: int, limit: int, what: str, limit_name: str) -> None:
     """A model loaded with a default over the server's own limit is the caller's mistake."""
@@ -63,7 +82,8 @@ def core_app(service: ServiceCore, model_name: str) -> FastAPI:
     app = FastAPI(title="transformer", summary=service.summary, lifespan=lifespan, redoc_url=None)
     app.state.service = service
     add_error_handlers(app)
-    app.add_middleware(Guard, max_bytes=cfg.max_body_bytes, timeout=cfg.timeout, token=cfg.token)
+    app.add_middleware(Guard, max_bytes=cfg.max_body_bytes, timeout=cfg.timeout, token=cfg.token,
+                       allowed_hosts=cfg.allowed_hosts)
     service.add_routes(app)
 
     @app.get("/health", description=inspect.getdoc(service.health))

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from ..decode.sample import generate_stream
 from ..errors import UserError
 from ..generator import Generator, TextPieces
-from .attention import lm_attention_maps
+from .attention import Bounds
 from .config import ServeConfig
 from .core import ServiceCore, check_default
 from .errors import ServeError
@@ -176,9 +176,9 @@ class LMService(ServiceCore):
                 row.sink({"text": rest, "token": None})
         return [Continuation(text.text, text.ids) for text in texts]
 
-    def attention(self, text: str) -> dict:
+    def attention(self, text: str, bounds: Bounds) -> str:
         try:
-            return lm_attention_maps(self.generator, text, self.cfg.attention_decimals)
+            return self.attention_json(self.generator, text, bounds)
         except UserError as e:
             raise ServeError(422, f"text: {self.client_message(e)}") from None
 

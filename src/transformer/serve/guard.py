@@ -1,6 +1,10 @@
 """What every HTTP request passes before the routes see it: one ASGI middleware, :class:`Guard`.
 
 In order:
+  0. the host: with ``ServeConfig.allowed_hosts`` set, a request whose ``Host`` header names
+     another host gets 403. A web page elsewhere can reach a server on 127.0.0.1 through
+     DNS rebinding (its own name made to resolve to 127.0.0.1), but its requests still carry
+     that name;
   1. the token: with ``ServeConfig.token`` set, every route wants ``Authorization: Bearer
      TOKEN`` (compared in constant time), 401 without it, but for reading what holds no
      data: ``/health``, and the explorer page with its scripts and styles (a browser opening
@@ -40,17 +44,24 @@ class Guard:
         timeout: seconds from a request's arrival until its answer starts.
         token: None, or the bearer token every route requires but the open ones
             (``OPEN_PATHS``, ``OPEN_PREFIXES``).
+        allowed_hosts: None, or the host names a ``Host`` header may give (any port).
     """
 
     DRAIN_LIMIT = 64 << 20  # an oversized body is read (and dropped) up to this, then the 413
 
-    def __init__(self, app, max_bytes: int, timeout: float, token: str | None = None) -> None:
+    def __init__(self, app, max_bytes: int, timeout: float, token: str | None = None,
+                 allowed_hosts: tuple[str, ...] | None = None) -> None:
         self.app, self.max_bytes, self.timeout = app, max_bytes, timeout
         self.expected = None if token is None else token.encode()
+        self.hosts = None if allowed_hosts is None else {h.lower().strip("[]") for h in allowed_hosts}
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        if self.hosts is not None and (host := host_name(scope)) is not None and host not in self.hosts:
+            return await refuse(send, 403, f"Host {host!r} is not a name this server answers to "
+                                           f"({', '.join(sorted(self.hosts))}); start it with --allow-host "
+                                           f"{host} to serve that name")
         if not self._authorized(scope):
             return await refuse(send, 401, "this server wants a token: send \"Authorization: Bearer TOKEN\"",
                                 [(b"www-authenticate", b'Bearer realm="transformer"')])
@@ -146,6 +157,18 @@ class Guard:
         if timed_out and not state["started"]:
             await refuse(send, 504, f"no answer within {self.timeout:g} s (the server's --timeout); "
                                     "the request was dropped")
+
+
+def host_name(scope) -> str | None:
+    """The host a request's ``Host`` header names, lower-cased, without its port or an IPv6
+    address's brackets ("[::1]:8000" -> "::1"); None without the header."""
+    value = next((v for k, v in scope["headers"] if k == b"host"), None)
+    if value is None:
+        return None
+    host = value.decode("latin-1").strip().lower()
+    if host.startswith("["):  # [IPv6]:port
+        return host[1:].partition("]")[0]
+    return host.rpartition(":")[0] if host.count(":") == 1 else host
 
 
 def is_open(method: str, path: str) -> bool:

@@ -38,12 +38,15 @@ def add_generation_routes(app: FastAPI, service: "LMService") -> None:
         return JSONResponse(await service.complete(key, row))
 
     @app.post("/attention", responses={200: {"model": LMAttentionResponse}, **ERRORS})
-    async def attention(req: LMAttentionRequest) -> JSONResponse:
+    async def attention(req: LMAttentionRequest) -> Response:
         """The tokens of a text (a prompt and its continuation) and every causal self-attention
-        weight (per layer and head), rounded; a text longer than the context: its end."""
+        weight (per layer and head, or those of "layers" and "heads"), rounded; a text longer
+        than the context: its end. An answer over the server's --max-attention weights is a 413."""
         if len(req.text) > service.cfg.max_chars:
             raise ServeError(413, f"the text is {len(req.text)} characters long; the limit is {service.cfg.max_chars}")
-        # Plain JSON, not validated through the response model: the maps are large.
-        return JSONResponse(await service.batcher.run_exclusive(service.attention, req.text))
+        bounds = service.attention_bounds(service.generator.model.cfg, req.layers, req.heads)
+        # JSON made in the batcher's thread, not validated through the response model: the maps are large
+        body = await service.batcher.run_exclusive(service.attention, req.text, bounds)
+        return Response(body, media_type="application/json")
     refuse_elsewhere(app, ["/translate"], "this server has a language model: it serves POST /generate "
                                           '(and POST /attention with {"text": ...}), not /translate')

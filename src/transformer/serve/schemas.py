@@ -76,10 +76,22 @@ class TranslateResponse(BaseModel):
                                              "translated from their beginning only")
 
 
+def _indices(values: list[int] | None) -> list[int] | None:
+    if values is not None and (not values or len(set(values)) != len(values)):
+        raise ValueError("give each index once, at least one (leave the field out for all)")
+    return values
+
+
+# Layers or heads of an /attention answer: 0-based, none twice (the model's range is checked by the service).
+Indices = Annotated[list[Annotated[int, Field(ge=0)]] | None, AfterValidator(_indices)]
+
+
 class AttentionRequest(_Strict):
     text: Annotated[Text, _given("a sentence to look at")] = Field(description="one sentence (not blank)",
                                                                    examples=["A dog runs in the park."])
     beam: int | None = Field(None, ge=1, description="beam size for the translation; default: the server's")
+    layers: Indices = Field(None, description="the layers to return (0-based, in this order); default: all")
+    heads: Indices = Field(None, description="the heads to return (0-based, in this order); default: all")
 
 
 Maps = list[list[list[list[float]]]]  # [layer][head][query][key]
@@ -94,6 +106,8 @@ class AttentionResponse(BaseModel):
                                                        "of decoder_self")
     n_layers: int
     n_heads: int
+    layers: list[int] | None = Field(None, description="the layers the maps hold, when the request chose them")
+    heads: list[int] | None = Field(None, description="the heads the maps hold, when the request chose them")
     encoder_self: Maps = Field(description="[layer][head][S][S]")
     decoder_self: Maps = Field(description="[layer][head][T][T]")
     cross: Maps = Field(description="[layer][head][T][S]")
@@ -135,12 +149,16 @@ class GenerateResponse(BaseModel):
 class LMAttentionRequest(_Strict):
     text: Annotated[Text, _given("some text to look at")] = Field(description="a prompt and its continuation "
                                                                   "(not blank)", examples=["the cat sat on the mat"])
+    layers: Indices = Field(None, description="the layers to return (0-based, in this order); default: all")
+    heads: Indices = Field(None, description="the heads to return (0-based, in this order); default: all")
 
 
 class LMAttentionResponse(BaseModel):
     tokens: list[str] = Field(description="the text's tokens (T), as the model reads them")
     n_layers: int
     n_heads: int
+    layers: list[int] | None = Field(None, description="the layers the maps hold, when the request chose them")
+    heads: list[int] | None = Field(None, description="the heads the maps hold, when the request chose them")
     self_attention: Maps = Field(description="[layer][head][T][T]: token t looks at token u (causal: u <= t)")
     truncated: bool = Field(description="the text was longer than the model's context: its last max_len "
                                         "tokens are shown")

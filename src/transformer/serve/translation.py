@@ -3,10 +3,10 @@ several, n-best with scores) and ``/attention`` (a translation with every attent
 from __future__ import annotations
 
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 
 from ..translator import Translation, Translator
-from .attention import attention_maps
+from .attention import Bounds
 from .config import ServeConfig
 from .core import ServiceCore, check_default
 from .errors import ERRORS, ServeError, refuse_elsewhere
@@ -41,8 +41,8 @@ class TranslationService(ServiceCore):
         beam, n_best = key  # n_best changes when beam search may stop, so it is part of the key
         return self.translator(beam).translate_nbest(texts, n_best)
 
-    def attention(self, beam: int, text: str) -> dict:
-        return attention_maps(self.translator(beam), text, self.cfg.attention_decimals)
+    def attention(self, beam: int, text: str, bounds: Bounds) -> str:
+        return self.attention_json(self.translator(beam), text, bounds, truncated=self.too_long(text))
 
     def too_long(self, text: str) -> bool:
         """Whether the Translator will cut ``text`` to the model's length limit."""
@@ -90,12 +90,14 @@ def add_translation_routes(app: FastAPI, service: TranslationService) -> None:
         )
 
     @app.post("/attention", responses={200: {"model": AttentionResponse}, **ERRORS})
-    async def attention(req: AttentionRequest) -> JSONResponse:
+    async def attention(req: AttentionRequest) -> Response:
         """The translation of one text with its tokens and every attention weight (encoder
-        self, decoder self, cross; per layer and head), rounded."""
+        self, decoder self, cross; per layer and head, or those of "layers" and "heads"),
+        rounded. An answer over the server's --max-attention weights is a 413."""
         beam = service.check([req.text], req.beam)
-        maps = await service.batcher.run_exclusive(service.attention, beam, req.text)
-        # Plain JSON, not validated through the response model: the maps are large.
-        return JSONResponse({**maps, "truncated": service.too_long(req.text)})
+        bounds = service.attention_bounds(service.base.model.cfg, req.layers, req.heads)
+        # JSON made in the batcher's thread, not validated through the response model: the maps are large
+        body = await service.batcher.run_exclusive(service.attention, beam, req.text, bounds)
+        return Response(body, media_type="application/json")
     refuse_elsewhere(app, ["/generate"], "this server has a translation model: it serves POST /translate "
                                          "(and POST /attention), not /generate")
