@@ -93,14 +93,14 @@ def test_unwritable_run_dir_while_saving(run, make_cfg, monkeypatch):
 def test_disk_full_writing_metrics_or_best_weights(run, make_cfg, monkeypatch):
     trainer = Trainer(make_cfg("max_steps=3", "eval_every=3"), run, log=lambda *a: None)
     best = (run / "best.safetensors").read_bytes()
-    real_open = open
+    real_open = os.open
 
-    def full_open(path, mode="r", *args, **kwargs):
-        if str(path).endswith("metrics.jsonl") and "a" in mode:
+    def full_open(path, flags, *args, **kwargs):  # metrics.jsonl is appended through os.open (no link followed)
+        if str(path).endswith("metrics.jsonl") and flags & os.O_APPEND:
             _enospc()
-        return real_open(path, mode, *args, **kwargs)
+        return real_open(path, flags, *args, **kwargs)
 
-    monkeypatch.setattr("builtins.open", full_open)
+    monkeypatch.setattr(os, "open", full_open)
     with pytest.raises(UserError, match="metrics.jsonl: cannot write .No space left on device."):
         trainer.train()
     monkeypatch.undo()
