@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
@@ -68,7 +69,7 @@ def _vocab(*models: spm.SentencePieceProcessor) -> dict[str, int]:
 
 
 @torch.no_grad()
-def _model(src_vocab: int, tgt_vocab: int, pad: int, shared: bool) -> MarianMTModel:
+def _model(src_vocab: int, tgt_vocab: int, pad: int, shared: bool, eos_bias: float | None = None) -> MarianMTModel:
     hf = MarianMTModel(MarianConfig(
         vocab_size=src_vocab, decoder_vocab_size=tgt_vocab, share_encoder_decoder_embeddings=shared,
         tie_word_embeddings=shared, d_model=D_MODEL, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
@@ -86,12 +87,13 @@ def _model(src_vocab: int, tgt_vocab: int, pad: int, shared: bool) -> MarianMTMo
     hf.lm_head.weight[:, POS_DIM] = 0
     hf.lm_head.weight[0] = 0
     hf.lm_head.weight[0, POS_DIM] = -40.0
-    hf.final_logits_bias[0, 0] = EOS_BIAS[shared]
+    hf.final_logits_bias[0, 0] = EOS_BIAS[shared] if eos_bias is None else eos_bias
     return hf
 
 
-def build_marian(folder: Path, shared: bool) -> Path:
-    """A Marian folder as the OPUS-MT conversions have it (module docstring)."""
+def build_marian(folder: Path, shared: bool, eos_bias: float | None = None) -> Path:
+    """A Marian folder as the OPUS-MT conversions have it (module docstring); ``eos_bias``
+    replaces EOS's logit bias (-1e4: a model that never ends a translation itself)."""
     work = folder / "work"
     work.mkdir(parents=True)
     source, target = _spm(SRC, work / "source"), _spm(TGT, work / "target")
@@ -106,7 +108,7 @@ def build_marian(folder: Path, shared: bool) -> Path:
     out = folder / "opus-mt-en-de"
     MarianTokenizer(str(work / "source.model"), str(work / "target.model"), str(work / "vocab.json"),
                     source_lang="en", target_lang="de", **extra).save_pretrained(out)
-    hf = _model(len(src_vocab), len(tgt_vocab), src_vocab["<pad>"], shared)
+    hf = _model(len(src_vocab), len(tgt_vocab), src_vocab["<pad>"], shared, eos_bias)
     # as OPUS-MT ships it, with length_penalty 0 (see test_length_penalty_maps_to_alpha)
     hf.generation_config.update(num_beams=4, max_length=MAX_LENGTH, bad_words_ids=[[src_vocab["<pad>"]]],
                                 length_penalty=0.0)
@@ -246,13 +248,57 @@ def test_beam_search_with_hfs_length_penalty_equals_hf(marian, penalty):
 
 def test_length_penalty_maps_to_alpha():
     """HF's defaults (generate's when the generation config leaves a setting unset), and the
-    length limit: max_length counts the start token, and the model's max_len caps it."""
-    assert decoding_from_generation(GenerationConfig(), 512) == \
-        {"beam": 1, "alpha": 1.0, "length_norm": "length", "max_len_a": 0.0, "max_len_b": 19}
-    opus = GenerationConfig(num_beams=6, max_length=512, length_penalty=0.6)
-    assert decoding_from_generation(opus, 64) == {"beam": 6, "alpha": 0.6, "length_norm": "length", "max_len_a": 0.0,
-                                                  "max_len_b": 64}
-    assert decoding_from_generation(GenerationConfig(max_new_tokens=40), 512)["max_len_b"] == 40
+    length limit: max_length counts the start token, and the model's max_len caps it; ours
+    counts the EOS it forces at the limit, which HF writes only with forced_eos_token_id."""
+    assert decoding_from_generation(GenerationConfig(), 512, 0) == \
+        {"beam": 1, "alpha": 1.0, "length_norm": "length", "max_len_a": 0.0, "max_len_b": 21}
+    opus = GenerationConfig(num_beams=6, max_length=512, length_penalty=0.6, forced_eos_token_id=0)
+    assert decoding_from_generation(opus, 64, 0) == {"beam": 6, "alpha": 0.6, "length_norm": "length",
+                                                     "max_len_a": 0.0, "max_len_b": 64}
+    assert decoding_from_generation(GenerationConfig(max_new_tokens=40), 512, 0)["max_len_b"] == 41
+    assert decoding_from_generation(GenerationConfig(max_new_tokens=40, forced_eos_token_id=0), 512, 0)["max_len_b"] == 40
+    assert decoding_from_generation(GenerationConfig(max_length=20, forced_eos_token_id=[0]), 512, 0)["max_len_b"] == 19
+    assert decoding_from_generation(GenerationConfig(forced_eos_token_id=0), 16, 0)["max_len_b"] == 15  # 20 new, capped
+
+
+@pytest.fixture(scope="module")
+def endless(tmp_path_factory) -> Path:
+    """An OPUS-MT-style folder (separate vocabularies) whose model never says EOS: every
+    translation runs to the length limit."""
+    return build_marian(tmp_path_factory.mktemp("marian-endless"), shared=False, eos_bias=-1e4)
+
+
+@pytest.mark.parametrize("forced", [True, False], ids=["forced-eos", "no-forced-eos"])
+@pytest.mark.parametrize("limit", [{}, {"max_length": 20}, {"max_new_tokens": 12}, {"max_length": 64}],
+                         ids=["unset", "max_length-20", "max_new_tokens-12", "max_length-64"])
+def test_a_translation_that_runs_to_the_limit_is_as_long_as_hfs(endless, tmp_path, forced, limit):
+    """generate's limit counts the start token (max_length), or is 20 new tokens when unset,
+    and ends with EOS only where forced_eos_token_id asks; the import maps each to the limit at
+    which ours has HF's tokens (greedy) and HF's length (beam 4: at the limit the two score EOS
+    differently, so they may pick other tokens, docs/import.md)."""
+    folder = tmp_path / "folder"
+    shutil.copytree(endless, folder)
+    for name in ("generation_config.json", "config.json"):
+        settings = json.loads((folder / name).read_text(encoding="utf-8"))
+        settings.pop("max_length", None)
+        if not forced:
+            settings.pop("forced_eos_token_id", None)
+        (folder / name).write_text(json.dumps({**settings, **(limit if name != "config.json" else {})}),
+                                   encoding="utf-8")
+    import_marian_run(folder, tmp_path / "run")
+    hf, tok = MarianMTModel.from_pretrained(folder).eval(), MarianTokenizer.from_pretrained(folder)
+    assert hf.generation_config.forced_eos_token_id == (0 if forced else None)
+    new = limit.get("max_new_tokens") or limit.get("max_length", 21) - 1  # generate's most new tokens
+    for beam in (1, 4):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # generate's advice to set max_new_tokens when max_length is unset
+            _, tokens = _generate(hf, tok, num_beams=beam)
+        ours = [r[0].tokens for r in Translator.from_pretrained(tmp_path / "run", beam=beam, precision="fp32",
+                                                                 compile="off").translate_nbest(SENTENCES, 1)]
+        assert [len(t) for t in tokens] == [new - forced] * len(SENTENCES)  # no EOS of its own: all at the limit
+        assert [len(t) for t in ours] == [len(t) for t in tokens], beam
+        if beam == 1:
+            assert ours == tokens
 
 
 def test_generation_settings_not_followed_are_listed(marian):

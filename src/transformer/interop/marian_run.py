@@ -12,8 +12,9 @@ What the run holds:
                            (:class:`~transformer.data.marian_tokenizer.MarianSubwords` reads them)
     import.json            where it came from (as :mod:`.hf_import` writes it for language models)
 
-Decoding settings. ``num_beams`` -> ``beam``; ``max_length`` (which counts the start token)
--> ``max_len_b = max_length - 1`` with ``max_len_a = 0`` (``max_new_tokens`` when set);
+Decoding settings. ``num_beams`` -> ``beam``; the length limit -> ``max_len_b`` with
+``max_len_a = 0``, so that a translation that runs to the limit is as long as ``generate``'s
+(:func:`output_limit`);
 ``length_penalty`` -> ``alpha`` with ``length_norm: length`` (scores divided by len ** alpha,
 as HF does). The searches then pick the same tokens as ``generate`` where the two stop
 alike: greedy always, beam search with ``length_penalty`` 0; with another length penalty HF
@@ -50,14 +51,14 @@ from ..errors import UserError
 from ..extras import require
 from ..run.layout import BEST, CONFIG
 
-__all__ = ["import_marian_run", "decoding_from_generation", "generation_differences", "embedding_names"]
+__all__ = ["import_marian_run", "decoding_from_generation", "output_limit", "generation_differences", "embedding_names"]
 
 _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                  "pytorch_model.bin.index.json")
 
 # What generate() uses for a setting the generation config leaves unset (transformers 5
 # stores None and applies these when generating).
-_GENERATE_DEFAULTS = {"num_beams": 1, "max_length": 20, "length_penalty": 1.0}
+_GENERATE_DEFAULTS = {"num_beams": 1, "length_penalty": 1.0}  # max_length: output_limit
 
 
 def import_marian_run(source: Path, out: Path) -> None:
@@ -162,13 +163,27 @@ def _setting(gen, name: str):
     return _GENERATE_DEFAULTS.get(name) if value is None else value
 
 
-def decoding_from_generation(gen, max_len: int) -> dict:
+def output_limit(gen, max_len: int, eos_id: int) -> int:
+    """Our ``max_len_b`` for ``generate``'s length limit: the most tokens a translation gets,
+    the EOS that ours forces at the limit included.
+
+    ``generate`` makes at most N new tokens: ``max_new_tokens``; else ``max_length`` less the
+    start token it counts; else, unset, 20 new tokens with the start within
+    ``max_position_embeddings`` (our ``max_len``). With ``forced_eos_token_id`` (OPUS-MT's) the
+    N-th is EOS, as ours is at a limit of N; without it, the N-th is a word and the output stops
+    there, so ours gets N + 1 (N words, then the EOS that is not shown)."""
+    new, longest = _setting(gen, "max_new_tokens"), getattr(gen, "max_length", None)
+    n = int(new) if new else int(longest) - 1 if longest is not None else min(20 + 1, max_len) - 1
+    forced = getattr(gen, "forced_eos_token_id", None)
+    ends_with_eos = forced == eos_id or (isinstance(forced, (list, tuple)) and eos_id in forced)
+    return max(1, min(n if ends_with_eos else n + 1, max_len))
+
+
+def decoding_from_generation(gen, max_len: int, eos_id: int) -> dict:
     """Our ``decoding:`` settings for a ``transformers.GenerationConfig`` (module docstring);
-    ``max_len``: the model's, which caps the output length."""
-    new = _setting(gen, "max_new_tokens")
-    longest = int(new) if new else int(_setting(gen, "max_length")) - 1  # HF's max_length counts the start token
+    ``max_len``: the model's, which caps the output length; ``eos_id``: the model's EOS."""
     return {"beam": max(int(_setting(gen, "num_beams")), 1), "alpha": float(_setting(gen, "length_penalty")),
-            "length_norm": "length", "max_len_a": 0.0, "max_len_b": max(1, min(longest, max_len))}
+            "length_norm": "length", "max_len_a": 0.0, "max_len_b": output_limit(gen, max_len, eos_id)}
 
 
 def generation_differences(gen, pad_id: int) -> list[str]:
@@ -249,7 +264,7 @@ def _run_config(source: Path, gen, cfg) -> str:
     if (source / TOKENIZER_CONFIG).is_file():
         tokenizer = json.loads((source / TOKENIZER_CONFIG).read_text(encoding="utf-8"))
     config = {"src_lang": tokenizer.get("source_lang"), "tgt_lang": tokenizer.get("target_lang"),
-              "model": cfg.to_dict(), "decoding": decoding_from_generation(gen, cfg.max_len)}
+              "model": cfg.to_dict(), "decoding": decoding_from_generation(gen, cfg.max_len, cfg.eos_id)}
     header = ("# A Marian model imported by `transformer import`: the model's config, and decoding settings from\n"
               "# its generation_config.json (alpha and length_norm: HF's length_penalty).\n")
     return header + yaml.safe_dump(config, sort_keys=False, allow_unicode=True)
