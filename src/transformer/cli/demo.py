@@ -1,15 +1,29 @@
-"""``transformer demo``: train a tiny Transformer to copy or reverse random sequences."""
+"""``transformer toy``: train a tiny Transformer to copy or reverse random sequences, the
+quickest check that the model learns. (``demo``, its old name, is a hidden alias: the name
+belongs to ``configs/demo.yaml`` and ``runs/demo``, the Multi30k model of ``make run``.)"""
 from __future__ import annotations
 
 import argparse
 import time
 
+DESCRIPTION = """\
+Train a tiny Transformer (2+2 layers, d_model 64) on a synthetic task: copy, or reverse, a
+random sequence of numbers. No data is read or written; it prints the held-out exact match
+and three examples, and exits 0 when it gets at least 99% of the held-out sequences right (about a
+minute on 2 CPU cores). Not the Multi30k demo model (configs/demo.yaml, trained by make run)."""
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="train a tiny model on a synthetic copy/reverse task (about a minute)")
-    p.add_argument("--task", choices=["copy", "reverse"], default="reverse")
-    p.add_argument("--steps", type=int, default=800, help="most training steps (stops at 100%% accuracy)")
-    p.add_argument("--seed", type=int, default=0)
+    _arguments(sub.add_parser("toy", help="train a tiny model on a synthetic copy/reverse task (about a minute)",
+                              description=DESCRIPTION))
+    _arguments(sub.add_parser("demo", description=DESCRIPTION))  # the old name, not listed
+
+
+def _arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--task", choices=["copy", "reverse"], default="reverse", help="default: %(default)s")
+    p.add_argument("--steps", type=int, default=800,
+                   help="most training steps; it stops at 100%% held-out accuracy (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="default: %(default)s")
     p.set_defaults(func=run)
 
 

@@ -24,7 +24,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                    "(languages from the run's config.yaml)")
     p.add_argument("--tgt-lang", help="target language (e.g. de) for the lower-cased Moses-tokenised BLEU; "
                                       "default: tgt_lang of the run's config.yaml, and without one it is not computed")
-    p.add_argument("--data-dir", help="folder holding multi30k/ (default: $TRANSFORMER_DATA)")
+    p.add_argument("--data-dir", help="folder holding multi30k/ (default: $TRANSFORMER_DATA, else "
+                                      "~/.cache/transformer/data)")
     p.add_argument("--limit", type=int, help="score only the first N sentences (0 = all; default: all)")
     p.add_argument("--output", help="also write the translations here")
     p.add_argument("--text", metavar="FILE",

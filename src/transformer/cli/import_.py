@@ -12,7 +12,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "import", help="make a run directory of a Hugging Face model (GPT-2, Llama, Mistral, Qwen2, Marian)",
         description="Convert a Hugging Face checkpoint with its tokenizer into a run directory: our weights "
                     "(best.safetensors), config.yaml (decoding defaults from generation_config.json), the "
-                    "tokenizer files and import.json. Weights are converted one tensor at a time.")
+                    "tokenizer files and import.json. Weights are converted one tensor at a time. Needs the "
+                    "interop extra (transformers, tokenizers, huggingface_hub): pip install '.[interop]' (in the "
+                    "project's folder).")
     p.add_argument("source", metavar="SOURCE",
                    help="a Hugging Face model folder (config.json, weights, tokenizer), or a hub id owner/name "
                         "(downloaded with huggingface_hub where the machine has network)")

@@ -18,12 +18,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="run directory or .safetensors file")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
-    p.add_argument("--port", type=int, default=8000, help="port (0: any free port; the address is printed)")
-    p.add_argument("--max-batch", type=int, default=32, help="most texts decoded together")
-    p.add_argument("--max-wait-ms", type=float, default=5.0, help="how long a request waits for others to batch with")
+    p.add_argument("--port", type=int, default=8000, help="port (default: %(default)s; 0: any free port, the address is printed)")
+    p.add_argument("--max-batch", type=int, default=32, help="most texts decoded together (default: %(default)s)")
+    p.add_argument("--max-wait-ms", type=float, default=5.0,
+                   help="how long a request waits for others to batch with, in milliseconds (default: %(default)s)")
     p.add_argument("--no-batching", action="store_true", help="decode each request alone (for comparison)")
-    p.add_argument("--max-chars", type=int, default=1000, help="longest text (or prompt) accepted, in characters")
-    p.add_argument("--max-texts", type=int, default=64, help="most texts in one request")
+    p.add_argument("--max-chars", type=int, default=1000,
+                   help="longest text (or prompt) accepted, in characters (default: %(default)s)")
+    p.add_argument("--max-texts", type=int, default=64, help="most texts in one request (default: %(default)s)")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     p.add_argument("--max-beam", type=int, help="the largest beam a request may ask for (translation; default: 16)")
     p.add_argument("--new-tokens-limit", type=int, metavar="N",
@@ -75,6 +77,8 @@ token from #token=... in its address, which the start-up line prints). A request
 header names another host than the one it listens on gets 403 (a page elsewhere reaching a
 local server through DNS rebinding); --allow-host NAME adds a name. One /attention answer
 holds at most --max-attention weights; a request may ask for some "layers" and "heads" only.
+
+Needs the serve extra (fastapi, uvicorn): pip install '.[serve]' (in the project's folder).
 """
 
 

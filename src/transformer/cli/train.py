@@ -14,7 +14,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set max_steps=200 --set model.dropout=0.1")
     p.add_argument("--out", help="run directory (default: runs/<config name>)")
-    p.add_argument("--data-dir", help="folder holding multi30k/ (default: $TRANSFORMER_DATA)")
+    p.add_argument("--data-dir", help="folder holding the downloaded corpora, multi30k/ and tinyshakespeare/ "
+                                      "(default: $TRANSFORMER_DATA, else ~/.cache/transformer/data, where a "
+                                      "missing corpus is downloaded once)")
     p.add_argument("--device", default="cpu",
                    help="cpu or cuda[:N]; under torchrun, cuda means cuda:LOCAL_RANK for each process")
     p.set_defaults(func=run, memory_remedy="lower max_tokens or, for a language model, batch_size "
