@@ -10,7 +10,6 @@ import dataclasses
 import sys
 
 from ..decode.config import FIELDS, PRECISIONS, SamplingConfig, SearchConfig
-from ..hardware import slow_precision_warning
 
 _HELP = {
     "beam": ("N", int, "beam size (1 = greedy search)"),
@@ -162,6 +161,7 @@ def prepare_compiled(decoder) -> None:
     import warnings
 
     from ..decode.packages import CompiledStepWarning
+    from ..hardware import slow_precision_warning  # (here: it loads torch, which --help does not need)
 
     if note := slow_precision_warning(decoder.requested_precision, decoder.decoding.device):
         print(f"warning: {note}", file=sys.stderr, flush=True)

@@ -29,7 +29,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..compiling import traced
 from ..run.files import atomic_write
 from . import fixed
 from .common import next_token_logprobs
@@ -122,6 +121,8 @@ def build(model: nn.Module, group: int, logprobs: bool, path: str | Path) -> Non
     """Export the step of ``model`` (``group`` decoder rows per source sentence; a language
     model: 1) and build its package into ``path``, atomically: a package is either whole or
     absent, even if the build is interrupted. Takes tens of seconds to minutes."""
+    from ..compiling import traced  # here: it loads torch's compiler, which a command that builds nothing skips
+
     module, args, shapes = _example(model, group, logprobs)
 
     def write(tmp: str) -> None:
