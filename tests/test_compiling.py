@@ -110,3 +110,22 @@ def test_compiled_token_embedding_and_learned_positions_train_as_eager():
 def test_embedding_grad_is_a_well_formed_custom_op():
     g = torch.Generator().manual_seed(0)
     torch.library.opcheck(compiling.embedding_grad, (torch.randn(6, 4, generator=g), torch.tensor([0, 2, 2, 1, 0, 2]), 3))
+
+
+def test_training_with_compile_true_loads_the_forms_first():
+    """The forms take effect once this module is imported; decoding imports it only where it
+    builds a step, so training's torch.compile (compile: true) must import it itself. In a
+    fresh interpreter (this one has imported it already)."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, types, torch\n"
+             "from transformer.train.trainer import Trainer\n"
+             "before = 'transformer.compiling' in sys.modules\n"
+             "t = Trainer.__new__(Trainer)\n"
+             "t.cfg, t.device, t.log = types.SimpleNamespace(compile=True), torch.device('cpu'), lambda *a: None\n"
+             "t._compiled(None)\n"
+             "print(before, 'transformer.compiling' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False", "True"]

@@ -480,6 +480,8 @@ class Trainer:
         the wrapper as DDP requires. Validation and decoding stay eager."""
         if not self.cfg.compile:
             return wrapper, forward_loss
+        from .. import compiling  # noqa: F401  (the model's forms for a traced graph, before torch.compile traces)
+
         self.log("model: the training forward, loss and backward compiled by torch.compile (compile: true)")
         # CPU: the graphs' calls in C++ rather than Python (1.08x an update, nanoGPT's recipe in bf16)
         options = {"cpp_wrapper": True} if self.device.type == "cpu" else None
