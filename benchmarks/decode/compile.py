@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import job, load_trained, ours, test_set  # noqa: E402
 
-from transformer import hardware  # noqa: E402
+from transformer import compiling, hardware  # noqa: E402,F401  (compiling: the model's forms for torch.compile)
 
 
 def one_step(model, rows: int, beam: int, src_len: int = 16, past: int = 10, reps: int = 200, rounds: int = 7):
