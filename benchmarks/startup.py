@@ -31,8 +31,8 @@ from transformer import hardware
 SRC = Path(__file__).resolve().parents[1] / "src"
 SENTENCE = "Two dogs are playing in the snow.\n"
 # what translate imports before it reads a model (its parser and the code it decodes with)
-MODULES = "import torch, transformer.cli, transformer.cli.translate, transformer.translator, transformer.decode.greedy, " \
-          "transformer.decode.beam"
+MODULES = ("import torch, transformer.cli, transformer.cli.translate, transformer.translator, "
+           "transformer.decode.greedy, transformer.decode.beam")
 
 
 def rows(run: str, old_src: str | None) -> list[tuple[str, list[str], str]]:
@@ -92,10 +92,9 @@ def main() -> None:
         print(f"| {name} | {medians[name]:.2f} | {medians[name] / torch_alone:.2f} | {cpu_medians[name]:.2f} | "
               f"{cpu_medians[name] / torch_cpu:.2f} |")
     if args.out:
-        Path(args.out).write_text(json.dumps({"machine": hardware.describe(), "rounds": args.rounds, "run": args.run,
-                                              "threads": args.threads,
-                                              "medians": medians, "times": times,
-                                              "cpu_medians": cpu_medians, "cpu_times": cpu}, indent=1), encoding="utf-8")
+        results = {"machine": hardware.describe(), "rounds": args.rounds, "run": args.run, "threads": args.threads,
+                   "medians": medians, "times": times, "cpu_medians": cpu_medians, "cpu_times": cpu}
+        Path(args.out).write_text(json.dumps(results, indent=1), encoding="utf-8")
 
 
 if __name__ == "__main__":

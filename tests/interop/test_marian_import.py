@@ -256,7 +256,8 @@ def test_length_penalty_maps_to_alpha():
     assert decoding_from_generation(opus, 64, 0) == {"beam": 6, "alpha": 0.6, "length_norm": "length",
                                                      "max_len_a": 0.0, "max_len_b": 64}
     assert decoding_from_generation(GenerationConfig(max_new_tokens=40), 512, 0)["max_len_b"] == 41
-    assert decoding_from_generation(GenerationConfig(max_new_tokens=40, forced_eos_token_id=0), 512, 0)["max_len_b"] == 40
+    forced = GenerationConfig(max_new_tokens=40, forced_eos_token_id=0)
+    assert decoding_from_generation(forced, 512, 0)["max_len_b"] == 40
     assert decoding_from_generation(GenerationConfig(max_length=20, forced_eos_token_id=[0]), 512, 0)["max_len_b"] == 19
     assert decoding_from_generation(GenerationConfig(forced_eos_token_id=0), 16, 0)["max_len_b"] == 15  # 20 new, capped
 

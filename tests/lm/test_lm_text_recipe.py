@@ -53,7 +53,8 @@ def test_train_then_generate_with_the_two_commands(tmp_path, cli, monkeypatch):
     r = cli("generate", "--model", "runs/mine", "--prompt", "the cat", "--seed", "1")
     assert r.code == 0 and r.err == ""
     generator = Generator.from_pretrained(run, seed=1)  # the run's decoding settings, as generate's defaults
-    assert (generator.decoding.max_new_tokens, generator.decoding.temperature, generator.decoding.top_k) == (300, 0.8, 40)
+    d = generator.decoding
+    assert (d.max_new_tokens, d.temperature, d.top_k) == (300, 0.8, 40)
     assert r.out == "the cat" + generator.generate(["the cat"])[0] + "\n"
     assert set(r.out) <= set(make_text(200, seed=3)) and len(r.out) > 100  # characters of the text only
     again = cli("generate", "--model", "runs/mine", "--prompt", "the cat", "--seed", "1")

@@ -15,8 +15,8 @@ trained by make run)."""
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    _arguments(sub.add_parser("toy", help="train a tiny model on a synthetic copy/reverse task: a quick check that training works",
-                              description=DESCRIPTION))
+    _arguments(sub.add_parser("toy", description=DESCRIPTION, help="train a tiny model on a synthetic copy/reverse "
+                                                                   "task: a quick check that training works"))
     _arguments(sub.add_parser("demo", description=DESCRIPTION))  # the old name, not listed
 
 

@@ -18,7 +18,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, help="run directory or .safetensors file")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
-    p.add_argument("--port", type=int, default=8000, help="port (default: %(default)s; 0: any free port, the address is printed)")
+    p.add_argument("--port", type=int, default=8000,
+                   help="port (default: %(default)s; 0: any free port, the address is printed)")
     p.add_argument("--max-batch", type=int, default=32, help="most texts decoded together (default: %(default)s)")
     p.add_argument("--max-wait-ms", type=float, default=5.0,
                    help="how long a request waits for others to batch with, in milliseconds (default: %(default)s)")

@@ -58,7 +58,8 @@ _WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_m
 
 # What generate() uses for a setting the generation config leaves unset (transformers 5
 # stores None and applies these when generating).
-_GENERATE_DEFAULTS = {"num_beams": 1, "length_penalty": 1.0}  # max_length: output_limit
+_GENERATE_DEFAULTS = {"num_beams": 1, "length_penalty": 1.0}
+_GENERATE_NEW_TOKENS = 20  # and, with neither max_length nor max_new_tokens, this many new tokens
 
 
 def import_marian_run(source: Path, out: Path) -> None:
@@ -172,8 +173,12 @@ def output_limit(gen, max_len: int, eos_id: int) -> int:
     ``max_position_embeddings`` (our ``max_len``). With ``forced_eos_token_id`` (OPUS-MT's) the
     N-th is EOS, as ours is at a limit of N; without it, the N-th is a word and the output stops
     there, so ours gets N + 1 (N words, then the EOS that is not shown)."""
-    new, longest = _setting(gen, "max_new_tokens"), getattr(gen, "max_length", None)
-    n = int(new) if new else int(longest) - 1 if longest is not None else min(20 + 1, max_len) - 1
+    if getattr(gen, "max_new_tokens", None):
+        n = int(gen.max_new_tokens)
+    elif getattr(gen, "max_length", None) is not None:
+        n = int(gen.max_length) - 1
+    else:
+        n = min(_GENERATE_NEW_TOKENS, max_len - 1)
     forced = getattr(gen, "forced_eos_token_id", None)
     ends_with_eos = forced == eos_id or (isinstance(forced, (list, tuple)) and eos_id in forced)
     return max(1, min(n if ends_with_eos else n + 1, max_len))
