@@ -1,5 +1,6 @@
 """Training checkpoints: the weights plus everything needed to continue exactly (optimizer,
-step, RNG states, data position), written atomically as one directory.
+step, RNG states, data position), written atomically as one directory, and read back by a
+resumed run (:class:`Checkpoints`, what the training loop holds).
 
 A checkpoint directory (``checkpoints/step-NNNNNNN/``, see :mod:`transformer.run.layout`)
 is written under a temporary name and renamed when complete, so a crash at any moment
@@ -12,10 +13,12 @@ line at a time, and a resume removes its torn last line (:func:`repair_metrics`)
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import pickle
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +27,14 @@ import torch
 
 from ..errors import UserError
 from ..model import Transformer
-from ..run.files import RecordingWriter, atomic_dir, atomic_write
+from ..run import layout, weights
+from ..run.files import RecordingWriter, atomic_dir, atomic_write, file_sha256
 from ..run.layout import CKPT_DIR, STATE, WEIGHTS, checkpoint_dirs, discard
 from ..run.weights import write_weights_file
+from .config import TrainConfig
+from .distributed import Dist, reshard_position
+from .prepare import tokenizer_file
+from .run_dir import DATA_SHA256
 
 
 def save_checkpoint(run_dir: Path, model: Transformer, state: dict[str, Any], step: int,
@@ -139,3 +147,115 @@ def repair_metrics(path: Path, step: int) -> tuple[int, bool]:
     if dropped or torn:
         atomic_write(path, lambda tmp: Path(tmp).write_bytes(b"".join(line + b"\n" for line in keep)))
     return dropped, torn
+
+
+class Checkpoints:
+    """The checkpoints of the run in ``run_dir`` as the training loop uses them: :meth:`save`
+    the weights and a state that continues exactly, :meth:`resume` from the newest that reads.
+    Rank 0 alone writes; every rank reads. ``saved_step``: the step of the newest checkpoint
+    (None before the first)."""
+
+    def __init__(self, cfg: TrainConfig, run_dir: Path, dist: Dist, log: Callable[[str], object]) -> None:
+        self.cfg, self.run_dir, self.dist, self.log = cfg, run_dir, dist, log
+        self.saved_step: int | None = None
+        self.data_sha256 = ""  # the data files' checksums (JSON) each checkpoint records: set by rank 0
+
+    def save(self, model, step: int, state: dict[str, Any]) -> Path:
+        """Write a checkpoint of ``model`` at ``step`` with ``state`` and every rank's RNG
+        states (every rank must call this: it gathers them). A failure (full disk, unwritable
+        folder) is a UserError on every rank; the previous checkpoint is intact."""
+        rngs = self.dist.gather(rng_state(self.dist.device))
+
+        def write() -> Path:
+            vocab = tokenizer_file(self.cfg, self.run_dir)
+            full = {**state, "rng": rngs[0], "rng_per_rank": rngs, "world_size": self.dist.world_size,
+                    "accum_steps": self.cfg.accum_steps}
+            try:
+                return save_checkpoint(self.run_dir, model, full, step, self.cfg.keep_last,
+                                       {f"{vocab.stem}_sha256": file_sha256(vocab), DATA_SHA256: self.data_sha256})
+            except OSError as e:
+                raise UserError(f"{self.run_dir}: could not save a checkpoint ({e.strerror or e}); "
+                                "the previous checkpoint is intact") from None
+
+        path = self.dist.on_main(write)
+        self.saved_step = step
+        return path
+
+    def resume(self, model, restore: Callable[[dict[str, Any]], int]) -> None:
+        """Load the newest checkpoint that reads into ``model`` and hand its state to
+        ``restore`` (which sets what the loop keeps and returns the step), with the data
+        position mapped onto this run's ranks and this rank's RNG states set. One that does
+        not read (truncated or corrupt, e.g. damaged after it was written) is moved aside to
+        checkpoints/corrupt-* with a warning and the one before it is used; with no older one,
+        a clear error. A checkpoint of another config or vocabulary, or one that would run
+        code, is refused. Nothing happens in a run without checkpoints."""
+        dirs = layout.checkpoint_dirs(self.run_dir)
+        for i, path in enumerate(reversed(dirs)):
+            try:
+                cfg, tensors, meta = weights.read_weights(path / layout.WEIGHTS)
+                state = load_training_state(path)
+            except UnsafeCheckpoint:
+                raise
+            except UserError as e:
+                if i == len(dirs) - 1:
+                    raise
+                self.log(f"warning: {e}; resuming from the checkpoint before it")
+                if self.dist.is_main:
+                    with contextlib.suppress(OSError):  # left in place: the next save of that step replaces it
+                        layout.set_aside(path)
+                continue
+            self._restore(path, model, cfg, tensors, meta, state, restore)
+            return
+
+    def _restore(self, path: Path, model, cfg, tensors: dict, meta: dict, state: dict, restore) -> None:
+        if cfg != model.cfg:
+            raise UserError(f"{path}: checkpoint was written for another model config or vocabulary")
+        vocab = tokenizer_file(self.cfg, self.run_dir)
+        sha = file_sha256(vocab)
+        if meta.get(f"{vocab.stem}_sha256", sha) != sha:
+            raise UserError(f"{path}: checkpoint was trained with another {vocab.name}")
+        weights.load_weights_into(model, tensors, path)
+        try:
+            step = restore({**state, "sampler": self._position(state)})
+            self._restore_rng(state)
+        except (KeyError, ValueError, TypeError, RuntimeError) as e:
+            raise UserError(f"{path / layout.STATE}: training state does not fit this run "
+                            f"({type(e).__name__}: {e})") from None
+        self.saved_step = step
+        self.log(f"resumed from {path} (step {step})")
+
+    def _position(self, state: dict) -> dict:
+        """The data position, mapped onto this run's number of ranks (see reshard_position)."""
+        old_world, world = int(state.get("world_size", 1)), self.dist.world_size
+        position = state["sampler"]
+        if old_world != world:
+            position, skipped = reshard_position(position, old_world, world)
+            note = f" ({skipped} batch(es) skipped)" if skipped else ""
+            self.log(f"resuming on {world} rank(s) a run saved on {old_world}: epoch {position['epoch']} "
+                     f"continues at batch {position['batch_in_epoch'] * world}{note}")
+        old_batch = old_world * int(state.get("accum_steps", self.cfg.accum_steps))
+        if old_batch != world * self.cfg.accum_steps:
+            self.log(f"warning: the global batch changes from {old_batch} to {world * self.cfg.accum_steps} "
+                     "micro-batches per update (ranks x accum_steps); keep the product to keep the trajectory")
+        return position
+
+    def _restore_rng(self, state: dict) -> None:
+        per_rank = state.get("rng_per_rank") or [state["rng"]]
+        if self.dist.rank < len(per_rank):
+            set_rng_state(per_rank[self.dist.rank], self.dist.device)
+        else:  # a rank the saved run did not have
+            seed_all(self.cfg.seed + self.dist.rank)
+
+    def repair_metrics(self, step: int) -> None:
+        """metrics.jsonl made the history of the run that continues from ``step`` (:func:`repair_metrics`)."""
+        dropped, torn = repair_metrics(self.run_dir / layout.METRICS, step)
+        if dropped or torn:
+            self.log(f"metrics.jsonl: removed {dropped} record(s) of steps after {step}, which this run "
+                     "repeats" + (", and a torn last line left by a crash" if torn else ""))
+
+
+def seed_all(seed: int) -> None:
+    """Seed every random number generator training draws from."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
