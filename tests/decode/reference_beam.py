@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from transformer.decode.common import Hypothesis, force_eos, length_penalty, max_output_lengths, next_token_logprobs
+from transformer.decode.rows import expand_rows, select_rows
 
 
 def _best_reachable(raw: float, step: int, limit: int, alpha: float) -> float:
@@ -51,7 +52,7 @@ def reference_beam_search(
     batch, device = src.size(0), src.device
     limits = max_output_lengths(src, cfg, max_len_a, max_len_b)
     cache = model.start_cache(model.encode(src), src)
-    cache = cache.expand(k)  # row = b*K + j; the K rows of a sentence share its cross-attention K/V
+    cache = expand_rows(cache, k)  # row = b*K + j; the K rows of a sentence share its cross-attention K/V
 
     alive = torch.arange(batch, device=device)  # sentence index of each group of K rows
     seqs = torch.empty((batch * k, 0), dtype=torch.long, device=device)  # generated ids, no BOS, no EOS
@@ -104,7 +105,7 @@ def reference_beam_search(
         rows, tok, scores = rows[keep_t].view(-1), tok[keep_t].view(-1, 1), scores[keep_t]
         alive = alive[keep_t]
         seqs = torch.cat([seqs.index_select(0, rows), tok], dim=1)
-        cache = cache.index_select(rows)
+        cache = select_rows(cache, rows)
         last = tok
 
     return [sorted(f, key=lambda h: h.score, reverse=True)[:n_best] for f in finished]

@@ -12,6 +12,7 @@ from transformer.decode.beam import decode_beams
 from transformer.decode.common import max_output_lengths
 from transformer.decode.fixed import FixedKVCache
 from transformer.decode.greedy import decode_greedily
+from transformer.decode.rows import expand_rows
 from transformer.decode.steps import FixedShapeStep, GrowingStep
 
 
@@ -37,7 +38,7 @@ def test_the_fixed_shape_cache_gives_the_growing_caches_logits(variant_model, ra
     with torch.inference_mode():
         cache = model.start_cache(model.encode(src), src)
         static = fixed.start_translation(model, cache, 8)
-        assert (static.memory_mask is not None) == padded
+        assert bool(static.memory_mask.all()) != padded  # held either way: a graph applies it
         for t in range(tgt.size(1)):
             want, cache = model.decode(tgt[:, t: t + 1], cache)
             got = fixed.decode_translation(model, tgt[:, t: t + 1], static)
@@ -61,26 +62,28 @@ def sharp_model(make_model):
 def test_one_search_gives_the_same_hypotheses_on_either_step(make_model, rand_tokens, shrinks):
     """The searches are written once: the growing cache's step (finished rows leave at
     once) and the fixed-shape step run eagerly (finished rows stay, unread, until half are
-    done) give the same hypotheses, and equal scores."""
+    done) give the same hypotheses, and equal scores (to float32's rounding: the fixed-shape
+    step attends as a compiled graph does, with the matmul-softmax-matmul, where the eager
+    float32 model calls torch's fused kernel)."""
     model = sharp_model(make_model)
     src = rand_tokens([7, 2, 5, 1, 4, 9, 3, 6, 8, 2], width=9)
     limits = max_output_lengths(src, model.cfg, 1.0, 8)
 
     def start(group=1):
         cache = model.start_cache(model.encode(src), src)
-        return cache.expand(group) if group > 1 else cache
+        return expand_rows(cache, group) if group > 1 else cache
 
     for min_length in (0, 4):
         eager = decode_greedily(GrowingStep(model), start(), limits, model.cfg, min_length)
         fixed_shape = decode_greedily(FixedShapeStep(model), start(), limits, model.cfg, min_length)
         assert [h[0].tokens for h in fixed_shape] == [h[0].tokens for h in eager]
-        assert [h[0].score for h in fixed_shape] == pytest.approx([h[0].score for h in eager], abs=1e-5)
+        assert [h[0].score for h in fixed_shape] == pytest.approx([h[0].score for h in eager], abs=1e-4)
     assert shrinks and all(1 <= after <= before // 2 for before, after in shrinks)
     shrinks.clear()
     eager = decode_beams(GrowingStep(model), start(4), limits, model.cfg, 4, 0.6, 2)
     fixed_shape = decode_beams(FixedShapeStep(model), start(4), limits, model.cfg, 4, 0.6, 2)
     assert [[h.tokens for h in hs] for hs in fixed_shape] == [[h.tokens for h in hs] for hs in eager]
-    assert [h.score for hs in fixed_shape for h in hs] == pytest.approx([h.score for hs in eager for h in hs], abs=1e-5)
+    assert [h.score for hs in fixed_shape for h in hs] == pytest.approx([h.score for hs in eager for h in hs], abs=1e-4)
     assert shrinks and all(4 <= after <= before // 2 and after % 4 == 0 for before, after in shrinks)
 
 

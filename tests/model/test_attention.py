@@ -161,7 +161,7 @@ def test_multihead_attention_matches_torch(kind, need_weights):
     else:
         mem, pad = torch.randn(3, 7, C, generator=g), padding([7, 3, 1], 7)
         ours_mask, kwargs = pad, {}
-    out, w = ours(x, *ours.project_kv(mem), ours_mask, need_weights=need_weights)
+    out, w = ours(x, *ours.project_together(mem, (ours.k_proj, ours.v_proj)), ours_mask, need_weights=need_weights)
     ref, ref_w = theirs(x, mem, mem, key_padding_mask=masks.to_key_padding_mask(pad),
                         need_weights=True, average_attn_weights=False, **kwargs)
     assert out.shape == (3, 5, C)
@@ -172,7 +172,7 @@ def test_multihead_attention_matches_torch(kind, need_weights):
 
 
 def test_fused_projections_equal_the_separate_layers():
-    """project_qkv / project_kv run one matmul over the side-by-side weights; the result and
+    """project_qkv / project_together run one matmul over the side-by-side weights; the result and
     the gradient of every weight equal those of q_proj, k_proj, v_proj applied one by one."""
     mha, _ = paired_modules()
     x = torch.randn(3, 5, C, generator=torch.Generator().manual_seed(2))
@@ -181,7 +181,7 @@ def test_fused_projections_equal_the_separate_layers():
     for a, b in zip(fused, separate):
         assert a.shape == (3, HEADS, 5, C // HEADS)
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
-    for a, b in zip(mha.project_kv(x), separate[1:]):
+    for a, b in zip(mha.project_together(x, (mha.k_proj, mha.v_proj)), separate[1:]):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
     upstream = [torch.randn(t.shape, generator=torch.Generator().manual_seed(i)) for i, t in enumerate(fused)]
     grads = []
@@ -193,17 +193,18 @@ def test_fused_projections_equal_the_separate_layers():
 
 
 def test_fused_projections_of_int8_quantised_layers():
-    """int8 layers (decode/precision.py) hold no weight tensor to stack: the projections
-    fall back to one matmul per layer, equal to the int8 layers applied one by one, and close
-    to the float ones (int8 weights, ~1% error)."""
+    """int8 layers (decode/precision.py) hold no weight tensor to stack: an int8 copy's
+    attention (Int8Attention) runs one matmul per layer, equal to the int8 layers applied one
+    by one, and close to the float ones (int8 weights, ~1% error)."""
     import copy
 
-    from transformer.decode.precision import Int8Linear
+    from transformer.decode.precision import Int8Attention, Int8Linear
 
     mha, _ = paired_modules()
     qmha = copy.deepcopy(mha)
     for name in ("q_proj", "k_proj", "v_proj", "out_proj"):
         setattr(qmha, name, Int8Linear.from_linear(getattr(mha, name)))
+    qmha.__class__ = Int8Attention
     assert not isinstance(qmha.q_proj.weight, torch.Tensor)  # a method on int8 layers
     x = torch.randn(3, 5, C, generator=torch.Generator().manual_seed(2))
     separate = [qmha.split_heads(lin(x)) for lin in (qmha.q_proj, qmha.k_proj, qmha.v_proj)]
@@ -217,7 +218,7 @@ def test_heads_are_independent_slices_of_the_projection():
     output equals the sum of per-head contributions (Concat(head_i) W^O)."""
     mha, _ = paired_modules()
     x = torch.randn(2, 3, C)
-    k, v = mha.project_kv(x)
+    k, v = mha.project_together(x, (mha.k_proj, mha.v_proj))
     q = mha.split_heads(mha.q_proj(x))
     heads, _ = attention(q, k, v)  # (B, H, T, D)
     d = C // HEADS

@@ -32,6 +32,7 @@ from torch import nn
 from ..run.files import atomic_write
 from . import fixed
 from .common import next_token_logprobs
+from .rows import expand_rows
 from .steps import is_translation
 
 FORMAT = 1  # bumped when what a package holds, or how it is called, changes
@@ -98,7 +99,7 @@ def _example(model: nn.Module, group: int, logprobs: bool):
     if is_translation(model):
         src = torch.full((3, min(cfg.max_len, 5)), 4, dtype=torch.long, device=device)
         cache = model.start_cache(model.encode(src), src)
-        static = fixed.start_translation(model, cache.expand(group) if group > 1 else cache, capacity)
+        static = fixed.start_translation(model, expand_rows(cache, group) if group > 1 else cache, capacity)
         module = _TranslationStep(model, group, logprobs)
         args = (torch.full((3 * group, 1), 4, dtype=torch.long, device=device), slot, slots, static.k, static.v,
                 tuple(c[0] for c in static.cross_kv), tuple(c[1] for c in static.cross_kv), cache.memory_mask)
@@ -129,8 +130,7 @@ def build(model: nn.Module, group: int, logprobs: bool, path: str | Path) -> Non
         with torch.no_grad(), warnings.catch_warnings():
             # inductor's GEMM timing calls a deprecated storage method of torch's own
             warnings.filterwarnings("ignore", "TypedStorage is deprecated", UserWarning)
-            with traced():  # the model as a graph needs it (transformer/compiling.py)
-                program = torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
+            program = torch.export.export(module, args, dynamic_shapes=shapes, strict=False)
             torch._inductor.aoti_compile_and_package(program, package_path=tmp,
                                                       inductor_configs=dict(INDUCTOR_OPTIONS))  # (it adds to the dict)
 
@@ -195,9 +195,9 @@ def _cpu() -> str:
 @cache
 def _source_digest() -> str:
     """A digest of the code a package is built from: the model, the step (decode/fixed.py),
-    what tracing changes (compiling.py), the log-probabilities and the int8 layers."""
+    the log-probabilities and the int8 layers."""
     root = Path(__file__).resolve().parent.parent
-    files = [*sorted((root / "model").glob("*.py")), root / "compiling.py",
+    files = [*sorted((root / "model").glob("*.py")),
              *(root / "decode" / n for n in ("aot.py", "common.py", "fixed.py", "precision.py"))]
     h = hashlib.sha256()
     for f in files:

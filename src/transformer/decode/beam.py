@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from .common import Hypothesis, force_eos, length_penalty, max_output_lengths, top_k_rows
+from .rows import expand_rows
 from .static import cache_capacity, search_step
 
 
@@ -69,7 +70,7 @@ def beam_search(
     limits = max_output_lengths(src, model.cfg, max_len_a, max_len_b)
     step = search_step(model, compile, group=beam_size, rows=src.size(0) * beam_size)
     # row = b*K + j; the K rows of a sentence share its cross-attention K/V
-    cache = model.start_cache(model.encode(src), src).expand(beam_size)
+    cache = expand_rows(model.start_cache(model.encode(src), src), beam_size)
     return decode_beams(step, cache, limits, model.cfg, beam_size, alpha, n_best, min_length, length_norm)
 
 

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from ..model.cache import KVCache
+from .rows import expand_rows, select_rows
 
 
 @dataclass(frozen=True)
@@ -37,10 +38,10 @@ class EnsembleCache:
         return self.caches[0].batch_size
 
     def expand(self, group: int) -> "EnsembleCache":
-        return EnsembleCache(tuple(c.expand(group) for c in self.caches))
+        return EnsembleCache(tuple(expand_rows(c, group) for c in self.caches))
 
     def index_select(self, index: Tensor) -> "EnsembleCache":
-        return EnsembleCache(tuple(c.index_select(index) for c in self.caches))
+        return EnsembleCache(tuple(select_rows(c, index) for c in self.caches))
 
 
 class Ensemble(nn.Module):

@@ -1,7 +1,7 @@
 """The fixed-shape cache, and the decoding step on it that compiled decoding builds
-(:mod:`transformer.decode.aot`): assembled here from the model's public parts
-(``decoder_input``, ``decoder``, ``project``) and the decoder's cache interface
-(:mod:`transformer.model.cache`), for both model kinds.
+(:mod:`transformer.decode.aot`), for both model kinds: the model's own embeddings, layers and
+projection, run by a decoder loop of its own (:func:`decoder_step`) whose attention is the
+form a graph takes (:func:`graph_attention`).
 
 The growing :class:`~transformer.model.cache.KVCache` is a new tensor every step (one position
 longer, concatenated). A :class:`FixedKVCache` has its final size from the start: each layer's
@@ -17,15 +17,19 @@ size of the compiled graph: one graph serves every step of a search.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import partial
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..model import masks
-from ..model.cache import KVCache, sentences
+from ..model.cache import KVCache
 from ..model.lm import next_positions
+from ..model.rotary import apply_rotary
+from .rows import sentences
 
 
 @dataclass
@@ -40,8 +44,8 @@ class FixedKVCache:
         next_position: (B,) the position of each row's next token.
         length: slots written so far (the same for every row).
         cross_kv: an encoder-decoder's cross-attention (K, V) per layer, each (B, H, S, D),
-            and ``memory_mask`` (B, 1, 1, S) or None (no padding), as in
-            :class:`~transformer.model.cache.KVCache`; None for a decoder-only model. (Its
+            and ``memory_mask`` (B, 1, 1, S), as in :class:`~transformer.model.cache.KVCache`
+            (applied whether or not it hides anything); None for a decoder-only model. (Its
             target rows have no padding: ``key_mask`` and ``next_position`` follow ``length``.)
         group: decoder rows per source sentence (beam search), as in ``KVCache``.
     """
@@ -111,51 +115,81 @@ class FixedKVCache:
 
 
 @dataclass(frozen=True)
-class _LayerSlots:
-    """One layer's K, V buffers (B, H_kv, L, D), as a decoder layer sees them for one step."""
-
-    k: Tensor
-    v: Tensor
-    index: Tensor
-    upto: int
-
-    def extend(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store the new K, V (B, H_kv, T_new, D) at the slots ``index`` (T_new,); return the
-        buffers' first ``upto`` slots (those written, the new ones included)."""
-        self.k.index_copy_(2, self.index, k)
-        self.v.index_copy_(2, self.index, v)
-        return self.k[:, :, : self.upto], self.v[:, :, : self.upto]
-
-
-@dataclass(frozen=True)
-class SlotCache:
-    """The decoder's cache interface (:mod:`transformer.model.cache`) over fixed-shape
-    buffers, for one step: the new positions sit at the slots ``index`` (T_new,), and
-    attention reads the first ``upto`` slots. Written in place; ``grown`` is the cache itself."""
+class Slots:
+    """What one step reads and writes besides the decoder's input: each layer's K, V buffers
+    (B, H_kv, L, D), into which the new positions go at ``index`` (T_new,), attention reading
+    the first ``upto`` slots; an encoder-decoder's cross-attention (K, V) per layer, its source
+    mask and ``group`` (decoder rows per source sentence, as in the model's cache)."""
 
     k: tuple[Tensor, ...]
     v: tuple[Tensor, ...]
     index: Tensor
     upto: int
-    cross: tuple[tuple[Tensor, Tensor], ...] | None = None
-    attend_mask: Tensor | None = None
+    cross_kv: tuple[tuple[Tensor, Tensor], ...] | None = None
+    memory_mask: Tensor | None = None
     group: int = 1
 
-    @property
-    def cross_kv(self) -> tuple:
-        return self.cross if self.cross is not None else (None,) * len(self.k)
 
-    def layer(self, i: int) -> _LayerSlots:
-        return _LayerSlots(self.k[i], self.v[i], self.index, self.upto)
+def graph_dropout(x: Tensor, p: float) -> Tensor:
+    """``x`` with each element zeroed with probability p (a ``torch.rand`` draw) and the others
+    scaled by 1 / (1 - p): the model's dropout as a graph draws it."""
+    return x * ((torch.rand(x.shape, device=x.device) >= p).to(x.dtype) * (1.0 / (1.0 - p)))
 
-    def self_mask(self, t_new: int, key_mask: Tensor | None = None, device=None) -> Tensor:  # noqa: ARG002
-        """(B or 1, 1, T_new, upto): causal (the slots not written yet hidden too), and the
-        padding slots of ``key_mask`` (B, upto) hidden."""
-        causal = masks.causal_mask_at(self.index, self.upto)
-        return causal if key_mask is None else masks.combine(masks.real_keys(key_mask), causal)
 
-    def grown(self, self_kv) -> "SlotCache":  # noqa: ARG002 (written in place already)
-        return self
+def graph_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float = 0.0) -> Tensor:
+    """:func:`transformer.model.attention`'s output as a graph computes it: on a CPU always the
+    matmul-softmax-matmul, whose mask, softmax and sums inductor fuses into its own loops (not
+    torch's fused kernel), with every mask applied (a graph cannot ask whether one hides
+    anything) and dropout drawn with ``torch.rand`` (dynamo cannot trace the eager form's
+    in-place ``random_``); elsewhere torch's fused kernel. (B, H, T_q, D)."""
+    if q.device.type != "cpu":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, T_q, T_k)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    weights = scores.softmax(dim=-1)
+    if mask is not None:  # a query without keys: zeros
+        weights = weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+    return (graph_dropout(weights, dropout_p) if dropout_p > 0 else weights) @ v
+
+
+def _self_attention(attn, h: Tensor, k_buf: Tensor, v_buf: Tensor, slots: Slots, mask: Tensor, rotary):
+    """Masked self-attention of the new positions, their K, V written into the buffers."""
+    q, k, v = attn.project_qkv(h)  # (B, H, T_new, D); K, V (B, H_kv, T_new, D)
+    if rotary is not None:
+        q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
+    k_buf.index_copy_(2, slots.index, k)
+    v_buf.index_copy_(2, slots.index, v)
+    k, v = attn.expand_kv(k_buf[:, :, : slots.upto], v_buf[:, :, : slots.upto])  # (B, H, upto, D)
+    return attn.out_proj(attn.merge_heads(graph_attention(q, k, v, mask))), None
+
+
+def _cross_attention(attn, h: Tensor, kv: tuple[Tensor, Tensor], mask: Tensor, group: int):
+    """Cross-attention; the ``group`` rows of a sentence attend as one row of group * T_new queries."""
+    n, t, c = h.shape
+    q = attn.split_heads(attn.q_proj(h if group == 1 else h.reshape(n // group, group * t, c)))
+    out = attn.out_proj(attn.merge_heads(graph_attention(q, *attn.expand_kv(*kv), mask)))
+    return (out if group == 1 else out.reshape(n, t, c)), None
+
+
+def decoder_step(model: nn.Module, x: Tensor, slots: Slots, self_mask: Tensor, rotary=None) -> Tensor:
+    """The decoder's layers on the new positions' input ``x`` (B, T_new, C), each layer's
+    parameters and sub-layer connections the model's own: the same function as
+    ``model.decoder``, on the fixed-shape buffers, with :func:`graph_attention`. (B, T_new, C)."""
+    for i, layer in enumerate(model.decoder.layers):
+        x, _ = layer.self_block(x, lambda h: _self_attention(layer.self_attn, h, slots.k[i], slots.v[i], slots,
+                                                             self_mask, rotary))
+        if layer.cross_attn is not None:
+            x, _ = layer.cross_block(x, lambda h: _cross_attention(layer.cross_attn, h, slots.cross_kv[i],
+                                                                   slots.memory_mask, slots.group))
+        x, _ = layer.ffn_block(x, lambda h: (layer.ffn(h), None))
+    return x if model.decoder.norm is None else model.decoder.norm(x)
+
+
+def causal_slots(index: Tensor, upto: int) -> Tensor:
+    """(1, 1, T_new, upto): the query at slot ``index[i]`` may attend to slots 0 .. ``index[i]``."""
+    keys = torch.arange(upto, device=index.device)
+    return (keys[None, :] <= index[:, None])[None, None]
 
 
 # ---- translation ----------------------------------------------------------------------------
@@ -172,7 +206,7 @@ def start_translation(model: nn.Module, cache: KVCache, capacity: int) -> FixedK
     # contiguous: the compiled step is specialised to its inputs' layout, and a search that
     # drops rows (FixedKVCache.select) hands it contiguous copies
     fixed.cross_kv = tuple((k.contiguous(), v.contiguous()) for k, v in cache.cross_kv)
-    fixed.memory_mask, fixed.group = cache.attend_mask, cache.group
+    fixed.memory_mask, fixed.group = cache.memory_mask, cache.group  # (applied padded or not: a graph cannot ask)
     return fixed
 
 
@@ -182,8 +216,9 @@ def translation_step(model: nn.Module, tgt: Tensor, index: Tensor, k: tuple[Tens
     (= positions) ``index`` (T,), their self-attention K, V written into ``k``, ``v`` in
     place; attention reads the first ``upto`` slots (those written, the new ones included).
     Returns the last position's logits (B, V)."""
-    x, rotary = model.decoder_input(tgt, index[None, :].expand(tgt.size(0), -1))
-    h, _, _ = model.decoder(x, SlotCache(k, v, index, upto, cross_kv, memory_mask, group), rotary=rotary)
+    positions = index[None, :].expand(tgt.size(0), -1)
+    x = model.dropout(model.positions.at(model.tgt_embed(tgt), positions))
+    h = decoder_step(model, x, Slots(k, v, index, upto, cross_kv, memory_mask, group), causal_slots(index, upto))
     return model.project(h[:, -1])
 
 
@@ -224,7 +259,8 @@ def generation_step(model: nn.Module, tokens: Tensor, real: Tensor, index: Tenso
     positions = next_positions(next_position, real)
     next_position.add_(real.sum(1))
     x, rotary = model.decoder_input(tokens, positions)
-    h, _, _ = model.decoder(x, SlotCache(k, v, index, upto), rotary=rotary, key_mask=key_mask[:, :upto])
+    self_mask = masks.combine(masks.real_keys(key_mask[:, :upto]), causal_slots(index, upto))
+    h = decoder_step(model, x, Slots(k, v, index, upto), self_mask, rotary)
     return model.project(h[:, -1])
 
 

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from .. import hardware
+from ..model.attention import MultiHeadAttention, split_projections
 from .config import PRECISIONS, check_precision  # noqa: F401 (PRECISIONS: the choices, named here too)
 from .ensemble import Ensemble
 
@@ -69,6 +70,8 @@ def for_inference(model: nn.Module, precision: str = "fp32") -> nn.Module:
         for name, child in parent.named_children():
             if type(child) is nn.Linear:
                 setattr(parent, name, Int8Linear.from_linear(child, compute, gemm))
+        if type(parent) is MultiHeadAttention:  # (the copy's own module: its int8 form)
+            parent.__class__ = Int8Attention
     return out
 
 
@@ -180,6 +183,16 @@ class Int8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class Int8Attention(MultiHeadAttention):
+    """A decoding copy's attention whose projections are :class:`Int8Linear` layers, which have
+    no weight tensor to stack: the projections it applies together run each on its own, their
+    outputs side by side."""
+
+    def project_together(self, x: Tensor, linears) -> list[Tensor]:
+        return split_projections(torch.cat([lin(x) for lin in linears], dim=-1),
+                                 [lin.out_features for lin in linears], self.d_head)
 
 
 def _own_output_layer(model: nn.Module) -> None:

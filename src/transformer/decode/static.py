@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..model import masks
+from ..model import LanguageModel, Transformer
 from . import aot, packages
 from .config import COMPILE_CHOICES
 from .precision import uses_int8_gemm
@@ -76,7 +76,7 @@ def keep_packages_for(model: nn.Module, run_dir: str | Path) -> None:
 def compilable(model) -> bool:
     """Whether ``model`` has the parts a fixed-shape step is built from (an ensemble, or a
     stand-in with only ``encode`` / ``start_cache`` / ``decode``, decodes eagerly)."""
-    return hasattr(model, "decoder_input")
+    return isinstance(model, (Transformer, LanguageModel))
 
 
 def has_package(model: nn.Module, group: int = 1, logprobs: bool = True) -> bool:
@@ -158,9 +158,6 @@ def _held(model: nn.Module) -> _Steps:
 def _translation_step(steps: _Steps, slots: torch.Tensor, logprobs: bool):
     def step(tgt, index, k, v, cross_kv, memory_mask, upto, group=1):
         _one_token(tgt)
-        if memory_mask is None:  # no padding in the sources: a mask that hides nothing
-            key = cross_kv[0][0]
-            memory_mask = masks.attend_everywhere(key.size(0), key.size(2), key.device)
         return steps.runner(group, logprobs)(tgt, index, slots[:upto], k, v, tuple(c[0] for c in cross_kv),
                                              tuple(c[1] for c in cross_kv), memory_mask)
 

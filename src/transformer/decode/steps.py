@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from . import fixed
 from .common import next_token_logprobs
+from .rows import select_rows
 
 
 def is_translation(model) -> bool:
@@ -67,7 +68,7 @@ class GrowingStep:
         return (next_token_logprobs(logits, self.model.cfg) if self.logprobs else logits), cache
 
     def keep(self, cache, rows: Tensor):
-        return cache.index_select(rows)
+        return select_rows(cache, rows)
 
     def drops(self, live: int, rows: int) -> bool:
         """Finished rows leave as soon as there are any: they would cost a step each."""

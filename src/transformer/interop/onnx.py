@@ -88,9 +88,11 @@ class _Graph(nn.Module):
 
 class _EncoderGraph(_Graph):
     def forward(self, src: Tensor) -> tuple[Tensor, ...]:
-        memory = self.model.encode(src)
-        cache = self.model.start_cache(memory, src)
-        return (memory, *_flat(cache.cross_kv))
+        # the source mask applied whether or not it hides anything (model.encode asks, on the
+        # host, which a graph for every input cannot)
+        model = self.model
+        memory, _ = model.encoder(model.dropout(model.positions(model.src_embed(src))), model.src_mask(src))
+        return (memory, *_flat(model.decoder.cross_kv(memory)))
 
 
 class _DecoderStepGraph(_Graph):

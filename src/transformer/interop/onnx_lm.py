@@ -24,7 +24,6 @@ import torch
 from torch import Tensor
 from torch.export import Dim
 
-from ..compiling import traced
 from ..model import KVCache
 from ..model.lm import LanguageModel
 from .onnx import (_compare_step, _export, _flat, _fp32, _Graph, _kv_names, _pairs, _read_config, _session,
@@ -66,10 +65,9 @@ def export_onnx_lm(model: LanguageModel, out_dir: str | Path) -> Path:
     past_names, present_names = _kv_names("past", n), _kv_names("present", n)
     batch, past_len = Dim("batch"), Dim("past_len", max=cfg.max_len - 1)
     inputs, outputs = ["tokens", *past_names], ["logits", *present_names]
-    with traced():  # the graph's forms of the model's host-side checks (transformer/compiling.py)
-        _export(_LMStepGraph(model), (ids[:, 3:], *_past(model, ids[:, :3])),
-                ({0: batch}, tuple([{0: batch, 2: past_len}] * (2 * n))), inputs, outputs, out_dir / LM_STEP,
-                deferred_asserts=True)
+    _export(_LMStepGraph(model), (ids[:, 3:], *_past(model, ids[:, :3])),
+            ({0: batch}, tuple([{0: batch, 2: past_len}] * (2 * n))), inputs, outputs, out_dir / LM_STEP,
+            deferred_asserts=True)
     _write_config(out_dir, model, {"lm_step": {"inputs": inputs, "outputs": outputs}})
     return out_dir
 

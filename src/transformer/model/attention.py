@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import dropout, masks
+from .dropout import dropout
 
 
 def attention(
@@ -33,14 +33,16 @@ def attention(
         mask: bool, broadcastable to (B, H, T_q, T_k), True = may attend.
         dropout_p: dropout on the attention weights (pass 0.0 in eval mode).
         need_weights: also return the weights. Without it, torch's fused kernel runs where
-            it is the faster one (see ``_fused_pays``).
+            it is the faster one: on a GPU, and on a CPU in float32. (In bf16 / fp16 it was
+            1.5-7x slower on a CPU than the matmul-softmax-matmul below, forward + backward, at
+            translation-sized shapes: torch 2.13 on an AVX512-BF16 CPU, benchmarks/README.md.)
 
     Returns:
         output (B, H, T_q, D) and weights (B, H, T_q, T_k) or None.
         A query whose keys are all masked gets all-zero weights and a zero output
         (finite forward and backward), in both paths.
     """
-    if not need_weights and _fused_pays(q):
+    if not need_weights and (q.device.type != "cpu" or q.dtype not in (torch.bfloat16, torch.float16)):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         return out, None
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, T_q, T_k)
@@ -48,21 +50,9 @@ def attention(
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
     weights = scores.softmax(dim=-1)
     if mask is not None:  # a fully masked row would otherwise be uniform over padding
-        has_keys = mask.any(dim=-1, keepdim=True)
-        if masks.hides_any(has_keys):  # (never under a causal mask alone: every query sees itself)
-            weights = weights.masked_fill(~has_keys, 0.0)
-    used = weights
-    if dropout_p > 0:
-        used = weights * dropout.dropout_mask(weights.shape, dropout_p, weights.device, weights.dtype)
+        weights = weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+    used = dropout(weights, dropout_p) if dropout_p > 0 else weights
     return used @ v, (weights if need_weights else None)
-
-
-def _fused_pays(q: Tensor) -> bool:
-    """torch's fused CPU kernel is faster in fp32, but 1.5-7x slower than the explicit
-    matmul-softmax-matmul in bf16 / fp16, forward + backward, at translation-sized shapes
-    (measured with torch 2.13 on an AVX512-BF16 CPU; see benchmarks/README.md). A traced
-    graph decides otherwise (``transformer/compiling.py``)."""
-    return q.device.type != "cpu" or q.dtype not in (torch.bfloat16, torch.float16)
 
 
 class MultiHeadAttention(nn.Module):
@@ -105,11 +95,12 @@ class MultiHeadAttention(nn.Module):
     def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(B, T, C) -> Q (B, H, T, D), K and V (B, H_kv, T, D), for self-attention: one
         matmul with the three weight matrices side by side, which runs faster than three."""
-        return tuple(fused_projection(x, (self.q_proj, self.k_proj, self.v_proj), self.d_head))
+        return tuple(self.project_together(x, (self.q_proj, self.k_proj, self.v_proj)))
 
-    def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """(B, T_k, C) -> K, V each (B, H_kv, T_k, D). Used for caching."""
-        return tuple(fused_projection(x, (self.k_proj, self.v_proj), self.d_head))
+    def project_together(self, x: Tensor, linears) -> list[Tensor]:
+        """``linears`` (of this attention, or others with its head size that read the same
+        ``x``) applied to ``x`` as one matmul: :func:`fused_projection`."""
+        return fused_projection(x, linears, self.d_head)
 
     def forward(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                 need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
@@ -133,16 +124,17 @@ def fused_projection(x: Tensor, linears, d_head: int) -> list[Tensor]:
     """Apply several linear layers to the same ``x`` (B, T, C) as one matmul, and split each
     result into heads of size ``d_head``: a list of (B, H_i, T, D), one per layer, in order.
 
-    The weights stay separate parameters (checkpoints and exporters see ``q_proj``,
-    ``k_proj``, ...); only the matmul is shared. One (C x nC) product uses the CPU's matrix
-    units much better than n small (C x C) ones, forward and backward.
+    The weights stay separate parameters (checkpoints see ``q_proj``, ``k_proj``, ...);
+    only the matmul is shared. One (C x nC) product uses the CPU's matrix units much better
+    than n small (C x C) ones, forward and backward.
     """
-    b, t, _ = x.shape
-    sizes = [lin.out_features for lin in linears]
-    if all(isinstance(lin.weight, Tensor) for lin in linears):
-        weight = torch.cat([lin.weight for lin in linears])  # (sum of sizes, C)
-        bias = None if linears[0].bias is None else torch.cat([lin.bias for lin in linears])
-        y = F.linear(x, weight, bias)
-    else:  # e.g. int8 layers with no weight tensor to stack
-        y = torch.cat([lin(x) for lin in linears], dim=-1)
+    weight = torch.cat([lin.weight for lin in linears])  # (sum of sizes, C)
+    bias = None if linears[0].bias is None else torch.cat([lin.bias for lin in linears])
+    return split_projections(F.linear(x, weight, bias), [lin.out_features for lin in linears], d_head)
+
+
+def split_projections(y: Tensor, sizes: list[int], d_head: int) -> list[Tensor]:
+    """(B, T, sum of sizes) outputs of projections side by side -> one (B, H_i, T, D) per
+    projection, in order."""
+    b, t, _ = y.shape
     return [part.view(b, t, n // d_head, d_head).transpose(1, 2) for part, n in zip(y.split(sizes, -1), sizes)]

@@ -1,7 +1,7 @@
 """The decoder's KV cache: an explicit object passed into ``decode()`` and returned by it.
 
-What the decoder asks of a cache (:class:`KVCache` here; the fixed-shape cache of compiled
-decoding, ``decode/fixed.py``, offers the same):
+What the decoder asks of a cache (:class:`KVCache` here; any object that answers the same
+can stand in for it):
 
     cache.layer(i).extend(k, v)  -> the K, V layer ``i``'s self-attention attends over: the
                                     cached positions' and the new ones (which the cache keeps)
@@ -83,36 +83,6 @@ class KVCache:
         """This cache with every layer's self-attention K, V now ``self_kv`` (new positions included)."""
         return replace(self, self_kv=tuple(self_kv))
 
-    def expand(self, group: int) -> "KVCache":
-        """``group`` decoder rows per sentence (row = sentence * group + j), e.g. for beams."""
-        if self.group != 1:
-            raise ValueError("expand() works on a cache with one row per sentence")
-        self_kv = tuple(None if kv is None else (kv[0].repeat_interleave(group, 0), kv[1].repeat_interleave(group, 0))
-                        for kv in self.self_kv)
-        return replace(self, self_kv=self_kv, group=group)
-
-    def index_select(self, index: Tensor) -> "KVCache":
-        """Keep / reorder / repeat decoder rows (beam reordering, pruning finished sentences).
-
-        With ``group`` > 1, ``index`` must keep rows in groups of ``group``, each group
-        taken from one sentence (as beam search does); the sentences' cross-attention K/V
-        are gathered only when the set of sentences changes.
-        """
-
-        def pick(kv, idx):
-            return None if kv is None else (kv[0].index_select(0, idx), kv[1].index_select(0, idx))
-
-        self_kv = tuple(pick(kv, index) for kv in self.self_kv)
-        if self.memory_mask is None:  # decoder-only: every row is its own
-            return replace(self, self_kv=self_kv, next_position=self.next_position.index_select(0, index),
-                           key_mask=None if self.key_mask is None else self.key_mask.index_select(0, index))
-        sources = sentences(index, self.group)
-        n_src = self.memory_mask.size(0)
-        if sources.numel() == n_src and bool((sources == torch.arange(n_src, device=index.device)).all()):
-            return replace(self, self_kv=self_kv)  # same sentences, same order: nothing to copy
-        return replace(self, cross_kv=tuple(pick(kv, sources) for kv in self.cross_kv), self_kv=self_kv,
-                       memory_mask=self.memory_mask.index_select(0, sources))
-
 
 @dataclass(frozen=True)
 class Appended:
@@ -126,9 +96,3 @@ class Appended:
         if self.past is None:
             return k, v
         return torch.cat([self.past[0], k], dim=2), torch.cat([self.past[1], v], dim=2)
-
-
-def sentences(rows: Tensor, group: int) -> Tensor:
-    """The source sentence of each group of ``group`` decoder rows in ``rows`` (whole groups,
-    each taken from one sentence: row = sentence * group + j)."""
-    return rows.view(-1, group)[:, 0] // group if group > 1 else rows

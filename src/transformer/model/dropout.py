@@ -15,16 +15,13 @@ from torch import Tensor, nn
 _LEVELS = 1 << 15
 
 
-def dropout_mask(shape: torch.Size, p: float, device: torch.device, dtype: torch.dtype) -> Tensor:
-    """0 / (1 / (1 - p)) scale factors, in ``dtype``, with drop probability ~p. (A compiled
-    graph draws them otherwise: ``transformer/compiling.py``.)"""
-    n = 1
-    for s in shape:
-        n *= s
-    bits = torch.empty((n + 3) // 4, dtype=torch.int64, device=device).random_()
-    words = bits.view(torch.int16)[:n].view(shape) & (_LEVELS - 1)  # uniform in [0, 2^15)
+def dropout(x: Tensor, p: float) -> Tensor:
+    """``x`` with each element zeroed with probability ~p and the others scaled by 1 / (1 - p)."""
+    n = x.numel()
+    bits = torch.empty((n + 3) // 4, dtype=torch.int64, device=x.device).random_()
+    words = bits.view(torch.int16)[:n].view(x.shape) & (_LEVELS - 1)  # uniform in [0, 2^15)
     keep = words >= round(p * _LEVELS)
-    return keep.to(dtype) * (1.0 / (1.0 - p))
+    return x * (keep.to(x.dtype) * (1.0 / (1.0 - p)))
 
 
 class Dropout(nn.Module):
@@ -39,7 +36,7 @@ class Dropout(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if not self.training or self.p == 0.0:
             return x
-        return x * dropout_mask(x.shape, self.p, x.device, x.dtype)
+        return dropout(x, self.p)
 
     def extra_repr(self) -> str:
         return f"p={self.p}"

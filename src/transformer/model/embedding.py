@@ -29,12 +29,6 @@ def sinusoid_table(max_len: int, d_model: int, layout: str = "interleaved") -> T
     return pe.float()
 
 
-def lookup(ids: Tensor, weight: Tensor) -> Tensor:
-    """``weight[ids]``, differentiable in ``weight``. (A compiled graph takes its gradient
-    otherwise: ``transformer/compiling.py``.)"""
-    return nn.functional.embedding(ids, weight)
-
-
 class PositionalEncoding(nn.Module):
     """Adds PE[start : start + T] to (B, T, C) inputs; ``start`` is the KV-cache length."""
 
@@ -45,12 +39,12 @@ class PositionalEncoding(nn.Module):
 
     def forward(self, x: Tensor, start: int = 0) -> Tensor:
         end = start + x.size(1)
-        _check_length(end, self.max_len)
+        check_length(end, self.max_len)
         return x + self.pe[start:end].to(x.dtype)
 
     def at(self, x: Tensor, positions: Tensor) -> Tensor:
-        """Adds PE[positions] to (B, T, C) inputs; ``positions`` (B, T), one row per sequence."""
-        _check_length(position_end(positions), self.max_len)
+        """Adds PE[positions] to (B, T, C) inputs; ``positions`` (B, T), one row per sequence,
+        each below ``max_len`` (the caller checks: :meth:`LanguageModel.hidden`)."""
         return x + self.pe[positions].to(x.dtype)
 
 
@@ -64,17 +58,12 @@ class LearnedPositions(nn.Module):
         nn.init.normal_(self.weight, mean=0.0, std=0.02)
 
     def at(self, x: Tensor, positions: Tensor) -> Tensor:
-        _check_length(position_end(positions), self.max_len)
-        return x + lookup(positions, self.weight).to(x.dtype)
+        """Adds the vectors of ``positions`` (B, T), each below ``max_len``, to (B, T, C) inputs."""
+        return x + nn.functional.embedding(positions, self.weight).to(x.dtype)
 
 
-def position_end(positions: Tensor) -> int:
-    """The positions' end (largest + 1; 0 for none), read on the host for the length check.
-    (A traced graph cannot read it, and leaves the check to eager code: ``transformer/compiling.py``.)"""
-    return int(positions.max()) + 1 if positions.numel() else 0
-
-
-def _check_length(n: int, max_len: int) -> None:
+def check_length(n: int, max_len: int) -> None:
+    """ValueError, saying what to do, when ``n`` positions do not fit a table of ``max_len``."""
     if n > max_len:
         raise ValueError(f"sequence of {n} positions is longer than the model's max_len={max_len}; "
                          "shorten the input or build the model with a larger max_len")
@@ -93,4 +82,4 @@ class TokenEmbedding(nn.Module):
 
     def forward(self, tokens: Tensor) -> Tensor:
         """(B, T) ids -> (B, T, C)."""
-        return lookup(tokens, self.weight) * self.scale
+        return nn.functional.embedding(tokens, self.weight) * self.scale

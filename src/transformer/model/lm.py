@@ -30,7 +30,7 @@ from ..config import ModelConfig
 from . import masks
 from .cache import KVCache
 from .dropout import Dropout
-from .embedding import LearnedPositions, PositionalEncoding, TokenEmbedding
+from .embedding import LearnedPositions, PositionalEncoding, TokenEmbedding, check_length
 from .rotary import Rotary
 from .transformer import Decoder, output_logits, output_weights
 
@@ -102,17 +102,21 @@ class LanguageModel(nn.Module):
                padded: bool = True):
         """The final hidden states (B, T, C), the grown cache and the attention weights.
         ``padded=False``: the caller vouches that every token is real (a training window), so
-        no key mask is built and positions count on from the cache's."""
+        no key mask is built and positions count on from the cache's (read on the host
+        neither to skip the mask nor to check the positions: the cache's length tells).
+        ValueError when a position would not fit ``max_len``."""
         key_mask = cache.key_mask
         if padded or key_mask is not None:
             real = tokens != self.cfg.pad_id if real is None else real
-            if key_mask is not None or masks.hides_any(real):
+            if key_mask is not None or not bool(real.all()):  # no padding anywhere: no key mask
                 key_mask = masks.extend_real_keys(key_mask, real, cache.length)
             advance = real.sum(1)
             positions = next_positions(cache.next_position, real)
+            check_length(int(positions.max()) + 1 if positions.numel() else 0, self.cfg.max_len)
         else:
             advance = tokens.size(1)
             positions = cache.next_position[:, None] + torch.arange(advance, device=tokens.device)
+            check_length(cache.length + advance, self.cfg.max_len)  # (every row's next position is the length)
         x, rotary = self.decoder_input(tokens, positions)
         h, cache, weights = self.decoder(x, cache, need_weights, rotary, key_mask)
         cache = replace(cache, key_mask=key_mask, next_position=cache.next_position + advance)
@@ -120,8 +124,7 @@ class LanguageModel(nn.Module):
 
     def decoder_input(self, tokens: Tensor, positions: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor] | None]:
         """(B, T) ids at (B, T) positions -> the decoder's input (B, T, C) and the rotary cos,
-        sin (None without rotary embeddings). A decoding step that places each token itself
-        (``decode/fixed.py``) starts here."""
+        sin (None without rotary embeddings), the positions below ``max_len``."""
         x = self.embed(tokens)
         if self.positions is not None:
             x = self.positions.at(x, positions)
@@ -134,7 +137,7 @@ class LanguageModel(nn.Module):
         return output_logits(h, self.embed, self.out_proj, self.out_bias)
 
     def output_layer(self) -> tuple[Tensor, Tensor | None]:
-        """Whead as one (V, C) weight and its (V,) bias or None, for exporters."""
+        """Whead as one (V, C) weight (``We``, when tied) and its (V,) bias or None."""
         return output_weights(self.embed, self.out_proj, self.out_bias)
 
     def forward(self, tokens: Tensor, select: Tensor | None = None, real: Tensor | None = None,

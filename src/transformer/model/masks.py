@@ -29,14 +29,6 @@ def causal_mask(t_q: int, t_k: int | None = None, device: torch.device | None = 
     return (k <= q + offset)[None, None]
 
 
-def causal_mask_at(positions: Tensor, t_k: int) -> Tensor:
-    """(1, 1, T_q, T_k): the query at position ``positions[i]`` (T_q,) may attend to keys
-    0 .. ``positions[i]``: :func:`causal_mask` for queries whose positions come as a tensor
-    (a fixed-shape cache's slots, ``t_k`` the slots written so far)."""
-    keys = torch.arange(t_k, device=positions.device)
-    return (keys[None, :] <= positions[:, None])[None, None]
-
-
 def real_keys(real: Tensor) -> Tensor:
     """(B, T_k) True at real tokens -> (B, 1, 1, T_k): the keys that may be attended to
     (a decoder-only model's left-padded batch)."""
@@ -50,12 +42,6 @@ def extend_real_keys(past: Tensor | None, real: Tensor, t_past: int) -> Tensor:
     return torch.cat([past, real], dim=1)
 
 
-def attend_everywhere(batch: int, t_k: int, device: torch.device | None = None) -> Tensor:
-    """(B, 1, 1, T_k) all True: a padding mask that hides nothing (for a graph that takes a
-    mask whether or not there is padding)."""
-    return torch.ones(batch, 1, 1, t_k, dtype=torch.bool, device=device)
-
-
 def combine(*masks: Tensor | None) -> Tensor | None:
     """Logical AND of the masks that are not None (None = attend everywhere)."""
     out = None
@@ -63,13 +49,6 @@ def combine(*masks: Tensor | None) -> Tensor | None:
         if m is not None:
             out = m if out is None else out & m
     return out
-
-
-def hides_any(mask: Tensor) -> bool:
-    """Whether ``mask`` (True = may attend) hides anything: read on the host, so that work
-    which would change nothing (applying a mask that hides nothing) is skipped. (A traced
-    graph cannot read it and applies every mask: ``transformer/compiling.py``.)"""
-    return not bool(mask.all())
 
 
 def to_key_padding_mask(mask: Tensor) -> Tensor:

@@ -16,7 +16,6 @@ import math
 import torch
 from torch import Tensor, nn
 
-from . import embedding
 
 
 class Rotary(nn.Module):
@@ -35,11 +34,8 @@ class Rotary(nn.Module):
         self.register_buffer("sin", angle.sin().float(), persistent=False)
 
     def forward(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """(B, T) or (T,) positions -> cos, sin broadcastable to (B, H, T, D)."""
-        end = embedding.position_end(positions)
-        if end > self.max_len:
-            raise ValueError(f"position {end - 1} is beyond the model's max_len={self.max_len}; "
-                             "shorten the input or build the model with a larger max_len")
+        """(B, T) or (T,) positions, each below ``max_len`` -> cos, sin broadcastable to
+        (B, H, T, D). (The model checks the positions: :meth:`LanguageModel.hidden`.)"""
         cos, sin = self.cos[positions], self.sin[positions]  # (..., T, D)
         if positions.dim() == 2:
             cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, D)

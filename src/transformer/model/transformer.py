@@ -12,7 +12,6 @@ from torch import Tensor, nn
 
 from ..config import ModelConfig
 from . import masks
-from .attention import fused_projection
 from .cache import KVCache
 from .dropout import Dropout
 from .embedding import PositionalEncoding, TokenEmbedding
@@ -63,6 +62,13 @@ class Decoder(nn.Module):
             x = self.norm(x)
         return x, cache.grown(new_self_kv), weights
 
+    def cross_kv(self, memory: Tensor) -> tuple[tuple[Tensor, Tensor], ...]:
+        """Each layer's cross-attention K, V (B, H, S, D), projected from the encoder output
+        ``memory`` (B, S, C) once, all in one matmul (they read the same memory)."""
+        attns = [layer.cross_attn for layer in self.layers]
+        kv = attns[0].project_together(memory, [lin for a in attns for lin in (a.k_proj, a.v_proj)])
+        return tuple(zip(kv[0::2], kv[1::2]))
+
 
 class Transformer(nn.Module):
     """Encoder-decoder Transformer. See :class:`~transformer.ModelConfig` for the options.
@@ -112,11 +118,9 @@ class Transformer(nn.Module):
         return (memory, weights) if return_weights else memory
 
     def start_cache(self, memory: Tensor, src: Tensor) -> KVCache:
-        """Project the encoder output to each decoder layer's cross-attention K, V once
-        (all layers' K and V in one matmul: they read the same memory)."""
-        attns = [layer.cross_attn for layer in self.decoder.layers]
-        kv = fused_projection(memory, [lin for a in attns for lin in (a.k_proj, a.v_proj)], self.cfg.d_head)
-        cross = tuple(zip(kv[0::2], kv[1::2]))
+        """A cache holding each decoder layer's cross-attention K, V (:meth:`Decoder.cross_kv`)
+        and the source mask."""
+        cross = self.decoder.cross_kv(memory)
         mask = self.src_mask(src)
         return KVCache(cross_kv=cross, self_kv=(None,) * len(cross), memory_mask=mask, padded=_has_padding(mask))
 
@@ -136,18 +140,12 @@ class Transformer(nn.Module):
         logits = self.project(h)
         return (logits, cache, weights) if return_weights else (logits, cache)
 
-    def decoder_input(self, tgt: Tensor, positions: Tensor) -> tuple[Tensor, None]:
-        """(B, T) target ids at (B, T) positions -> the decoder's input (B, T, C), and None
-        (no rotary tables: the paper adds its positions). A decoding step that places each
-        token itself (``decode/fixed.py``) starts here."""
-        return self.dropout(self.positions.at(self.tgt_embed(tgt), positions)), None
-
     def project(self, h: Tensor) -> Tensor:
         """Final linear layer: (..., C) -> (..., V) logits."""
         return output_logits(h, self.tgt_embed, self.out_proj, self.out_bias)
 
     def output_layer(self) -> tuple[Tensor, Tensor | None]:
-        """The projection as one (V, C) weight and its (V,) bias or None, for exporters."""
+        """The projection as one (V, C) weight (the embedding's, when tied) and its (V,) bias or None."""
         return output_weights(self.tgt_embed, self.out_proj, self.out_bias)
 
     def forward(self, src: Tensor, tgt: Tensor, select: Tensor | None = None) -> Tensor:
@@ -172,18 +170,17 @@ def output_logits(h: Tensor, embed: TokenEmbedding, out_proj: nn.Module | None, 
     the embedding table ``embed`` (tied) when ``out_proj`` is None."""
     if out_proj is None:
         return nn.functional.linear(h, embed.weight, out_bias)
-    logits = out_proj(h)  # a module call: it may be an int8 layer (decode/precision.py)
+    logits = out_proj(h)
     return logits if out_bias is None else logits + out_bias
 
 
 def output_weights(embed: TokenEmbedding, out_proj: nn.Module | None, out_bias: Tensor | None):
-    """:func:`output_logits`'s (V, C) weight and (V,) bias or None, for exporters."""
+    """:func:`output_logits`'s (V, C) weight and (V,) bias or None."""
     return (embed.weight if out_proj is None else out_proj.weight), out_bias
 
 
 def _has_padding(mask: Tensor) -> bool:
-    """Whether a padding mask masks anything. Without padding, attention runs without a mask:
-    the same numbers, fewer operations (sorted or bucketed batches are often unpadded).
-    Under ``torch.export`` (the ONNX exporter) the answer would depend on the data, so
-    exported graphs always apply the mask (a compiled graph too: ``transformer/compiling.py``)."""
-    return torch.compiler.is_exporting() or masks.hides_any(mask)
+    """Whether a padding mask masks anything (read on the host). Without padding, attention
+    runs without a mask: the same numbers, fewer operations (sorted or bucketed batches are
+    often unpadded)."""
+    return not bool(mask.all())

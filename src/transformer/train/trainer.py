@@ -340,20 +340,14 @@ class Trainer:
 
     def _compiled(self, wrapper):
         """The forward train_step runs (the DDP wrapper, else None: the model) and its loss
-        function. ``compile: true``: one process compiles the forward pass and the loss as
-        one graph with torch.compile, at the window's fixed shape (its backward is one graph
-        too); under DDP the wrapper's forward is compiled and the loss stays eager, outside
-        the wrapper as DDP requires. Validation and decoding stay eager."""
+        function; with ``compile: true`` both compiled at the window's fixed shape
+        (train/compiled.py). Validation and decoding stay eager."""
         if not self.cfg.compile:
             return wrapper, forward_loss
-        from .. import compiling  # noqa: F401  (the model's forms for a traced graph, before torch.compile traces)
+        from .compiled import compiled_training
 
         self.log("model: the training forward, loss and backward compiled by torch.compile (compile: true)")
-        # CPU: the graphs' calls in C++ rather than Python (1.08x an update, nanoGPT's recipe in bf16)
-        options = {"cpp_wrapper": True} if self.device.type == "cpu" else None
-        if wrapper is not None:
-            return torch.compile(wrapper, dynamic=False, options=options), forward_loss
-        return None, torch.compile(forward_loss, dynamic=False, options=options)
+        return compiled_training(self.model, wrapper, cpu=self.device.type == "cpu")
 
     def _wrap(self):
         """The DistributedDataParallel wrapper train_step runs forward through (None: one process)."""

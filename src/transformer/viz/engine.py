@@ -2,7 +2,7 @@
 computed, for both model kinds (the translation model's encoder and decoder, a language
 model's decoder-only stack).
 
-Every piece calls the model's own parts: ``project_qkv`` / ``q_proj`` / ``project_kv``, the
+Every piece calls the model's own parts: ``project_qkv`` / ``q_proj``, the
 pure :func:`~transformer.model.attention.attention` asked for its weights, ``expand_kv``,
 ``merge_heads`` and ``out_proj``, the norms and the FFN's linear layers. Only the glue between
 them is repeated here, in the order of :class:`~transformer.model.layers.SublayerConnection`,

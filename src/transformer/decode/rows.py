@@ -1,0 +1,61 @@
+"""The decoder rows a search keeps in the model's cache (:class:`~transformer.model.KVCache`):
+``group`` rows per source sentence for beam search, reordered as the beams move and fewer as
+sentences finish, with one ``index_select`` per tensor.
+
+    cache = expand_rows(model.start_cache(memory, src), beam)   # row = sentence * beam + j
+    cache = select_rows(cache, rows)                            # keep / reorder / repeat rows
+
+A cache of another kind (an ensemble's, a hand-written stand-in's) keeps its own rows: its
+``expand`` and ``index_select`` are called instead.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+from torch import Tensor
+
+from ..model.cache import KVCache
+
+
+def expand_rows(cache, group: int):
+    """``group`` decoder rows per sentence (row = sentence * group + j), e.g. for beams; the
+    rows of a sentence share its cross-attention K/V instead of holding copies."""
+    if not isinstance(cache, KVCache):
+        return cache.expand(group)
+    if cache.group != 1:
+        raise ValueError("expand_rows works on a cache with one row per sentence")
+    self_kv = tuple(None if kv is None else (kv[0].repeat_interleave(group, 0), kv[1].repeat_interleave(group, 0))
+                    for kv in cache.self_kv)
+    return replace(cache, self_kv=self_kv, group=group)
+
+
+def select_rows(cache, index: Tensor):
+    """Keep / reorder / repeat decoder rows (beam reordering, pruning finished sentences).
+
+    With ``group`` > 1, ``index`` must keep rows in groups of ``group``, each group taken from
+    one sentence (as beam search does); the sentences' cross-attention K/V are gathered only
+    when the set of sentences changes.
+    """
+    if not isinstance(cache, KVCache):
+        return cache.index_select(index)
+
+    def pick(kv, idx):
+        return None if kv is None else (kv[0].index_select(0, idx), kv[1].index_select(0, idx))
+
+    self_kv = tuple(pick(kv, index) for kv in cache.self_kv)
+    if cache.memory_mask is None:  # decoder-only: every row is its own
+        return replace(cache, self_kv=self_kv, next_position=cache.next_position.index_select(0, index),
+                       key_mask=None if cache.key_mask is None else cache.key_mask.index_select(0, index))
+    sources = sentences(index, cache.group)
+    n_src = cache.memory_mask.size(0)
+    if sources.numel() == n_src and bool((sources == torch.arange(n_src, device=index.device)).all()):
+        return replace(cache, self_kv=self_kv)  # same sentences, same order: nothing to copy
+    return replace(cache, cross_kv=tuple(pick(kv, sources) for kv in cache.cross_kv), self_kv=self_kv,
+                   memory_mask=cache.memory_mask.index_select(0, sources))
+
+
+def sentences(rows: Tensor, group: int) -> Tensor:
+    """The source sentence of each group of ``group`` decoder rows in ``rows`` (whole groups,
+    each taken from one sentence: row = sentence * group + j)."""
+    return rows.view(-1, group)[:, 0] // group if group > 1 else rows
