@@ -271,6 +271,10 @@ class Trainer:
         """The best validation score so far (the task's ``score_name``; -inf before the first)."""
         return self.validation.best
 
+    @best_bleu.setter
+    def best_bleu(self, score: float) -> None:
+        self.validation.best = score
+
     def evaluate(self) -> str | None:
         """Validation on rank 0 with the unwrapped model (the other ranks wait); a better
         score saves best.safetensors; "early_stop" when patience has run out."""
