@@ -22,7 +22,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import job, load_trained, ours, test_set  # noqa: E402
 
-from transformer import compiling, hardware  # noqa: E402,F401  (compiling: the model's forms for torch.compile)
+from transformer import hardware  # noqa: E402
+from transformer.decode.rows import expand_rows  # noqa: E402
 
 
 def one_step(model, rows: int, beam: int, src_len: int = 16, past: int = 10, reps: int = 200, rounds: int = 7):
@@ -30,7 +31,7 @@ def one_step(model, rows: int, beam: int, src_len: int = 16, past: int = 10, rep
     with torch.inference_mode():
         g = torch.Generator().manual_seed(0)
         src = torch.randint(4, model.cfg.vocab_size, (rows // beam, src_len), generator=g)
-        cache = model.start_cache(model.encode(src), src).expand(beam)
+        cache = expand_rows(model.start_cache(model.encode(src), src), beam)
         last = torch.randint(4, model.cfg.vocab_size, (rows, 1), generator=g)
         for _ in range(past):
             _, cache = model.decode(last, cache)

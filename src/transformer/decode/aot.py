@@ -122,8 +122,6 @@ def build(model: nn.Module, group: int, logprobs: bool, path: str | Path) -> Non
     """Export the step of ``model`` (``group`` decoder rows per source sentence; a language
     model: 1) and build its package into ``path``, atomically: a package is either whole or
     absent, even if the build is interrupted. Takes tens of seconds to minutes."""
-    from ..compiling import traced  # here: it loads torch's compiler, which a command that builds nothing skips
-
     module, args, shapes = _example(model, group, logprobs)
 
     def write(tmp: str) -> None:
