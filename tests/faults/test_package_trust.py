@@ -266,6 +266,52 @@ def test_a_cache_others_may_write_is_not_used(problem, make_model, tmp_path, fak
     assert fake_builds[0].parent == packages.scratch() and not any(root.rglob("*.pt2"))
 
 
+# ---- the compiler's build folder ------------------------------------------------------------
+def test_the_compiler_builds_in_a_private_folder_of_the_cache(monkeypatch, tmp_path):
+    """torch's compiler writes the code it generates, then loads it, in TORCHINDUCTOR_CACHE_DIR;
+    unset, that is torchinductor_USER in the shared temporary folder, a name another user can
+    take first. Every build points it at the user's cache, made 0700."""
+    monkeypatch.setenv(packages.DIR_ENV_VAR, str(tmp_path / "mine"))
+    monkeypatch.delenv(packages.BUILD_ENV_VAR, raising=False)
+    folder = packages.use_private_build_folder()
+    assert folder == tmp_path / "mine" / "inductor"
+    assert os.environ[packages.BUILD_ENV_VAR] == str(folder)
+    for f in (folder, folder.parent):
+        assert stat.S_IMODE(f.stat().st_mode) == 0o700
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    assert cache_dir() == str(folder)  # where inductor itself now writes
+
+
+def test_a_real_build_wrote_its_code_into_the_private_folder(runs):
+    """Run A's step was really built (the ``runs`` fixture): inductor's generated code is in the
+    cache's inductor/ folder, not in the shared temporary folder's torchinductor_USER."""
+    folder = Path(os.environ[packages.BUILD_ENV_VAR])
+    assert folder == packages.cache_root() / "inductor"
+    assert any(f.suffix in (".cpp", ".py", ".so") for f in folder.rglob("*"))
+
+
+@pytest.mark.parametrize("problem", ["world-writable", "another owner"])
+def test_a_build_folder_others_could_fill_is_refused(problem, monkeypatch, tmp_path):
+    """A TORCHINDUCTOR_CACHE_DIR (given, or the cache's) that another user made or may write
+    is not built in: a private temporary folder of the process's instead, one warning line."""
+    planted = tmp_path / "torchinductor_victim"
+    planted.mkdir()
+    (planted / "planted.py").write_text("raise SystemExit('planted code ran')\n")
+    if problem == "another owner":
+        monkeypatch.setattr(packages.os, "geteuid", lambda: os.getuid() + 4242)
+    else:
+        planted.chmod(0o777)
+    monkeypatch.setenv(packages.BUILD_ENV_VAR, str(planted))
+    with pytest.warns(UserWarning) as caught:
+        folder = packages.use_private_build_folder()
+    reason = "owned by another user" if problem == "another owner" else "writable by other users"
+    assert len(caught) == 1 and reason in str(caught[0].message)
+    assert "; torch's compiler builds in a temporary folder for this process only" in str(caught[0].message)
+    assert folder.parent == packages.scratch() and stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert os.environ[packages.BUILD_ENV_VAR] == str(folder)
+
+
 def test_leftovers_of_crashed_builds_are_swept_from_the_cache(tmp_path):
     folder = tmp_path / "cache" / "run-1111"
     folder.mkdir(mode=0o700, parents=True)

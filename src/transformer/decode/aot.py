@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from ..run.files import atomic_write
+from .packages import use_private_build_folder
 from . import fixed
 from .common import next_token_logprobs
 from .rows import expand_rows
@@ -122,6 +123,7 @@ def build(model: nn.Module, group: int, logprobs: bool, path: str | Path) -> Non
     """Export the step of ``model`` (``group`` decoder rows per source sentence; a language
     model: 1) and build its package into ``path``, atomically: a package is either whole or
     absent, even if the build is interrupted. Takes tens of seconds to minutes."""
+    use_private_build_folder()  # the code inductor generates and loads: never a shared folder
     module, args, shapes = _example(model, group, logprobs)
 
     def write(tmp: str) -> None:

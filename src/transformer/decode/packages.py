@@ -17,6 +17,11 @@ packages this user's own processes built are ever loaded:
   written atomically) (:func:`record`); a package whose digest is missing or differs is
   not loaded (:func:`check`): the caller deletes it and builds it again.
 - ``TRANSFORMER_COMPILE=off`` turns compiled decoding off everywhere (:func:`switched_off`).
+- torch's compiler writes the code it generates (C++, Python) into a folder and then loads it:
+  by default ``torchinductor_USER`` in the system's shared temporary folder, whose name another
+  user can take first and fill. Every build here, of a decoding step or of training's
+  ``compile: true``, uses a private folder of the user's cache instead, checked as above
+  (:func:`use_private_build_folder`).
 
 Imports nothing heavier than the run layer's files helpers (no torch).
 """
@@ -105,10 +110,11 @@ def private_problem(folder: Path) -> str | None:
     return None
 
 
-def usable(folder: Path) -> Path:
+def usable(folder: Path, what: str = "compiled decoding steps are kept") -> Path:
     """``folder`` made (mode 0700) and checked, with its parent (the cache's root), once a
-    process; a private temporary folder for the process instead, with one warning line,
-    when either cannot be made, written or is not private (:func:`private_problem`)."""
+    process; a private temporary folder for the process instead, with one warning line
+    (``what`` happens there), when either cannot be made, written or is not private
+    (:func:`private_problem`)."""
     if folder in _checked:
         return _checked[folder]
     problem = None
@@ -128,7 +134,7 @@ def usable(folder: Path) -> Path:
         sweep(folder)
         _checked[folder] = folder
     else:
-        warnings.warn(f"{problem}; compiled decoding steps are kept in a temporary folder for this process only "
+        warnings.warn(f"{problem}; {what} in a temporary folder for this process only "
                       "(see docs/run-folder.md, compiled steps)", CompiledStepWarning, stacklevel=3)
         _checked[folder] = scratch()
     return _checked[folder]
@@ -149,6 +155,27 @@ def scratch() -> Path:
     path = Path(tempfile.mkdtemp(prefix="transformer-steps-"))
     atexit.register(shutil.rmtree, path, True)
     return path
+
+
+BUILD_ENV_VAR = "TORCHINDUCTOR_CACHE_DIR"  # where torch's compiler writes, then loads, the code it generates
+
+
+def use_private_build_folder() -> Path:
+    """Point torch's compiler at a private folder before it builds anything: ``inductor/`` of
+    :func:`cache_root` (made 0700), or the folder ``TORCHINDUCTOR_CACHE_DIR`` names if the user
+    set one. A folder that is not this user's, or that others may write, is refused: the
+    process builds in a private temporary folder instead, with one warning line
+    (:func:`usable`). torch's default, ``torchinductor_USER`` in the shared temporary folder,
+    is a name another user of the machine can create first and plant code in, which a build
+    then loads (and a package's recorded SHA-256 would approve)."""
+    given, root = os.environ.get(BUILD_ENV_VAR), cache_root()
+    wanted = Path(given).expanduser().absolute() if given else None if root is None else root / "inductor"
+    folder = scratch() if wanted is None else usable(wanted, "torch's compiler builds")
+    if folder != wanted:  # the process's temporary folder: a folder of its own in it
+        folder = folder / "inductor"
+        folder.mkdir(mode=0o700, exist_ok=True)
+    os.environ[BUILD_ENV_VAR] = str(folder)
+    return folder
 
 
 def digest_file(package: Path) -> Path:

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from ..decode.fixed import graph_attention, graph_dropout
+from ..decode.packages import use_private_build_folder
 from ..model.attention import MultiHeadAttention
 from ..model.dropout import Dropout
 from ..model.embedding import LearnedPositions, TokenEmbedding
@@ -40,6 +41,7 @@ def compiled_training(model: nn.Module, wrapper: nn.Module | None, cpu: bool):
     for module in model.modules():
         if type(module) in GRAPH_FORMS:
             module.__class__ = GRAPH_FORMS[type(module)]
+    use_private_build_folder()  # the code inductor generates and loads: never a shared folder
     # CPU: the graphs' calls in C++ rather than Python (1.08x an update, nanoGPT's recipe in bf16)
     options = {"cpp_wrapper": True} if cpu else None
     if wrapper is not None:
