@@ -52,7 +52,7 @@ def build_model(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: 
 
 @pytest.fixture(autouse=True, scope="session")
 def compiled_steps_cache(tmp_path_factory):
-    """The user's cache of compiled decoding steps (decode/packages.py) is a temporary folder
+    """The user's cache of compiled decoding steps (compiled/packages.py) is a temporary folder
     of this session's (of each xdist worker's): no test writes to ~/.cache or sees another's
     packages; and a TRANSFORMER_COMPILE in the developer's environment does not reach the tests."""
     saved = {k: os.environ.get(k) for k in ("TRANSFORMER_COMPILED_DIR", "TRANSFORMER_COMPILE")}
@@ -73,17 +73,17 @@ def without_gemm_timing(monkeypatch) -> None:
     whose candidate kernels cost C++ builds at every compilation): for the tests of what the
     search does around the step (caching, recompiling, bucketing, options). The tests that
     compare the compiled step's tokens with eager's keep the options users get."""
-    from transformer.decode import aot
+    from transformer.compiled import build as aot
 
     monkeypatch.setattr(aot, "INDUCTOR_OPTIONS", {**aot.INDUCTOR_OPTIONS, "max_autotune_gemm": False})
 
 
 @pytest.fixture
 def fake_builds(monkeypatch) -> list[Path]:
-    """aot.build and aot.load without inductor (used by the decode and faults tests of where
+    """compiled.build's build and load without inductor (used by the decode and faults tests of where
     compiled steps live): a package is a small file that aot.load accepts only unchanged;
     every build's path is recorded in the returned list."""
-    from transformer.decode import aot
+    from transformer.compiled import build as aot
 
     built: list[Path] = []
 

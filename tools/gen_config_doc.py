@@ -241,7 +241,7 @@ def intro(decoding_commands: list[str]) -> list[str]:
 
 def training_section(keys: list[Key]) -> list[str]:
     lines = ["## Training keys", "",
-             "`TrainConfig` (src/transformer/train/config.py): the top level of a training config.", ""]
+             "`TrainConfig` (src/transformer/train/train_config.py): the top level of a training config.", ""]
     for group in dict.fromkeys(k.group for k in keys):
         rows = [[code(k.name), code(k.type), default_cell(k), "may change" if k.resumable else "",
                  cell(k.meaning)] for k in keys if k.group == group]
@@ -312,7 +312,7 @@ def decoding_section(keys: list[Key], flags: dict[str, tuple[str, list[str]]]) -
         rows.append([code(k.name), f"`{flag}` ({', '.join(commands)})" if flag else "", code(k.type),
                      default_cell(k), cell(k.meaning)])
     return ["## Decoding keys", "",
-            "`DecodingConfig` (src/transformer/decode/config.py): the `decoding:` section of a training config, "
+            "`DecodingConfig` (src/transformer/decode/decoding_config.py): the `decoding:` section of a training config, "
             "which the run keeps for the commands that decode with it, and those commands' flags. A key without "
             "a flag is set in the `decoding:` section only.", "",
             *table(["key", "flag (commands)", "type", "default", "meaning"], rows), ""]
@@ -322,7 +322,7 @@ def service_section(keys: list[Key], serve: argparse.ArgumentParser) -> list[str
     rows = [[code(k.name), code(option_for(serve, k.name)) if option_for(serve, k.name) else "",
              code(k.type), default_cell(k), cell(k.meaning)] for k in keys]
     return ["## Service keys", "",
-            "`ServeConfig` (src/transformer/serve/config.py): how `transformer serve` batches and what it accepts; "
+            "`ServeConfig` (src/transformer/serve/serve_config.py): how `transformer serve` batches and what it accepts; "
             "it decodes with the [decoding keys](#decoding-keys). A key without a flag is set in Python: "
             "`transformer.serve.create_app(translator, ServeConfig(...))`.", "",
             *table(["key", "flag", "type", "default", "meaning"], rows), ""]
@@ -331,9 +331,9 @@ def service_section(keys: list[Key], serve: argparse.ArgumentParser) -> list[str
 def render() -> str:
     """The whole of docs/config.md."""
     from transformer.config import ModelConfig
-    from transformer.decode.config import DecodingConfig
-    from transformer.serve.config import ServeConfig
-    from transformer.train.config import TrainConfig
+    from transformer.decode.decoding_config import DecodingConfig
+    from transformer.serve.serve_config import ServeConfig
+    from transformer.train.train_config import TrainConfig
 
     parsers = command_parsers()
     flags = decoding_flags(parsers)

@@ -1,5 +1,5 @@
 """Where the compiled decoding step pays: one trained model's searches, eager against compiled
-(the step built ahead of time, ``decode/aot.py``), in one process, at several batch sizes. The
+(the step built ahead of time, ``compiled/build.py``), in one process, at several batch sizes. The
 two systems take turns, round after round, on the first N sentences of Multi30k's
 test_2016_flickr (English), one thread; batch 1 decodes the first 32 sentences only.
 
@@ -23,9 +23,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import ours  # noqa: E402  (part A's searches: the same settings)
 
-from transformer import hardware
+from transformer import compiled, hardware
 from transformer.data import Subwords, load_multi30k
-from transformer.decode import static
 from transformer.run.weights import load_model
 
 
@@ -48,9 +47,9 @@ def main() -> None:
                "compiled": ours(copy.deepcopy(base), args.precision, compile="on")}
     compiled_model = systems["compiled"].model
     scratch = tempfile.TemporaryDirectory(prefix="compiled-batches-")  # removed at exit
-    static.keep_packages_in(compiled_model, args.packages or scratch.name)
+    compiled.keep_in(compiled_model, args.packages or scratch.name)
     start = time.perf_counter()
-    static.prepare(compiled_model, args.beam)
+    compiled.step(compiled_model, args.beam).prepare()
     print(f"{args.precision}, beam {args.beam}, {args.n} sentences, one thread, medians of {args.rounds} rounds; "
           f"the step built or loaded in {time.perf_counter() - start:.1f} s\n")
     print("| batch | decoder rows | eager, s | compiled, s | compiled x eager | outputs differing |")

@@ -1,5 +1,5 @@
 """In-process A/B of the searches' compiled step: log-probabilities computed inside the
-compiled graph (``compiled_step(model, logprobs=True)``, what greedy and beam search use)
+compiled graph (``compiled.step(model, group, logprobs=True)``, what greedy and beam search use)
 against the logits step followed by an eager ``next_token_logprobs`` (the earlier code).
 Two copies of one trained model take turns, round after round, on the first 64 sentences
 of Multi30k's test_2016_flickr (English), one thread.
@@ -21,20 +21,23 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import ours  # noqa: E402  (part A's searches: the same settings)
 
-from transformer import hardware
+from transformer import compiled, hardware
+from transformer.compiled.search_step import CompiledStep
 from transformer.data import Subwords, load_multi30k
-from transformer.decode import static
-from transformer.decode.common import next_token_logprobs
+from transformer.decode.scoring import next_token_logprobs
 from transformer.run.weights import load_model
 
 
-COMPILED_STEP = static.compiled_step  # the searches build their step through static.compiled_step
-
-
-def logits_then_eager_logprobs(model, logprobs: bool = False):
+class LogitsThenEagerLogprobs(CompiledStep):
     """The earlier searches' step: compiled logits, log-probabilities computed eagerly."""
-    step = COMPILED_STEP(model)
-    return (lambda *args: next_token_logprobs(step(*args), model.cfg)) if logprobs else step
+
+    def __call__(self, tokens, cache):
+        logits, cache = super().__call__(tokens, cache)
+        return next_token_logprobs(logits, self.model.cfg), cache
+
+
+def logits_then_eager_logprobs(model, group: int):
+    return LogitsThenEagerLogprobs(model, compiled.step(model, group, logprobs=False).runner, logprobs=False)
 
 
 def main() -> None:
@@ -56,15 +59,12 @@ def main() -> None:
     def search(decode):
         return [out for srcs in batches for out in decode(srcs, args.beam, None)]
 
-    steps = {"logits, eager log-probs": logits_then_eager_logprobs, "log-probs in the graph": COMPILED_STEP}
-    systems = {name: ours(copy.deepcopy(base), args.precision, compile="on") for name in steps}
+    steps = {"logits, eager log-probs": logits_then_eager_logprobs, "log-probs in the graph": compiled.step}
+    systems = {name: ours(copy.deepcopy(base), args.precision, compile="on", compiled_step=step)
+               for name, step in steps.items()}
 
     def run(name):
-        static.compiled_step = steps[name]
-        try:
-            return search(systems[name])
-        finally:
-            static.compiled_step = COMPILED_STEP
+        return search(systems[name])
 
     eager = search(ours(base, args.precision))
     outputs, first = {}, {}

@@ -10,7 +10,7 @@ Systems (all from one model):
     ours-int8   the same after int8 dynamic quantisation of every linear layer and the output
                 projection (transformer.decode.precision, --precision int8)
     ours-fp32-compiled  the same searches through one compiled step on a fixed-shape cache
-                (greedy_search / beam_search with compile="on", --compile on); not in the
+                (greedy_search / beam_search given transformer.compiled.step); not in the
                 default --systems. Its first round includes the compilations.
     ours-bf16-compiled, ours-int8-compiled  the same on bfloat16 / int8 weights
     hf-fp32     transformers MarianMTModel.generate() on to_marian(model)
@@ -74,17 +74,26 @@ Decode = Callable[[list[list[int]], int, int | None], list[list[int]]]
 
 
 # ---- the systems: (source ids without EOS, beam, forced length or None) -> output ids -----------
-def ours(model: Transformer, precision: str = "fp32", compile: str = "off") -> Decode:
+def ours(model: Transformer, precision: str = "fp32", compile: str = "off", compiled_step=None) -> Decode:
+    """Our searches; ``compile="on"``: through the compiled step (``compiled_step(model, beam)``,
+    default :func:`transformer.compiled.step`), but eagerly for an int8 model on fbgemm's int8
+    GEMM, as the front door decides (a compiled step cannot call it)."""
+    from transformer import compiled
+    from transformer.decode.precision import uses_int8_gemm
+
     model = for_inference(model, precision)
     cfg = model.cfg
+    compiles = compile == "on" and not uses_int8_gemm(model)
+    make_step = compiled_step or compiled.step
 
     @torch.inference_mode()
     def run(srcs, beam, forced):
         src = pad_batch([s + [cfg.eos_id] for s in srcs], cfg.pad_id)
         n = (forced or MAX_NEW) + 1  # + EOS
         kw = dict(max_len_a=0.0, max_len_b=n, min_length=n if forced else 0)
-        hyps = (greedy_search(model, src, compile=compile, **kw) if beam == 1
-                else beam_search(model, src, beam_size=beam, alpha=0.0, compile=compile, **kw))
+        step = make_step(model, beam) if compiles else None
+        hyps = (greedy_search(model, src, step=step, **kw) if beam == 1
+                else beam_search(model, src, beam_size=beam, alpha=0.0, step=step, **kw))
         return [_strip(h[0].tokens, cfg.eos_id) for h in hyps]
 
     run.model = model  # the model it decodes with (converted to the precision)

@@ -90,7 +90,8 @@ def main() -> None:
     gen = torch.Generator().manual_seed(1)
 
     def mine(g):
-        return lambda p: generate(g.model, p, args.new, temperature=0, compile=g.decoding.compile)
+        g = g.with_decoding(max_new_tokens=args.new)  # (its front door decides eager or compiled)
+        return lambda p: generate(g.model, p, args.new, temperature=0, step=g.search_step(len(p)))
 
     def theirs(m):
         @torch.inference_mode()

@@ -5,7 +5,7 @@ at batch 1 and 16, built the ways a compiled step can be, side by side in one pr
     fp32 eager              ``F.linear`` per weight (what any eager fp32 step pays at least)
     fp32 package            an AOTInductor package of the products, weights as they are
     fp32 package, frozen    the same built with the options of the project's compiled step
-                            (:data:`transformer.decode.aot.INDUCTOR_OPTIONS`: freezing, so
+                            (:data:`transformer.compiled.build.INDUCTOR_OPTIONS`: freezing, so
                             prepacked weights, and inductor's GEMM template where it times faster)
     bf16 weights, fp32 sum  an AOTInductor package whose weights stay bfloat16 (not folded into
                             float32 constants at build time) and whose products are written as a
@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from transformer import hardware
-from transformer.decode.aot import INDUCTOR_OPTIONS
+from transformer.compiled.build import INDUCTOR_OPTIONS
 
 LAYER = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]  # (out, in)
 HEAD = (49152, 576)

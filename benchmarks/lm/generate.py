@@ -69,7 +69,11 @@ def main() -> None:
         return torch.randint(3, cfg.vocab_size, (b, args.prompt), generator=gen).tolist()
 
     def ours(m, compile="off"):
-        return lambda p: generate(m, p, args.new, temperature=0, compile=compile)
+        from transformer import compiled
+        from transformer.decode.precision import uses_int8_gemm
+
+        step = compiled.step(m, 1, False) if compile == "on" and not uses_int8_gemm(m) else None
+        return lambda p: generate(m, p, args.new, temperature=0, step=step)
 
     @torch.inference_mode()
     def hf_generate(p):

@@ -1,5 +1,5 @@
 """How inductor's options change the compiled decoding step: greedy generation through
-``decode/static.py`` with the ``INDUCTOR_OPTIONS`` of ``decode/aot.py`` (``current``) against
+``transformer.compiled`` with the ``INDUCTOR_OPTIONS`` of ``compiled/build.py`` (``current``) against
 variants of them, and eager, in one process. Each system is a copy of the same model,
 compiled with its own options on its first call (timed apart); then the systems take turns,
 round after round.
@@ -22,8 +22,8 @@ import time
 
 import torch
 
-import transformer.decode.aot as aot
-from transformer import ModelConfig, hardware
+import transformer.compiled.build as aot
+from transformer import ModelConfig, compiled, hardware
 from transformer.decode import generate
 from transformer.model import LanguageModel
 
@@ -71,7 +71,8 @@ def main() -> None:
     def run(name: str) -> list[list[int]]:
         aot.INDUCTOR_OPTIONS = systems[name][0]  # read when the model's step is named and built
         try:
-            return generate(models[name], prompts, args.new, temperature=0, compile=systems[name][1])
+            step = compiled.step(models[name], 1, False) if systems[name][1] == "on" else None
+            return generate(models[name], prompts, args.new, temperature=0, step=step)
         finally:
             aot.INDUCTOR_OPTIONS = current
 

@@ -83,7 +83,7 @@ def run_ours(config: str, overrides: list[str], run_dir: Path) -> dict:
     evals = [r for r in recs if r.get("event") == "eval"]
     stop = next(r for r in recs if r.get("event") == "stop")
     tps = statistics.median(r["tgt_tokens_per_s"] for r in train[1:])  # windows with an evaluation are slower
-    from transformer.train.config import load_config
+    from transformer.train.train_config import load_config
 
     cfg = load_config(run_dir / "config.yaml")
     per_update = cfg.batch_size * (cfg.context or cfg.model_config(vocab_size=8).max_len)

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from transformer import ModelConfig, hardware
+from transformer import ModelConfig, compiled, hardware
 from transformer.decode import generate
 from transformer.interop import save_ctranslate2_lm, to_llama
 from transformer.model import LanguageModel
@@ -35,9 +35,9 @@ def main() -> None:
     import ctranslate2
 
     if args.no_gemm_timing:
-        from transformer.decode import aot
+        from transformer.compiled import build
 
-        aot.INDUCTOR_OPTIONS["max_autotune_gemm"] = False
+        build.INDUCTOR_OPTIONS["max_autotune_gemm"] = False
 
     torch.set_num_threads(args.threads)
     print(f"machine: {hardware.describe_line()}", flush=True)
@@ -56,7 +56,8 @@ def main() -> None:
                     do_sample=False, pad_token_id=0)
 
     systems = {"ours-fp32": lambda: generate(model, prompts, args.new, temperature=0),
-               "ours-fp32-compiled": lambda: generate(model, prompts, args.new, temperature=0, compile="on"),
+               "ours-fp32-compiled": lambda: generate(model, prompts, args.new, temperature=0,
+                                                      step=compiled.step(model, 1, False)),
                "hf-fp32": hf_generate}
     for f in systems.values():  # warm-up (and the compilation)
         f()

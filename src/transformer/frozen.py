@@ -1,5 +1,5 @@
 """What the frozen config dataclasses share: :class:`~transformer.config.ModelConfig`,
-:class:`~transformer.decode.config.DecodingConfig` and :class:`~transformer.train.config.TrainConfig`.
+:class:`~transformer.decode.decoding_config.DecodingConfig` and :class:`~transformer.train.train_config.TrainConfig`.
 
 A config is a frozen dataclass validated once in ``__post_init__``; a config made of parts
 (decoding: search, sampling, runtime; training: data, optimiser, schedule, ...) declares each
@@ -37,6 +37,14 @@ def part(kind: type) -> property:
 def unknown_keys(kind: type, d: dict[str, Any]) -> list[str]:
     """The keys of ``d`` that name no field of the dataclass ``kind``, sorted."""
     return sorted(set(d) - {f.name for f in dataclasses.fields(kind)})
+
+
+def known_keys(kind: type, d: dict[str, Any], message: str) -> dict[str, Any]:
+    """``d`` when every key names a field of ``kind``; else ValueError(``message``, its
+    ``{unknown}`` replaced by the keys that do not)."""
+    if unknown := unknown_keys(kind, d):
+        raise ValueError(message.replace("{unknown}", str(unknown)))
+    return d
 
 
 def whole_numbers_as_floats(config, names: Iterable[str] | None = None) -> None:

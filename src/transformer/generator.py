@@ -1,6 +1,8 @@
 """Text in, text out for a language model run: prompts encoded as in training, continued by
-:func:`~transformer.decode.generate` (greedy or sampled, batched on the KV cache), decoded,
-and streamed piece by piece as the tokens come.
+:func:`~transformer.decode.sample.generate_stream` (greedy or sampled, batched on the KV
+cache), decoded, and streamed piece by piece as the tokens come. :meth:`Generator.pieces` is
+the one way from generated tokens to text: the ``generate`` command, this Python API and the
+service (``LMService``) all read it.
 
     generator = Generator.from_pretrained("runs/shakespeare")
     generator.generate(["ROMEO:"])           # -> ["ROMEO:\\nWhat ..."] without the prompt: see below
@@ -8,15 +10,15 @@ and streamed piece by piece as the tokens come.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
 
-from .decode.config import DecodingConfig
-from .decode.sample import generate_stream
+from .decode.decoding_config import DecodingConfig
+from .decode.sample import generate_stream, until_stop
 from .errors import UserError
-from .front import FrontDoor, given, open_model, run_decoding, vocabulary_fits
+from .front_door import FrontDoor, given, open_model, run_decoding, vocabulary_fits
 from .model import LanguageModel
 from .run import run_file, run_root
 
@@ -111,7 +113,7 @@ class Generator(FrontDoor):
             raise UserError(f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model was built for "
                             f"{model.cfg.vocab_size}; these files belong to different runs")
         generator = cls(model, tokenizer, decoding, warn=warn)
-        generator._keep_compiled_steps(path)
+        generator.keep_compiled_steps(path)
         record = run_root(path) / "import.json"  # an imported model may end its text with any of several ids
         if generator.stop_id is not None and record.is_file():
             try:
@@ -122,27 +124,37 @@ class Generator(FrontDoor):
                 generator.stop_id = stops
         return generator
 
-    def _step(self) -> tuple[int, bool, int]:
+    def search_kind(self) -> tuple[int, bool, int]:
         return 1, False, self.decoding.max_new_tokens  # one row per prompt, logits (sampling scales them)
 
     def encode(self, prompt: str) -> list[int]:
-        return self._fit(self.tokenizer.encode(prompt) if prompt else
+        return self.fit_length(self.tokenizer.encode(prompt) if prompt else
                          (self.tokenizer.encode("\n") or [self.model.cfg.bos_id]))
 
-    def stream(self, prompts: list[str], seed_offset: int = 0) -> Iterator[list[str]]:
-        """For each new token, the text it adds to each row (possibly "" while a multi-byte
-        character or a subword is incomplete)."""
+    def pieces(self, ids: list[list[int]], seed: int | Sequence[int | None] | None = None,
+               ) -> Iterator[list[tuple[int | None, str] | None]]:
+        """The prompts' tokens ``ids`` (:meth:`encode`) continued with ``decoding``'s sampling
+        settings, as text: for each new token, each row's (token, the text it adds, possibly ""
+        while a multi-byte character or a subword is incomplete), or None for a row that has
+        stopped (its stop token, an imported model's EOS or import.json's ``stop_ids``, was its
+        last); then, once, each row's (None, the text held back to the end), where any row held
+        some back. ``seed``: one int (row ``i`` draws with ``seed + i``), one per row, or None."""
         d = self.decoding
-        encoded = [self.encode(p) for p in prompts]
-        seed = None if d.seed is None else d.seed + seed_offset
-        rows = [TextPieces(self.tokenizer) for _ in prompts]
-        for token in generate_stream(self.model, encoded, d.max_new_tokens, d.temperature, d.top_k, d.top_p, seed,
-                                     stop_id=self.stop_id,
-                                     compile=d.compile):
-            yield [row.add(t) for row, t in zip(rows, token.tolist())]
+        rows = [TextPieces(self.tokenizer) for _ in ids]
+        tokens = generate_stream(self.model, ids, d.max_new_tokens, d.temperature, d.top_k, d.top_p, seed,
+                                 stop_id=self.stop_id, step=self.search_step(len(ids)))
+        for step in until_stop(tokens, self.stop_id):
+            yield [None if t is None else (t, row.add(t)) for row, t in zip(rows, step)]
         rest = [row.finish() for row in rows]
         if any(rest):
-            yield rest
+            yield [(None, piece) for piece in rest]
+
+    def stream(self, prompts: list[str], seed_offset: int = 0) -> Iterator[list[str]]:
+        """For each new token, the text it adds to each row (:meth:`pieces`; "" for a row that
+        has stopped)."""
+        seed = None if self.decoding.seed is None else self.decoding.seed + seed_offset
+        for step in self.pieces([self.encode(p) for p in prompts], seed):
+            yield ["" if piece is None else piece[1] for piece in step]
 
     @torch.inference_mode()
     def generate(self, prompts: list[str]) -> list[str]:

@@ -13,9 +13,9 @@ import torch
 from .data import Subwords
 from .data.marian_tokenizer import SOURCE_SPM, TARGET_SPM, TARGET_VOCAB, VOCAB, MarianSubwords
 from .decode import Ensemble, Hypothesis, beam_search, greedy_search, pad_batch
-from .decode.config import DecodingConfig
+from .decode.decoding_config import DecodingConfig
 from .errors import UserError
-from .front import FrontDoor, given, open_model, run_decoding, vocabulary_fits
+from .front_door import FrontDoor, given, open_model, run_decoding, vocabulary_fits
 from .model import Transformer
 from .run import SUBWORDS, find_subwords, run_file
 
@@ -63,7 +63,7 @@ class Translator(FrontDoor):
         return load_translator(path, warn=warn, **options)
 
     def encode(self, line: str) -> list[int]:
-        return self._fit(self.subwords.encode(line)) + [self.model.cfg.eos_id]
+        return self.fit_length(self.subwords.encode(line)) + [self.model.cfg.eos_id]
 
     @torch.inference_mode()
     def translate_nbest(self, lines: list[str], n_best: int | None = None,
@@ -113,14 +113,15 @@ class Translator(FrontDoor):
         while chunk := list(itertools.islice(it, chunk_lines)):
             yield self.translate_nbest(chunk, n_best, progress)
 
-    def _step(self) -> tuple[int, bool, int]:
+    def search_kind(self) -> tuple[int, bool, int]:
         return self.decoding.beam, True, 0  # a row per beam, log-probabilities
 
     def _decode(self, src: torch.Tensor, n_best: int) -> list[list[Hypothesis]]:
         d = self.decoding
+        step = self.search_step(src.size(0) * d.beam)
         if d.beam == 1:
-            return greedy_search(self.model, src, d.max_len_a, d.max_len_b, compile=d.compile)
-        return beam_search(self.model, src, d.beam, d.alpha, n_best, d.max_len_a, d.max_len_b, compile=d.compile,
+            return greedy_search(self.model, src, d.max_len_a, d.max_len_b, step=step)
+        return beam_search(self.model, src, d.beam, d.alpha, n_best, d.max_len_a, d.max_len_b, step=step,
                            length_norm=d.length_norm)
 
     def _to_text(self, h: Hypothesis) -> Translation:
@@ -160,7 +161,7 @@ def load_translator(models: str | Path | list[str | Path], *, warn: bool = True,
                             f"{model.cfg.target_vocab_size}; these files belong to different runs")
     translator = Translator(loaded[0] if len(loaded) == 1 else Ensemble(loaded), subwords, decoding, warn=warn)
     if len(loaded) == 1:
-        translator._keep_compiled_steps(paths[0])
+        translator.keep_compiled_steps(paths[0])
     return translator
 
 

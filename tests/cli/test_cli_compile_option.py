@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from transformer.decode import aot
+from transformer.compiled import build as aot
 
 FAILED = ["compiling the decoding step (a minute or a few, once: it is kept in your cache)",
           "warning: cannot build the compiled decoding step (RuntimeError: no C++ compiler found); decoding eagerly"]

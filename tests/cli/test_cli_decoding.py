@@ -1,4 +1,4 @@
-"""One decoding config: declared once (decode/config.py), validated once, shared by the
+"""One decoding config: declared once (decode/decoding_config.py), validated once, shared by the
 Python API and every command; a run's config.yaml may carry the settings its recipe was
 tuned with, which a command without flags uses and each flag overrides."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import yaml
 from transformer import hardware
 from transformer.cli import build_parser
 from transformer.errors import UserError
-from transformer.decode.config import FIELDS, DecodingConfig
+from transformer.decode.decoding_config import FIELDS, DecodingConfig
 from transformer.translator import Translator, load_translator, run_decoding
 
 LINES = ["red dog runs", "the big cat sits under the tree", "a woman plays with a ball near the house", "green ball"]
@@ -87,7 +87,7 @@ def test_defaults_and_integers_for_floats():
 def test_the_config_is_three_parts_of_one_concern_each():
     """Search, sampling and runtime settings are parts of their own, each validated alone;
     the flat config is their union, in that order, and gives each part back."""
-    from transformer.decode.config import RuntimeConfig, SamplingConfig, SearchConfig
+    from transformer.decode.decoding_config import RuntimeConfig, SamplingConfig, SearchConfig
 
     d = DecodingConfig(beam=2, alpha=1, top_k=5, compile="off")
     assert d.search == SearchConfig(beam=2, alpha=1.0)
@@ -181,7 +181,7 @@ def test_help_shows_every_decoding_default(command):
 @pytest.mark.parametrize("beam", ["1", "4"])
 def test_translate_compile_on_builds_the_step_once_and_later_commands_use_it(trained, tmp_path, cli, one_line_error,
                                                                              beam, without_gemm_timing, monkeypatch):
-    from transformer.decode import aot, packages
+    from transformer.compiled import build as aot, packages
     run = tmp_path / "run"
     shutil.copytree(trained.run, run)
     stdin = "".join(line + "\n" for line in LINES)

@@ -16,7 +16,7 @@ from transformer.cli._options import SAMPLING_OPTIONS, SEARCH_OPTIONS
 @pytest.fixture(scope="module")
 def lm_run(tmp_path_factory):
     """A tiny character language model (2 updates: its numbers do not matter here)."""
-    from transformer.train.config import load_config
+    from transformer.train.train_config import load_config
     from transformer.train.trainer import Trainer
 
     root = tmp_path_factory.mktemp("unused-lm")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from transformer.decode.common import Hypothesis, force_eos, length_penalty, max_output_lengths, next_token_logprobs
+from transformer.decode.scoring import Hypothesis, force_eos, length_penalty, max_output_lengths, next_token_logprobs
 from transformer.decode.rows import expand_rows, select_rows
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from transformer.decode.common import top_k_rows
+from transformer.decode.scoring import top_k_rows
 
 
 @pytest.mark.parametrize("rows", [1, 4, 37])

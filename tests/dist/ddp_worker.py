@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 from transformer.errors import UserError
 from transformer.train import distributed
 from transformer.run import unique_state_dict
-from transformer.train.config import load_config
+from transformer.train.train_config import load_config
 from transformer.train.trainer import Trainer
 
 

@@ -33,7 +33,7 @@ def _close_weights(a: dict, b: dict) -> None:
 @pytest.fixture(scope="session")
 def reference(tmp_path_factory, overrides) -> Path:
     """One process, accum_steps=2, 8 updates: the run the others must reproduce."""
-    from transformer.train.config import load_config
+    from transformer.train.train_config import load_config
 
     def train(base: Path) -> None:
         Trainer(load_config(None, overrides + ["accum_steps=2", "max_steps=8"]), base / "run",
@@ -87,7 +87,7 @@ def test_resume_on_one_rank_then_two(reference, ddp, overrides, tmp_path):
     the global batch never changes, so the run follows the reference."""
     run = tmp_path / "run"
     shutil.copytree(ddp / "run", run)
-    from transformer.train.config import load_config
+    from transformer.train.train_config import load_config
 
     lines: list[str] = []
     trainer = Trainer(load_config(None, overrides + ["accum_steps=2", "max_steps=6"]), run, log=lines.append)
@@ -144,7 +144,7 @@ def test_sigterm_to_torchrun_saves_once_and_stops(overrides, tmp_path):
     passes the signal to both ranks, which agree on the step, save once and exit."""
     import yaml
 
-    from transformer.train.config import apply_overrides
+    from transformer.train.train_config import apply_overrides
 
     run, config = tmp_path / "run", tmp_path / "ddp.yaml"
     config.write_text(yaml.safe_dump(apply_overrides({}, overrides + ["max_steps=1000000", "save_every=5"])))

@@ -10,7 +10,7 @@ import torch
 from dist_helpers import read_metrics, run_worker, train_records
 from safetensors.torch import load_file
 
-from transformer.train.config import load_config
+from transformer.train.train_config import load_config
 from transformer.train.trainer import Trainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lm"))

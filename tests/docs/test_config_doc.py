@@ -13,10 +13,10 @@ import pytest
 import yaml
 
 from transformer.config import ModelConfig
-from transformer.decode.config import DecodingConfig
+from transformer.decode.decoding_config import DecodingConfig
 from transformer.errors import UserError
-from transformer.serve.config import ServeConfig
-from transformer.train.config import TrainConfig
+from transformer.serve.serve_config import ServeConfig
+from transformer.train.train_config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 CLASSES = (TrainConfig, ModelConfig, DecodingConfig, ServeConfig)

@@ -188,7 +188,7 @@ def test_equals_hugging_faces_loss_window_by_window(gpt2_pair):
 @pytest.fixture(scope="module")
 def char_run(tmp_path_factory):
     """A tiny character-level run trained for 20 updates."""
-    from transformer.train.config import load_config
+    from transformer.train.train_config import load_config
     from transformer.train.trainer import Trainer
 
     root = tmp_path_factory.mktemp("score-run")

@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from transformer.train.config import TrainConfig, apply_overrides, load_config
+from transformer.train.train_config import TrainConfig, apply_overrides, load_config
 
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")

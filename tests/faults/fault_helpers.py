@@ -9,7 +9,7 @@ import yaml
 from tiny_corpus import TRANSFORMER  # noqa: F401  (for the tests)
 from tiny_corpus import process_env as subprocess_env  # noqa: F401
 
-from transformer.train.config import TrainConfig
+from transformer.train.train_config import TrainConfig
 
 
 def check_run_dir(run: Path, finished: bool = False) -> None:

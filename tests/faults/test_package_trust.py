@@ -1,5 +1,5 @@
 """Nothing in a run directory runs code: a compiled decoding step (a package holding a shared
-library, decode/aot.py) is loaded only from the user's own cache (decode/packages.py), and
+library, compiled/build.py) is loaded only from the user's own cache (compiled/packages.py), and
 only when its SHA-256 is the one its build recorded; a run's own compiled/ folder is never
 read. TRANSFORMER_COMPILE=off turns compiled decoding off everywhere; a step that cannot be
 built, or vanishes while it is loaded, leaves decoding eager, with one warning line.
@@ -19,7 +19,9 @@ import pytest
 import torch
 from tiny_corpus import train_tiny_run
 
-from transformer.decode import aot, greedy_search, packages, static
+from transformer import compiled
+from transformer.compiled import build as aot, packages
+from transformer.decode import greedy_search
 from transformer.run import load_model, save_weights
 from transformer.translator import load_translator
 
@@ -115,10 +117,10 @@ def test_compile_off_in_the_environment_wins(runs, cli, loads, monkeypatch):
     # the library too: a search asked to compile, the step asked for directly
     translator = load_translator(a, beam=1, precision="fp32")
     src = torch.tensor([translator.encode(LINES[0])])
-    assert not static.should_compile("on", translator.model)
-    assert greedy_search(translator.model, src, compile="on")[0][0].tokens == \
-        greedy_search(translator.model, src, compile="off")[0][0].tokens
-    static.prepare(translator.model, 1)
+    assert translator.with_decoding(compile="on").compiles() == (False, False)
+    assert greedy_search(translator.model, src, step=compiled.step(translator.model, 1))[0][0].tokens == \
+        greedy_search(translator.model, src)[0][0].tokens
+    compiled.step(translator.model, 1).prepare()
     assert loads == []
     monkeypatch.setenv("TRANSFORMER_COMPILE", "sometimes")
     r = cli("translate", "--model", a, *FP32_GREEDY, stdin=STDIN)
@@ -131,16 +133,16 @@ def test_compile_off_in_the_environment_wins(runs, cli, loads, monkeypatch):
 def test_a_package_changed_after_its_build_is_deleted_and_built_again(make_model, tmp_path, fake_builds):
     folder = tmp_path / "cache" / "run-0123"
     model = make_model(seed=11)
-    static.keep_packages_in(model, folder)
-    static.prepare(model, 1)
+    compiled.keep_in(model, folder)
+    compiled.step(model, 1).prepare()
     path = fake_builds[0]
     assert path.parent == folder and packages.check(path) is None
     path.write_bytes(b"another package")  # (a load would run it)
     again = make_model(seed=11)  # another process, the same weights
-    static.keep_packages_in(again, folder)
-    assert static.has_package(again, 1)
+    compiled.keep_in(again, folder)
+    assert compiled.is_built(again, 1)
     with pytest.warns(UserWarning) as caught:
-        static.prepare(again, 1)
+        compiled.step(again, 1).prepare()
     assert [str(w.message) for w in caught] == [
         f"{path}: its SHA-256 is not the one recorded when it was built; deleted, building it again"]
     assert fake_builds == [path, path] and path.read_bytes() == b"package" and packages.check(path) is None
@@ -149,14 +151,14 @@ def test_a_package_changed_after_its_build_is_deleted_and_built_again(make_model
 def test_a_package_without_a_recorded_digest_is_not_used(make_model, tmp_path, fake_builds):
     folder = tmp_path / "cache" / "run-4567"
     model = make_model(seed=12)
-    static.keep_packages_in(model, folder)
+    compiled.keep_in(model, folder)
     path = folder / aot.package_name(model, 1, True)
     folder.mkdir(mode=0o700, parents=True)
     path.write_bytes(b"package")
-    assert not static.has_package(model, 1)  # compile=auto leaves it alone: decodes eagerly
+    assert not compiled.is_built(model, 1)  # compile=auto leaves it alone: decodes eagerly
     with pytest.warns(UserWarning, match="no SHA-256 was recorded for it by a build of this user's; deleted, "
                                          "building it again"):
-        static.prepare(model, 1)  # compile=on: refused, built
+        compiled.step(model, 1).prepare()  # compile=on: refused, built
     assert fake_builds == [path] and packages.check(path) is None
 
 
@@ -168,10 +170,10 @@ def test_a_failed_build_decodes_eagerly_with_one_warning(make_model, rand_tokens
     monkeypatch.setattr(aot, "load", lambda path: pytest.fail("loaded"))
     model = make_model(seed=13)
     src = rand_tokens([5, 3, 6], width=6)
-    eager = greedy_search(model, src, compile="off")
-    compiled = greedy_search(model, src, compile="on")
-    assert [h[0].tokens for h in compiled] == [h[0].tokens for h in eager]
-    assert [h[0].score for h in compiled] == pytest.approx([h[0].score for h in eager], abs=1e-5)
+    eager = greedy_search(model, src)
+    got = greedy_search(model, src, step=compiled.step(model, 1))
+    assert [h[0].tokens for h in got] == [h[0].tokens for h in eager]
+    assert [h[0].score for h in got] == pytest.approx([h[0].score for h in eager], abs=1e-4)
     assert [str(w.message) for w in recwarn] == [
         "cannot build the compiled decoding step (RuntimeError: no C++ compiler found); decoding eagerly"]
 
@@ -190,8 +192,8 @@ def test_a_failed_build_in_a_command_is_one_warning_line(runs, cli, monkeypatch)
 def test_a_package_that_vanishes_while_loaded_is_tried_once_more(make_model, tmp_path, fake_builds, monkeypatch):
     folder = tmp_path / "cache" / "run-89ab"
     model = make_model(seed=14)
-    static.keep_packages_in(model, folder)
-    static.prepare(model, 1)  # built and recorded
+    compiled.keep_in(model, folder)
+    compiled.step(model, 1).prepare()  # built and recorded
     load, calls = aot.load, []
 
     def racing(path):  # another process removes it between the digest check and the load
@@ -203,8 +205,8 @@ def test_a_package_that_vanishes_while_loaded_is_tried_once_more(make_model, tmp
 
     monkeypatch.setattr(aot, "load", racing)
     again = make_model(seed=14)
-    static.keep_packages_in(again, folder)
-    static.prepare(again, 1)  # no warning: built again, loaded
+    compiled.keep_in(again, folder)
+    compiled.step(again, 1).prepare()  # no warning: built again, loaded
     assert len(calls) == 2 and len(fake_builds) == 2
 
 
@@ -215,13 +217,13 @@ def test_a_package_that_vanishes_twice_decodes_eagerly(make_model, rand_tokens, 
 
     monkeypatch.setattr(aot, "load", vanishing)
     model = make_model(seed=15)
-    static.keep_packages_in(model, tmp_path / "cache" / "run-cdef")
+    compiled.keep_in(model, tmp_path / "cache" / "run-cdef")
     src = rand_tokens([4, 6], width=6)
     with pytest.warns(UserWarning) as caught:
-        compiled = greedy_search(model, src, compile="on")
+        got = greedy_search(model, src, step=compiled.step(model, 1))
     assert [str(w.message).split(": ", 1)[1] for w in caught] == [
         "removed by another process while it was being loaded, twice; decoding eagerly"]
-    assert [h[0].tokens for h in compiled] == [h[0].tokens for h in greedy_search(model, src, compile="off")]
+    assert [h[0].tokens for h in got] == [h[0].tokens for h in greedy_search(model, src)]
 
 
 # ---- the cache folder ---------------------------------------------------------------------
@@ -254,11 +256,11 @@ def test_a_cache_others_may_write_is_not_used(problem, make_model, tmp_path, fak
         root.chmod(0o770 if problem == "group-writable" else 0o777)
     folder = root / "run-0000"
     model = make_model(seed=16)
-    static.keep_packages_in(model, folder)
-    assert not static.has_package(model, 1)
+    compiled.keep_in(model, folder)
+    assert not compiled.is_built(model, 1)
     with pytest.warns(UserWarning) as caught:
-        static.prepare(model, 1)
-        static.prepare(make_model(seed=17), 1)  # (warned once a process)
+        compiled.step(model, 1).prepare()
+        compiled.step(make_model(seed=17), 1).prepare()  # (warned once a process)
     reason = "owned by another user" if problem == "another owner" else "writable by other users"
     assert [str(w.message) for w in caught if reason in str(w.message)] == [str(caught[0].message)]
     assert str(caught[0].message).startswith(f"{root}: {reason}") and "temporary folder for this process" in \

@@ -152,7 +152,7 @@ def test_explain_prints_no_control_character(runs, capsys):
     drove it), a carriage return overwrote the line. Shown as <0x1B> and \\r; a Qwen2 id
     beyond its tokenizer (the padded embedding) as <unused_N>, not '?'."""
     from transformer.data.text import load_tokenizer
-    from transformer.viz.lm_walkthrough import token_shower
+    from transformer.viz.walkthrough_lm import token_shower
 
     _, _, run = runs("gpt2")
     capsys.readouterr()

@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from transformer.train.config import TrainConfig, load_config
+from transformer.train.train_config import TrainConfig, load_config
 
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -49,7 +49,7 @@ def lm_cfg(text_file) -> Callable[..., TrainConfig]:
 def config_file(tmp_path) -> Callable[..., Path]:
     """``config_file(*overrides)`` -> a YAML file of the toy config (for the CLI)."""
     def make(*overrides: str, text: Path | None = None) -> Path:
-        from transformer.train.config import apply_overrides
+        from transformer.train.train_config import apply_overrides
 
         data = apply_overrides({}, lm_overrides(text or tmp_path / "tiny.txt") + list(overrides))
         path = tmp_path / "lm.yaml"

@@ -18,7 +18,7 @@ from transformer.model.masks import causal_mask
 from transformer.model.rotary import apply_rotary
 from transformer.viz.heatmap import draw_attention
 from transformer.viz.maps import collect_prompt_attention, rank_heads
-from transformer.viz.lm_walkthrough import token_shower
+from transformer.viz.walkthrough_lm import token_shower
 
 PROMPT = "a cat sat on it"  # 15 characters: the toy context is 16
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -13,12 +13,12 @@ import torch
 
 from transformer import ModelConfig
 from transformer.cli import main
-from transformer.decode.config import DecodingConfig
+from transformer.decode.decoding_config import DecodingConfig
 from transformer.generator import Generator
 from transformer.model import build_model
 from transformer.model.rotary import apply_rotary
 from transformer.run import load_model
-from transformer.viz.lm_walkthrough import STEPS, token_shower, walk_lm
+from transformer.viz.walkthrough_lm import STEPS, token_shower, walk_lm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "interop"))  # tiny Hugging Face checkpoints
 from hf_checkpoints import build_checkpoint  # noqa: E402

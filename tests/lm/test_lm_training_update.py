@@ -129,7 +129,7 @@ def test_the_command_prints_the_formulas(cli, trained_lm):
 
 def test_a_translation_run_is_explained_too(tmp_path, log):
     """A translation run: the batch is its first token-bucketed batch of sentence pairs."""
-    from transformer.train.config import load_config
+    from transformer.train.train_config import load_config
     from transformer.train.trainer import Trainer
     from tiny_corpus import write_corpus
 

@@ -8,7 +8,7 @@ import pytest
 
 from transformer.data.registry import load_multi30k_text
 from transformer.errors import UserError
-from transformer.train.config import load_config
+from transformer.train.train_config import load_config
 from transformer.train.prepare import prepare_data
 
 TRAIN = ["Ein Hund läuft durch den Schnee.", "Zwei Kinder spielen im Park.", "Eine Frau kocht."] * 20

@@ -9,7 +9,7 @@ import pytest
 
 from transformer.data.registry import TINY_SHAKESPEARE, tinyshakespeare_path
 from transformer.errors import UserError
-from transformer.train.config import load_config
+from transformer.train.train_config import load_config
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "shakespeare-char.yaml"
 

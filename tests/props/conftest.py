@@ -23,7 +23,7 @@ EXTRA = ["Grüße aus Köln, sagte Ängstliche Straße.", "«Café» — naïve 
 @pytest.fixture(scope="session")
 def trained_run(tmp_path_factory) -> Path:
     """A run directory (toy model, 20 steps) shared by the xdist workers."""
-    from transformer.train.config import load_config
+    from transformer.train.train_config import load_config
     from transformer.train.trainer import Trainer
 
     def train(base: Path) -> None:

@@ -14,7 +14,7 @@ from typing import Callable
 import pytest
 import torch
 
-from transformer.train.config import TrainConfig, load_config
+from transformer.train.train_config import TrainConfig, load_config
 
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")

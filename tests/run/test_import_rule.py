@@ -4,9 +4,11 @@
         the service, export, evaluation and the pictures read models through it; only the
         commands that train may import transformer.train)
     the model imports nothing of decoding, training, data, the run directory, the service, the
-        pictures, the CLI, interop, the two front doors (Translator, Generator) or their shared
-        base (front), and no torch compiler internals (torch._inductor, torch.export): compiling
-        is decode/'s business
+        pictures, the CLI, interop, compiled decoding, the two front doors (Translator, Generator)
+        or their shared base (front_door), and no torch compiler internals (torch._inductor,
+        torch.export): compiling is compiled/'s business
+    no search imports compiled decoding: it is handed a step (the front door chooses it), and
+        compiled decoding imports no search, training, service, CLI or front door
     the data layer imports no model, and no run module that builds one (run.files and
         run.layout are below it; run.weights is above the model)
     decoding imports no training
@@ -96,7 +98,8 @@ def test_the_rule_sees_every_kind_of_import():
 
 
 # the layers above the model: it knows no corpus, search, optimizer, file layout or screen
-ABOVE_MODEL = ("decode", "train", "data", "run", "serve", "viz", "cli", "interop", "translator", "generator", "front")
+ABOVE_MODEL = ("decode", "train", "data", "run", "serve", "viz", "cli", "interop", "compiled", "translator",
+               "generator", "front_door")
 
 
 def test_the_model_imports_nothing_above_it():
@@ -106,7 +109,8 @@ def test_the_model_imports_nothing_above_it():
 
 def test_every_layer_above_the_model_exists():
     """The list names real modules or packages (a misspelt or renamed one would guard nothing)."""
-    missing = [layer for layer in ABOVE_MODEL
+    layers = [layer.replace(".", "/") for layer in (*ABOVE_MODEL, *ABOVE_COMPILED)]
+    missing = [layer for layer in layers
                if not ((PACKAGE / layer / "__init__.py").is_file() or (PACKAGE / f"{layer}.py").is_file())]
     assert not missing, missing
 
@@ -184,6 +188,22 @@ def test_decoding_imports_no_training():
     assert not found, f"decode modules importing transformer.train: {found}"
 
 
+def test_no_search_imports_compiled_decoding():
+    found = offenders("decode", lambda m: under(m, "compiled"))
+    assert not found, f"decode modules importing transformer.compiled: {found}"
+
+
+# what compiled decoding may not reach: the searches (it serves them a step, as the eager one
+# does), training, the service, the commands, the front doors
+ABOVE_COMPILED = ("decode.greedy", "decode.beam", "decode.sample", "decode.ensemble", "train", "serve", "cli", "viz",
+                  "translator", "generator", "front_door")
+
+
+def test_compiled_decoding_imports_nothing_above_it():
+    found = offenders("compiled", lambda m: any(under(m, layer) for layer in ABOVE_COMPILED))
+    assert not found, f"compiled modules importing what stands above them: {found}"
+
+
 LOADED = """
 import importlib, json, pkgutil, sys
 import transformer.data
@@ -234,7 +254,7 @@ def test_every_run_name_still_imports():
 
 CONFIG_ONLY = """
 import json, sys
-from transformer.decode.config import DecodingConfig
+from transformer.decode.decoding_config import DecodingConfig
 DecodingConfig(beam=2, precision="int8")
 print(json.dumps(sorted(m for m in sys.modules if m.startswith(("transformer", "torch")))))
 """
@@ -246,7 +266,7 @@ def test_the_decoding_config_imports_nothing_heavy():
     done = subprocess.run([sys.executable, "-c", CONFIG_ONLY], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == ["transformer", "transformer._lazy", "transformer.decode",
-                                       "transformer.decode.config", "transformer.frozen"]
+                                       "transformer.decode.decoding_config", "transformer.frozen"]
 
 
 def test_every_decode_name_still_imports():

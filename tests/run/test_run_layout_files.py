@@ -49,7 +49,7 @@ def test_remove_takes_a_file_a_folder_or_nothing(tmp_path):
 
 def test_a_run_whose_config_is_unreadable_is_refused_in_one_line(tmp_path):
     """Resuming: the trainer reads the run's config.yaml with read_yaml and its own remedy."""
-    from transformer.train.config import TrainConfig
+    from transformer.train.train_config import TrainConfig
     from transformer.train.run_dir import check_run_dir
 
     checkpoint = tmp_path / "checkpoints" / "step-0000001"

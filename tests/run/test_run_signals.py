@@ -13,7 +13,7 @@ from transformer.train.trainer import Trainer
 
 
 def _config(tmp_path: Path, overrides: list[str]) -> Path:
-    from transformer.train.config import apply_overrides
+    from transformer.train.train_config import apply_overrides
 
     data = apply_overrides({}, overrides)
     path = tmp_path / "sigterm.yaml"

@@ -21,7 +21,7 @@ def make_text(n_lines: int = 120, seed: int = 0) -> str:
 
 def train_tiny_lm(tmp_path_factory) -> Path:
     """The run directory (chars.json, best.safetensors, config.yaml) of the toy model."""
-    from transformer.train.config import load_config
+    from transformer.train.train_config import load_config
     from transformer.train.trainer import Trainer
 
     root = tmp_path_factory.getbasetemp()

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from transformer.serve import ServeConfig, create_app
-from transformer.serve.config import TOKEN_ENV
+from transformer.serve.serve_config import TOKEN_ENV
 
 S = ["the dog runs", "a small cat sits near the tree", "red ball", "green bird"]
 

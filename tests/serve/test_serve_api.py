@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from transformer import hardware
-from transformer.decode.config import DecodingConfig
+from transformer.decode.decoding_config import DecodingConfig
 from transformer.serve.attention import attention_maps
 
 

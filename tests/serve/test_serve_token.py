@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from transformer.serve import ServeConfig, create_app
-from transformer.serve.config import TOKEN_ENV
+from transformer.serve.serve_config import TOKEN_ENV
 from transformer.serve.core import STATIC
 
 TOKEN = "s3cret-token"

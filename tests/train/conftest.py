@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from transformer.train.config import TrainConfig, load_config
+from transformer.train.train_config import TrainConfig, load_config
 from transformer.train.trainer import Trainer
 
 torch.set_num_threads(1)

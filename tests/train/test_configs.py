@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from transformer.errors import UserError
-from transformer.train.config import load_config
+from transformer.train.train_config import load_config
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
 
@@ -55,7 +55,7 @@ def test_the_config_is_five_parts_of_one_concern_each():
     import dataclasses
 
     from transformer.errors import UserError
-    from transformer.train.config import (CheckpointConfig, DataConfig, LoggingConfig, OptimConfig, ScheduleConfig,
+    from transformer.train.train_config import (CheckpointConfig, DataConfig, LoggingConfig, OptimConfig, ScheduleConfig,
                                           TrainConfig)
 
     parts = (DataConfig, OptimConfig, ScheduleConfig, CheckpointConfig, LoggingConfig)
@@ -75,7 +75,7 @@ def test_the_config_is_five_parts_of_one_concern_each():
 
 def test_set_reaches_into_the_model_and_decoding_sections():
     from transformer.errors import UserError
-    from transformer.train.config import apply_overrides
+    from transformer.train.train_config import apply_overrides
 
     data = apply_overrides({}, ["model.d_model=64", "decoding.beam=5", "max_steps=3"])
     assert (data["model"], data["decoding"], data["max_steps"]) == ({"preset": "tiny", "d_model": 64}, {"beam": 5}, 3)

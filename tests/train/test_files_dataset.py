@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from transformer.errors import UserError
-from transformer.train.config import load_config
+from transformer.train.train_config import load_config
 from transformer.train.prepare import held_out_size, prepare_data
 
 from own_data import REPO, TOY, file_overrides, pairs_of, quiet, write_tsv

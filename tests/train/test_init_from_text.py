@@ -15,7 +15,7 @@ from torch.nn import functional as F
 from transformer.data.text import WindowSampler, load_tokenizer, split_text, windows
 from transformer.run import resolve_weights
 from transformer.run.weights import read_weights, unique_state_dict
-from transformer.train.config import load_config
+from transformer.train.train_config import load_config
 from transformer.train.trainer import Trainer
 
 torch.set_num_threads(1)

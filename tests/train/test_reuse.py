@@ -15,7 +15,7 @@ from transformer.data import Subwords, train_subwords
 from transformer.errors import UserError
 from transformer.run import resolve_weights
 from transformer.run.weights import read_weights, unique_state_dict
-from transformer.train.config import load_config
+from transformer.train.train_config import load_config
 from transformer.train.trainer import Trainer
 
 from own_data import file_overrides, quiet

@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from transformer import ModelConfig, Transformer
-from transformer.decode.config import DecodingConfig
+from transformer.decode.decoding_config import DecodingConfig
 from transformer.model import build_model
-from transformer.viz import lm_walkthrough, walkthrough
+from transformer.viz import walkthrough, walkthrough_lm
 
 GOLDEN = Path(__file__).parent / "golden"
 NUMBER = re.compile(r"-?\d+(?:\.(\d+))?(?:e([-+]\d+))?")
@@ -49,8 +49,8 @@ def lm_output() -> str:
         kind="decoder-only", vocab_size=17, d_model=16, n_heads=4, n_kv_heads=2, d_ff=24, n_layers=2, max_len=12,
         dropout=0.0, norm_first=True, final_norm=True, embed_scale=False, norm="rms", positions="rope",
         ffn_activation="swiglu", bias=False, tie_embeddings=False)))
-    w = lm_walkthrough.walk_lm(model, [3, 4, 5, 6, 7, 8, 9], lambda i: f"t{i}", DecodingConfig(temperature=0.7, top_k=4))
-    return lm_walkthrough.format_text(w) + "\n" + json.dumps(lm_walkthrough.to_dict(w), ensure_ascii=False, indent=1) + "\n"
+    w = walkthrough_lm.walk_lm(model, [3, 4, 5, 6, 7, 8, 9], lambda i: f"t{i}", DecodingConfig(temperature=0.7, top_k=4))
+    return walkthrough_lm.format_text(w) + "\n" + json.dumps(walkthrough_lm.to_dict(w), ensure_ascii=False, indent=1) + "\n"
 
 
 OUTPUTS = {"translation.txt": translation_output, "lm.txt": lm_output}

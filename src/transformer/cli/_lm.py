@@ -30,7 +30,7 @@ def prompt_ids(generator, prompt: str) -> list[int]:
 
 def token_pieces(generator, ids: list[int]) -> list[str]:
     """The printable token of each id (a space as "\u2581", a newline as "\\n")."""
-    from ..viz.lm_walkthrough import token_shower
+    from ..viz.walkthrough_lm import token_shower
 
     show = token_shower(generator.tokenizer)
     return [show(i) for i in ids]

@@ -1,6 +1,6 @@
 """Options shared by several commands (a leading underscore: not a command module).
 
-The decoding options are declared once, from :class:`~transformer.decode.config.DecodingConfig`:
+The decoding options are declared once, from :class:`~transformer.decode.decoding_config.DecodingConfig`:
 each defaults to the run's own setting (the ``decoding`` section of its config.yaml), else
 to the config's default, and is checked once, when the config is built."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import argparse
 import dataclasses
 import sys
 
-from ..decode.config import FIELDS, PRECISIONS, SamplingConfig, SearchConfig
+from ..decode.decoding_config import FIELDS, PRECISIONS, SamplingConfig, SearchConfig
 
 _HELP = {
     "beam": ("N", int, "beam size (1 = greedy search)"),
@@ -160,7 +160,7 @@ def prepare_compiled(decoder) -> None:
     package refused or not built: decoding goes on eagerly) is one ``warning:`` line each."""
     import warnings
 
-    from ..decode.packages import CompiledStepWarning
+    from ..compiled import CompiledStepWarning
     from ..hardware import slow_precision_warning  # (here: it loads torch, which --help does not need)
 
     if note := slow_precision_warning(decoder.requested_precision, decoder.decoding.device):

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from ..data import read_lines
     from ..errors import UserError
     from ..evaluate import score
-    from ..front import run_decoding
+    from ..front_door import run_decoding
     from ..run import read_model_config
     from ..run.files import write_output
     from ..translator import load_translator
@@ -118,7 +118,7 @@ def run_text(args: argparse.Namespace) -> int:
     from ..data.text import read_text
     from ..errors import UserError
     from ..evaluate_lm import score_text
-    from ..front import run_decoding
+    from ..front_door import run_decoding
     from ..generator import Generator
     from ..hardware import slow_precision_warning
     from ..run import read_model_config
@@ -136,7 +136,7 @@ def run_text(args: argparse.Namespace) -> int:
     if not read_model_config(path).decoder_only:
         raise UserError(f"{path}: a translation model; --text scores a language model "
                         "(score a translation model with --src and --ref, or --split)")
-    # the model, its tokenizer and settings as generate opens them (transformer/front.py)
+    # the model, its tokenizer and settings as generate opens them (transformer/front_door.py)
     generator = Generator.from_pretrained(path, warn=False, **options)
     decoding = generator.decoding  # precision auto resolved for this machine
     if note := slow_precision_warning(generator.requested_precision, decoding.device):

@@ -78,8 +78,8 @@ def _translation(args: argparse.Namespace) -> int:
 
 
 def _language_model(args: argparse.Namespace) -> int:
-    from ..viz.lm_walkthrough import STEPS as LM_STEPS
-    from ..viz.lm_walkthrough import format_text, to_dict, token_shower, walk_lm
+    from ..viz.walkthrough_lm import STEPS as LM_STEPS
+    from ..viz.walkthrough_lm import format_text, to_dict, token_shower, walk_lm
     from ._lm import load_language_model, prompt_ids
 
     refuse_options(args, ("target", *SEARCH_OPTIONS, "compile"), "for a translation model",

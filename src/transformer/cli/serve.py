@@ -100,7 +100,7 @@ def _remedy(args: argparse.Namespace, name: str, limit: str) -> str:
 def _settings(args: argparse.Namespace):
     from ..errors import UserError
     from ..serve import ServeConfig
-    from ..serve.config import TOKEN_ENV
+    from ..serve.serve_config import TOKEN_ENV
 
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port must be between 0 and 65535, got {args.port}")
@@ -178,10 +178,10 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import UserError
     from ..run import read_model_config
     from ..serve import create_app
-    from ..serve.config import TOKEN_ENV
+    from ..serve.serve_config import TOKEN_ENV
     from ..decode.precision import resolve_precision
     from ..hardware import slow_precision_warning
-    from ..front import run_decoding
+    from ..front_door import run_decoding
 
     # checked before the port is taken
     lm = read_model_config(args.model).decoder_only

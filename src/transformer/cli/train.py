@@ -25,7 +25,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..train import distributed
-    from ..train.config import load_config
+    from ..train.train_config import load_config
     from ..train.trainer import Trainer
 
     overrides = list(args.overrides)

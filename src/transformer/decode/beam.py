@@ -11,17 +11,17 @@ still beat the n-th best of them. With a length penalty, a live hypothesis's sco
 could reach at any length up to the limit, not its current score. At the length limit EOS
 is forced, so every sentence returns n-best even then.
 
-Written once over a step (:mod:`transformer.decode.steps`): eager on the growing cache, or
-compiled on a fixed-shape one.
+Written once over a step (:mod:`transformer.decode.eager_step`): eager on the growing cache
+unless it is handed another (a compiled one on a fixed-shape cache).
 """
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from .common import Hypothesis, force_eos, length_penalty, max_output_lengths, top_k_rows
+from .eager_step import EagerStep
 from .rows import expand_rows
-from .static import cache_capacity, search_step
+from .scoring import Hypothesis, force_eos, length_penalty, max_output_lengths, top_k_rows
 
 
 def _best_reachable(raw: Tensor, step: int, limit_lp: Tensor, alpha: float, norm: str = "gnmt") -> Tensor:
@@ -42,7 +42,7 @@ def beam_search(
     max_len_a: float = 1.0,
     max_len_b: int = 50,
     min_length: int = 0,
-    compile: str = "off",
+    step=None,
     length_norm: str = "gnmt",
 ) -> list[list[Hypothesis]]:
     """Decode a batch with beam search.
@@ -58,9 +58,9 @@ def beam_search(
         max_len_a, max_len_b: at most a * src_len + b tokens per sentence (EOS included).
         min_length: EOS is blocked before this many tokens (EOS included); the length
             limit wins where the two disagree.
-        compile: ``off``, ``on`` or ``auto``: every step through one compiled step on a
-            fixed-shape cache (:func:`transformer.decode.static.should_compile` decides);
-            the same hypotheses.
+        step: the step every position is decoded by (:mod:`transformer.decode.eager_step`;
+            default: the model's own ``decode``, eagerly), returning log-probabilities, for
+            ``beam_size`` rows per sentence.
 
     Returns:
         For each sentence, its ``n_best`` hypotheses, best first.
@@ -68,7 +68,7 @@ def beam_search(
     if not 1 <= n_best <= beam_size:
         raise ValueError(f"n_best must be between 1 and beam_size ({beam_size}), got {n_best}")
     limits = max_output_lengths(src, model.cfg, max_len_a, max_len_b)
-    step = search_step(model, compile, group=beam_size, rows=src.size(0) * beam_size)
+    step = EagerStep(model) if step is None else step
     # row = b*K + j; the K rows of a sentence share its cross-attention K/V
     cache = expand_rows(model.start_cache(model.encode(src), src), beam_size)
     return decode_beams(step, cache, limits, model.cfg, beam_size, alpha, n_best, min_length, length_norm)
@@ -76,14 +76,14 @@ def beam_search(
 
 def decode_beams(step, cache, limits: Tensor, cfg, k: int, alpha: float = 0.6, n_best: int = 1,
                  min_length: int = 0, length_norm: str = "gnmt") -> list[list[Hypothesis]]:
-    """Beam search through ``step`` (:mod:`transformer.decode.steps`) from ``cache`` (the
+    """Beam search through ``step`` (:mod:`transformer.decode.eager_step`) from ``cache`` (the
     model's after the encoder, ``expand``-ed to ``k`` rows per sentence). The cache holds
     the rows of the sentences in ``placed``; a finished sentence's rows stay there, unread,
-    until the step drops finished rows (the eager step at once; the compiled one when half
-    the sentences are done, so that it runs at a few batch sizes only)."""
+    until the step drops finished rows (the eager step at once; a compiled one when half the
+    sentences are done, so that it runs at a few batch sizes only)."""
     vocab = cfg.target_vocab_size
     batch, device = limits.size(0), limits.device
-    cache = step.start(cache, cache_capacity(0, int(limits.max()), cfg.max_len))
+    cache = step.start(cache, int(limits.max()))
     placed = torch.arange(batch, device=device)  # the sentence of each group of K rows in the cache
     every_last = torch.full((batch, k), cfg.eos_id, dtype=torch.long, device=device)  # finished rows: anything
 

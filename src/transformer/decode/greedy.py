@@ -4,13 +4,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .common import Hypothesis, force_eos, max_output_lengths, top_k_rows
-from .static import cache_capacity, search_step
+from .eager_step import EagerStep
+from .scoring import Hypothesis, force_eos, max_output_lengths, top_k_rows
 
 
 @torch.inference_mode()
 def greedy_search(model, src: Tensor, max_len_a: float = 1.0, max_len_b: int = 50,
-                  min_length: int = 0, compile: str = "off") -> list[list[Hypothesis]]:
+                  min_length: int = 0, step=None) -> list[list[Hypothesis]]:
     """Decode a batch greedily.
 
     Args:
@@ -19,27 +19,27 @@ def greedy_search(model, src: Tensor, max_len_a: float = 1.0, max_len_b: int = 5
         max_len_a, max_len_b: each sentence generates at most a * src_len + b tokens; EOS
             is forced at the limit.
         min_length: EOS is blocked until this many tokens (EOS included) could be reached.
-        compile: ``off``, ``on`` or ``auto``: every step through one compiled step on a
-            fixed-shape cache (:func:`transformer.decode.static.should_compile` decides).
+        step: the step every position is decoded by (:mod:`transformer.decode.eager_step`;
+            default: the model's own ``decode``, eagerly), returning log-probabilities.
 
     Returns:
         For each sentence, a list holding one :class:`Hypothesis`.
     """
     cfg = model.cfg
     limits = max_output_lengths(src, cfg, max_len_a, max_len_b)
-    step = search_step(model, compile, rows=src.size(0))
+    step = EagerStep(model) if step is None else step
     return decode_greedily(step, model.start_cache(model.encode(src), src), limits, cfg, min_length)
 
 
 def decode_greedily(step, cache, limits: Tensor, cfg, min_length: int = 0) -> list[list[Hypothesis]]:
-    """Greedy search through ``step`` (:mod:`transformer.decode.steps`) from ``cache`` (the
+    """Greedy search through ``step`` (:mod:`transformer.decode.eager_step`) from ``cache`` (the
     model's, after the encoder): each row takes its best token until EOS or its limit
     (``limits`` (B,)). A finished row stops being recorded, and leaves the batch when the
-    step drops finished rows (the eager step at once; the compiled one when half the rows
-    are done, so that it runs at a few batch sizes only)."""
+    step drops finished rows (the eager step at once; a compiled one when half the rows are
+    done, so that it runs at a few batch sizes only)."""
     batch, device = limits.size(0), limits.device
     longest = int(limits.max())
-    cache = step.start(cache, cache_capacity(0, longest, cfg.max_len))
+    cache = step.start(cache, longest)
     tokens = torch.full((batch, longest), cfg.pad_id, dtype=torch.long, device=device)
     logprob = torch.zeros(batch, dtype=torch.float64, device=device)
     lengths = torch.zeros(batch, dtype=torch.long, device=device)

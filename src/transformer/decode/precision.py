@@ -27,7 +27,7 @@ from torch.nn import functional as F
 
 from .. import hardware
 from ..model.attention import MultiHeadAttention, split_projections
-from .config import PRECISIONS, check_precision  # noqa: F401 (PRECISIONS: the choices, named here too)
+from .decoding_config import PRECISIONS, check_precision  # noqa: F401 (PRECISIONS: the choices, named here too)
 from .ensemble import Ensemble
 
 
@@ -95,7 +95,8 @@ def uses_int8_gemm(model: nn.Module) -> bool:
     native bf16). A compiled step cannot call that GEMM: it traces the weight-only path, and
     inductor folds its dequantised weights into float32 constants, so the package holds more
     bytes than an fp32 one and its step measured slower than the eager int8 GEMM
-    (``benchmarks/interop/README.md``). Such a model decodes eagerly (``static.should_compile``)."""
+    (``benchmarks/interop/README.md``). Such a model decodes eagerly
+    (:meth:`transformer.front_door.FrontDoor.compiles`)."""
     return any(isinstance(m, Int8Linear) and m.int8_gemm for m in model.modules())
 
 

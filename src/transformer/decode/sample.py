@@ -13,13 +13,12 @@ rows that are not full keep their whole window, so a row slides where it would a
 """
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 from torch import Tensor
 
-from .static import cache_capacity, search_step
-from .steps import left_pad  # noqa: F401 (part of this module's interface)
+from .eager_step import EagerStep
 
 
 def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
@@ -58,7 +57,7 @@ def next_tokens(logits: Tensor, temperature: float, top_k: int, top_p: float,
 @torch.inference_mode()
 def generate_stream(model, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0,
                     top_k: int = 0, top_p: float = 1.0, seed: int | Sequence[int | None] | None = None,
-                    stop_id: int | Sequence[int] | None = None, compile: str = "off") -> Iterator[Tensor]:
+                    stop_id: int | Sequence[int] | None = None, step=None) -> Iterator[Tensor]:
     """Yield the next token of every row, (B,) ids, ``max_new_tokens`` times (fewer when every
     row has produced a stop token; a finished row then repeats the first stop id).
     ``stop_id``: one id, several (Llama 3 Instruct ends a turn with one of three), or None.
@@ -66,20 +65,18 @@ def generate_stream(model, prompts: list[list[int]], max_new_tokens: int, temper
     ``prompts`` are token ids, each non-empty and at most ``max_len - 1`` long (the callers
     cut longer ones from the left and start empty ones with BOS). ``seed``: one int (row
     ``i`` draws with ``seed + i``), one per row (None: a fresh one), or None (fresh ones).
-    ``compile``: ``"on"`` runs the steps after the prompt through one compiled step on a
-    fixed-shape cache (:mod:`transformer.decode.static`), ``"off"`` eagerly on the growing
-    cache, ``"auto"`` compiles when the step is built already (:func:`~transformer.decode.static.has_package`)
-    or the generation is long enough to pay for building it."""
+    ``step``: the step every token is decoded by (:mod:`transformer.decode.eager_step`, giving
+    logits; default: the model's own ``decode``, eagerly)."""
     cfg, device = model.cfg, model.embed.weight.device
     if any(not p or len(p) >= cfg.max_len for p in prompts):
         raise ValueError(f"every prompt needs 1 to {cfg.max_len - 1} tokens")
     generators = None
     if temperature > 0:
         generators = [torch.Generator(device=device).manual_seed(s) for s in row_seeds(seed, len(prompts))]
-    step = search_step(model, compile, logprobs=False, rows=len(prompts), new_tokens=max_new_tokens)
-    capacity = cache_capacity(max(len(p) for p in prompts), max_new_tokens, cfg.max_len)
+    step = EagerStep(model, logprobs=False) if step is None else step
+    need = max(len(p) for p in prompts) + max_new_tokens  # positions, were there no window to slide
     history = [list(p) for p in prompts]
-    cache, logits = step.prefill(history, capacity)
+    cache, logits = step.prefill(history, need)
     done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
     stops = stop_tensor(stop_id, device)
     new: list[Tensor] = []  # the tokens since `history` was last brought up to date
@@ -95,7 +92,7 @@ def generate_stream(model, prompts: list[list[int]], max_new_tokens: int, temper
             new.clear()
             # next_position counts the tokens of a row's window in the cache; the new token is not in it yet
             history = _windows(history, cache.next_position.tolist(), cfg.max_len)  # no more is needed again
-            cache, logits = step.prefill(history, capacity)
+            cache, logits = step.prefill(history, need)
         else:
             logits, cache = step(token[:, None], cache)
 
@@ -136,17 +133,27 @@ def row_seeds(seed: int | Sequence[int | None] | None, n_rows: int) -> list[int]
     return [torch.seed() if s is None else s for s in seed]
 
 
+def until_stop(tokens: Iterable[Tensor], stop_id: int | Sequence[int] | None) -> Iterator[list[int | None]]:
+    """:func:`generate_stream`'s tokens, each step's (B,) as a list, with None for a row that has
+    stopped: a row's stop token (kept, as Hugging Face keeps EOS) is its last."""
+    stops = set() if stop_id is None else {stop_id} if isinstance(stop_id, int) else set(stop_id)
+    ended: list[bool] | None = None
+    for token in tokens:
+        ids = token.tolist()
+        ended = ended or [False] * len(ids)
+        yield [None if done else t for t, done in zip(ids, ended)]
+        ended = [done or t in stops for t, done in zip(ids, ended)]
+
+
 def generate(model, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0, top_k: int = 0,
              top_p: float = 1.0, seed: int | Sequence[int | None] | None = None,
-             stop_id: int | Sequence[int] | None = None, compile: str = "off") -> list[list[int]]:
+             stop_id: int | Sequence[int] | None = None, step=None) -> list[list[int]]:
     """The new tokens of each row (without the prompt; cut after a stop id, which is kept);
-    ``stop_id`` and ``compile`` as for :func:`generate_stream`."""
+    ``stop_id`` and ``step`` as for :func:`generate_stream`."""
     out: list[list[int]] = [[] for _ in prompts]
-    finished = [False] * len(prompts)
-    stops = set() if stop_id is None else {stop_id} if isinstance(stop_id, int) else set(stop_id)
-    for token in generate_stream(model, prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_id, compile):
-        for i, t in enumerate(token.tolist()):
-            if not finished[i]:
-                out[i].append(t)
-                finished[i] = t in stops
+    for tokens in until_stop(generate_stream(model, prompts, max_new_tokens, temperature, top_k, top_p, seed,
+                                             stop_id, step), stop_id):
+        for row, t in zip(out, tokens):
+            if t is not None:
+                row.append(t)
     return out

@@ -107,7 +107,7 @@ def decoding_defaults(folder: Path) -> tuple[dict, list[str]]:
     note for each value our decoding refuses (a temperature "hot", top_p 1.5, max_new_tokens
     0), which is left out: the run decodes with the default, instead of every command on it
     refusing its config.yaml."""
-    from ..decode.config import FIELDS, DecodingConfig
+    from ..decode.decoding_config import FIELDS, DecodingConfig
 
     path = folder / "generation_config.json"
     g = _read_json(path) if path.is_file() else {}

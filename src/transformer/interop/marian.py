@@ -37,13 +37,13 @@ from ..model import Transformer
 from ..model.embedding import sinusoid_table
 from ._hf import check as _check
 from ._hf import copy_ as _copy
-from .layout import to_concat_layout
+from .sinusoid_layout import to_concat_layout
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import MarianConfig, MarianMTModel
 
     from ..data import Subwords
-    from ..decode.config import DecodingConfig
+    from ..decode.decoding_config import DecodingConfig
 
 # HF's name for an activation -> ours. ("swish" is the name in converted OPUS-MT configs.)
 _ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "silu": "silu", "swish": "silu"}
@@ -271,7 +271,7 @@ def to_marian(model: Transformer) -> "MarianMTModel":
     """A ``transformers.MarianMTModel`` computing the same logits as ``model``.
 
     A model with the paper's interleaved positions is first converted, exactly, to the
-    [sin | cos] layout (:func:`~transformer.interop.layout.to_concat_layout`).
+    [sin | cos] layout (:func:`~transformer.interop.sinusoid_layout.to_concat_layout`).
     The model needs what HF Marian has: post-norm, no final
     LayerNorm, relu/gelu/silu and layer_norm_eps 1e-5 (ValueError otherwise). A model
     without ``output_bias`` gets a zero ``final_logits_bias``. The generation config blocks

@@ -31,7 +31,7 @@ from pathlib import Path
 from ..config import ModelConfig
 from ..data import Subwords
 from ..data.marian_tokenizer import SOURCE_SPM, TARGET_SPM, TOKENIZER_CONFIG, VOCAB
-from ..decode.config import DecodingConfig
+from ..decode.decoding_config import DecodingConfig
 from ..run import atomic_write, write_text_atomic
 from ._hf import check
 

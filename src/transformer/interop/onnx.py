@@ -46,24 +46,24 @@ ENCODER, DECODER = "encoder.onnx", "decoder_step.onnx"
 CONFIG = "onnx_config.json"  # the model config and every graph's input and output names
 
 
-def _fp32(model: Transformer) -> Transformer:
+def fp32_copy(model: Transformer) -> Transformer:
     """The model in float32 eval mode (a copy when it is in another dtype or training)."""
     if model.training or next(model.parameters()).dtype != torch.float32:
         model = copy.deepcopy(model).float().eval()
     return model
 
 
-def _kv_names(prefix: str, n_layers: int) -> list[str]:
+def kv_names(prefix: str, n_layers: int) -> list[str]:
     return [f"{prefix}_{kind}_{i}" for i in range(n_layers) for kind in ("k", "v")]
 
 
-def _flat(kv: tuple) -> list[Tensor]:
+def flat(kv: tuple) -> list[Tensor]:
     """Per-layer (K, V) pairs as the graphs take and give them: K_0, V_0, K_1, V_1, ..."""
     return [t for pair in kv for t in pair]
 
 
-def _pairs(flat: tuple[Tensor, ...]) -> tuple[tuple[Tensor, Tensor], ...]:
-    """The reverse of :func:`_flat`: per-layer (K, V) pairs."""
+def kv_pairs(flat: tuple[Tensor, ...]) -> tuple[tuple[Tensor, Tensor], ...]:
+    """The reverse of :func:`flat`: per-layer (K, V) pairs."""
     return tuple(zip(flat[0::2], flat[1::2]))
 
 
@@ -71,14 +71,14 @@ def _max_abs(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a - b).max())
 
 
-def _compare_step(diffs: dict[str, float], got: list[np.ndarray], logits: Tensor, present: list[Tensor]) -> None:
+def compare_step(diffs: dict[str, float], got: list[np.ndarray], logits: Tensor, present: list[Tensor]) -> None:
     """Raise ``diffs["logits"]`` and ``diffs["present"]`` to one step's differences: a step
     graph's outputs ``got`` (the logits, then the grown cache) against the model's."""
     diffs["logits"] = max(diffs["logits"], _max_abs(got[0], logits.numpy()))
     diffs["present"] = max(diffs["present"], *(_max_abs(a, b.numpy()) for a, b in zip(got[1:], present)))
 
 
-class _Graph(nn.Module):
+class Graph(nn.Module):
     """What one exported graph computes (its ``forward``) with the parts of ``model``."""
 
     def __init__(self, model: nn.Module) -> None:
@@ -86,21 +86,21 @@ class _Graph(nn.Module):
         self.model = model
 
 
-class _EncoderGraph(_Graph):
+class _EncoderGraph(Graph):
     def forward(self, src: Tensor) -> tuple[Tensor, ...]:
         # the source mask applied whether or not it hides anything (model.encode asks, on the
         # host, which a graph for every input cannot)
         model = self.model
         memory, _ = model.encoder(model.dropout(model.positions(model.src_embed(src))), model.src_mask(src))
-        return (memory, *_flat(model.decoder.cross_kv(memory)))
+        return (memory, *flat(model.decoder.cross_kv(memory)))
 
 
-class _DecoderStepGraph(_Graph):
+class _DecoderStepGraph(Graph):
     def forward(self, tokens: Tensor, src_mask: Tensor, *kv: Tensor) -> tuple[Tensor, ...]:
         n = self.model.cfg.n_layers
-        cache = KVCache(cross_kv=_pairs(kv[:2 * n]), self_kv=_pairs(kv[2 * n:]), memory_mask=src_mask[:, None, None, :])
+        cache = KVCache(cross_kv=kv_pairs(kv[:2 * n]), self_kv=kv_pairs(kv[2 * n:]), memory_mask=src_mask[:, None, None, :])
         logits, cache = self.model.decode(tokens, cache)
-        return (logits[:, -1], *_flat(cache.self_kv))
+        return (logits[:, -1], *flat(cache.self_kv))
 
 
 def _example_inputs(model: Transformer, batch: int = 2, src_len: int = 5, past: int = 3):
@@ -117,56 +117,56 @@ def _example_inputs(model: Transformer, batch: int = 2, src_len: int = 5, past: 
         prefix = torch.full((batch, past), cfg.bos_id, dtype=torch.long)
         prefix[:, 1:] = torch.randint(low, max(cfg.target_vocab_size, low + 1), (batch, past - 1), generator=g)
         _, cache = model.decode(prefix, cache)
-    return src, tokens, src != cfg.pad_id, list(enc[1:]), _flat(cache.self_kv)
+    return src, tokens, src != cfg.pad_id, list(enc[1:]), flat(cache.self_kv)
 
 
 @torch.no_grad()
 def export_onnx(model: Transformer, out_dir: str | Path) -> Path:
     """Write ``encoder.onnx``, ``decoder_step.onnx`` and ``onnx_config.json`` (the model
     config and the graphs' input/output names) into ``out_dir``. Returns the directory."""
-    model, out_dir = _start_export(model, out_dir)
+    model, out_dir = start_export(model, out_dir)
     src, tokens, src_mask, cross, past = _example_inputs(model)
     n, max_len = model.cfg.n_layers, model.cfg.max_len
     batch, src_len = Dim("batch"), Dim("src_len", max=max_len)
     past_len = Dim("past_len", min=0, max=max_len - 1)  # the position of ``tokens`` must be < max_len
-    cross_names, past_names, present_names = _kv_names("cross", n), _kv_names("past", n), _kv_names("present", n)
+    cross_names, past_names, present_names = kv_names("cross", n), kv_names("past", n), kv_names("present", n)
 
     enc_out = ["memory", *cross_names]
-    _export(_EncoderGraph(model), (src,), ({0: batch, 1: src_len},), ["src"], enc_out, out_dir / ENCODER)
+    export_graph(_EncoderGraph(model), (src,), ({0: batch, 1: src_len},), ["src"], enc_out, out_dir / ENCODER)
     dec_in = ["tokens", "src_mask", *cross_names, *past_names]
     dec_out = ["logits", *present_names]
     kv_shapes = tuple([{0: batch, 2: src_len}] * (2 * n) + [{0: batch, 2: past_len}] * (2 * n))
-    _export(_DecoderStepGraph(model), (tokens, src_mask, *cross, *past),
+    export_graph(_DecoderStepGraph(model), (tokens, src_mask, *cross, *past),
             ({0: batch}, {0: batch, 1: src_len}, kv_shapes), dec_in, dec_out, out_dir / DECODER)
 
-    _write_config(out_dir, model, {"encoder": {"inputs": ["src"], "outputs": enc_out},
+    write_config(out_dir, model, {"encoder": {"inputs": ["src"], "outputs": enc_out},
                                    "decoder_step": {"inputs": dec_in, "outputs": dec_out}})
     return out_dir
 
 
-def _start_export(model: nn.Module, out_dir: str | Path) -> tuple[nn.Module, Path]:
+def start_export(model: nn.Module, out_dir: str | Path) -> tuple[nn.Module, Path]:
     """What every export starts with: the packages that write ONNX present, ``out_dir``
-    made, the model in float32 eval mode (:func:`_fp32`)."""
+    made, the model in float32 eval mode (:func:`fp32_copy`)."""
     require("onnx", "export", __name__)  # torch.onnx.export's dynamo exporter writes with these two
     require("onnxscript", "export", __name__)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    return _fp32(model), out_dir
+    return fp32_copy(model), out_dir
 
 
-def _write_config(out_dir: Path, model: nn.Module, graphs: dict) -> None:
+def write_config(out_dir: Path, model: nn.Module, graphs: dict) -> None:
     """``onnx_config.json``: the model config, the opset and ``graphs`` (each graph's input
     and output names)."""
     info = {"model_config": model.cfg.to_dict(), "opset": OPSET, **graphs}
     (out_dir / CONFIG).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
 
 
-def _read_config(out_dir: str | Path) -> dict:
+def read_config(out_dir: str | Path) -> dict:
     """The model config an export wrote into ``onnx_config.json``, as a mapping."""
     return json.loads((Path(out_dir) / CONFIG).read_text(encoding="utf-8"))["model_config"]
 
 
-def _export(graph: nn.Module, args: tuple, dynamic_shapes: tuple, input_names: list[str],
+def export_graph(graph: nn.Module, args: tuple, dynamic_shapes: tuple, input_names: list[str],
             output_names: list[str], path: Path, deferred_asserts: bool = False) -> None:
     """torch.export, then the ONNX conversion, then the dynamic axes named after their Dims.
 
@@ -197,7 +197,7 @@ def _export(graph: nn.Module, args: tuple, dynamic_shapes: tuple, input_names: l
     onnx_program.save(path)
 
 
-def _session(out_dir: str | Path, name: str):
+def open_session(out_dir: str | Path, name: str):
     """An onnxruntime session on the CPU for the graph ``out_dir / name``, on torch's number
     of threads, its warnings kept to errors."""
     ort = require("onnxruntime", "export", __name__)
@@ -209,7 +209,7 @@ def _session(out_dir: str | Path, name: str):
 
 
 def _sessions(out_dir: str | Path):
-    return _session(out_dir, ENCODER), _session(out_dir, DECODER)
+    return open_session(out_dir, ENCODER), open_session(out_dir, DECODER)
 
 
 @torch.no_grad()
@@ -221,7 +221,7 @@ def check_onnx(model: Transformer, out_dir: str | Path, src: Tensor | None = Non
     ``past_lengths`` earlier target positions, on ``src`` (default: a padded random batch).
     Returns the largest absolute differences {"memory": .., "logits": .., "present": ..}.
     """
-    model = _fp32(model)
+    model = fp32_copy(model)
     cfg = model.cfg
     if src is None:
         src = _example_inputs(model, batch=3, src_len=7)[0]
@@ -238,11 +238,11 @@ def check_onnx(model: Transformer, out_dir: str | Path, src: Tensor | None = Non
         if past:
             _, cache = model.decode(tgt[:, :past], cache)
         feed = {"tokens": tgt[:, past:].numpy(), "src_mask": src_mask}
-        feed.update(zip(_kv_names("cross", cfg.n_layers), outs[1:]))
-        feed.update(zip(_kv_names("past", cfg.n_layers), _past_arrays(cache, src.size(0), model)))
+        feed.update(zip(kv_names("cross", cfg.n_layers), outs[1:]))
+        feed.update(zip(kv_names("past", cfg.n_layers), _past_arrays(cache, src.size(0), model)))
         got = dec.run(None, feed)
         logits, cache = model.decode(tgt[:, past:], cache)
-        _compare_step(diffs, got, logits[:, -1], _flat(cache.self_kv))
+        compare_step(diffs, got, logits[:, -1], flat(cache.self_kv))
     return diffs
 
 
@@ -250,7 +250,7 @@ def _past_arrays(cache: KVCache, batch: int, model: Transformer) -> list[np.ndar
     if cache.self_kv[0] is None:
         empty = np.zeros((batch, model.cfg.n_heads, 0, model.cfg.d_head), dtype=np.float32)
         return [empty] * (2 * model.cfg.n_layers)
-    return [t.numpy() for t in _flat(cache.self_kv)]
+    return [t.numpy() for t in flat(cache.self_kv)]
 
 
 def greedy_onnx(out_dir: str | Path, src: Tensor, max_len: int, sessions=None) -> list[list[int]]:
@@ -258,13 +258,13 @@ def greedy_onnx(out_dir: str | Path, src: Tensor, max_len: int, sessions=None) -
     sentence of ``src`` (B, S), its tokens up to and including EOS, at most ``max_len``
     (EOS forced there, as in :func:`~transformer.decode.greedy_search`). PAD and BOS are
     never chosen. Reads the config from ``onnx_config.json``."""
-    cfg = _read_config(out_dir)
+    cfg = read_config(out_dir)
     n, heads, d_head = cfg["n_layers"], cfg["n_heads"], cfg["d_model"] // cfg["n_heads"]
     enc, dec = sessions or _sessions(out_dir)
     batch = src.size(0)
     outs = enc.run(None, {"src": src.numpy()})
-    feed = {"src_mask": (src != cfg["pad_id"]).numpy(), **dict(zip(_kv_names("cross", n), outs[1:]))}
-    feed.update({name: np.zeros((batch, heads, 0, d_head), np.float32) for name in _kv_names("past", n)})
+    feed = {"src_mask": (src != cfg["pad_id"]).numpy(), **dict(zip(kv_names("cross", n), outs[1:]))}
+    feed.update({name: np.zeros((batch, heads, 0, d_head), np.float32) for name in kv_names("past", n)})
     tokens = np.full((batch, 1), cfg["bos_id"], dtype=np.int64)
     result: list[list[int]] = [[] for _ in range(batch)]
     done = np.zeros(batch, dtype=bool)
@@ -279,6 +279,6 @@ def greedy_onnx(out_dir: str | Path, src: Tensor, max_len: int, sessions=None) -
         done |= best == cfg["eos_id"]
         if done.all():
             break
-        feed.update(zip(_kv_names("past", n), got[1:]))
+        feed.update(zip(kv_names("past", n), got[1:]))
         tokens = best[:, None].astype(np.int64)
     return result

@@ -26,22 +26,22 @@ from torch.export import Dim
 
 from ..model import KVCache
 from ..model.lm import LanguageModel
-from .onnx import (_compare_step, _export, _flat, _fp32, _Graph, _kv_names, _pairs, _read_config, _session,
-                   _start_export, _write_config)
+from .onnx import (Graph, compare_step, export_graph, flat, fp32_copy, kv_names, kv_pairs, open_session, read_config,
+                   start_export, write_config)
 
 LM_STEP = "lm_step.onnx"
 
 
-class _LMStepGraph(_Graph):
+class _LMStepGraph(Graph):
     def forward(self, tokens: Tensor, *kv: Tensor) -> tuple[Tensor, ...]:
-        past = _pairs(kv)
+        past = kv_pairs(kv)
         # the position of ``tokens`` is the cache's length (every cached token is real)
         start = torch.zeros(tokens.size(0), dtype=torch.long, device=tokens.device) + kv[0].size(2)
         cache = KVCache(cross_kv=(None,) * len(past), self_kv=past, memory_mask=None, padded=False,
                         next_position=start)
         h, cache, _ = self.model.hidden(tokens, cache, padded=False)
         logits = self.model.project(h)
-        return (logits[:, -1], *_flat(cache.self_kv))
+        return (logits[:, -1], *flat(cache.self_kv))
 
 
 def _past(model: LanguageModel, ids: Tensor) -> list[Tensor]:
@@ -50,25 +50,25 @@ def _past(model: LanguageModel, ids: Tensor) -> list[Tensor]:
     if ids.size(1) == 0:
         return [torch.zeros(ids.size(0), cfg.kv_heads, 0, cfg.d_head)] * (2 * cfg.n_layers)
     _, cache, _ = model.hidden(ids, model.start_cache(ids.size(0)), padded=False)
-    return _flat(cache.self_kv)
+    return flat(cache.self_kv)
 
 
 @torch.no_grad()
 def export_onnx_lm(model: LanguageModel, out_dir: str | Path) -> Path:
     """Write ``lm_step.onnx`` and ``onnx_config.json`` (the model config and the graph's
     input/output names) into ``out_dir``. Returns the directory."""
-    model, out_dir = _start_export(model, out_dir)
+    model, out_dir = start_export(model, out_dir)
     cfg = model.cfg
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, cfg.vocab_size, (2, 4), generator=g)
     n = cfg.n_layers
-    past_names, present_names = _kv_names("past", n), _kv_names("present", n)
+    past_names, present_names = kv_names("past", n), kv_names("present", n)
     batch, past_len = Dim("batch"), Dim("past_len", max=cfg.max_len - 1)
     inputs, outputs = ["tokens", *past_names], ["logits", *present_names]
-    _export(_LMStepGraph(model), (ids[:, 3:], *_past(model, ids[:, :3])),
+    export_graph(_LMStepGraph(model), (ids[:, 3:], *_past(model, ids[:, :3])),
             ({0: batch}, tuple([{0: batch, 2: past_len}] * (2 * n))), inputs, outputs, out_dir / LM_STEP,
             deferred_asserts=True)
-    _write_config(out_dir, model, {"lm_step": {"inputs": inputs, "outputs": outputs}})
+    write_config(out_dir, model, {"lm_step": {"inputs": inputs, "outputs": outputs}})
     return out_dir
 
 
@@ -78,17 +78,17 @@ def check_onnx_lm(model: LanguageModel, out_dir: str | Path, ids: Tensor | None 
     """Run ``lm_step.onnx`` with onnxruntime after ``past_lengths`` earlier tokens of ``ids``
     (B, T) (default: random ids) and compare its logits and grown cache with ``model``'s.
     Returns the largest absolute differences {"logits": .., "present": ..}."""
-    model = _fp32(model)
+    model = fp32_copy(model)
     cfg = model.cfg
     if ids is None:
         ids = torch.randint(0, cfg.vocab_size, (3, max(past_lengths) + 1), generator=torch.Generator().manual_seed(1))
-    session = _session(out_dir, LM_STEP)
-    names = _kv_names("past", cfg.n_layers)
+    session = open_session(out_dir, LM_STEP)
+    names = kv_names("past", cfg.n_layers)
     diffs = {"logits": 0.0, "present": 0.0}
     for past in past_lengths:
         got = session.run(None, {"tokens": ids[:, past:past + 1].numpy(),
                                  **{k: t.numpy() for k, t in zip(names, _past(model, ids[:, :past]))}})
-        _compare_step(diffs, got, model(ids[:, :past + 1], padded=False)[:, -1], _past(model, ids[:, :past + 1]))
+        compare_step(diffs, got, model(ids[:, :past + 1], padded=False)[:, -1], _past(model, ids[:, :past + 1]))
     return diffs
 
 
@@ -96,11 +96,11 @@ def greedy_onnx_lm(out_dir: str | Path, prompt: list[int], max_new_tokens: int, 
     """Greedy continuation of ``prompt`` on ``lm_step.onnx`` (a reference loop, not tuned):
     the prompt is fed one token at a time, then ``max_new_tokens`` tokens are chosen (no stop
     token: as ``generate_stream`` without ``stop_id``). Reads the config from ``onnx_config.json``."""
-    cfg = _read_config(out_dir)
+    cfg = read_config(out_dir)
     n, d_head = cfg["n_layers"], cfg["d_model"] // cfg["n_heads"]
     kv_heads = cfg["n_kv_heads"] or cfg["n_heads"]
-    session = session or _session(out_dir, LM_STEP)
-    names = _kv_names("past", n)
+    session = session or open_session(out_dir, LM_STEP)
+    names = kv_names("past", n)
     feed = {name: np.zeros((1, kv_heads, 0, d_head), np.float32) for name in names}
     out: list[int] = []
     token = prompt[0]

@@ -45,14 +45,21 @@ def attention(
     if not need_weights and (q.device.type != "cpu" or q.dtype not in (torch.bfloat16, torch.float16)):
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         return out, None
+    weights = attention_weights(q, k, mask)
+    used = dropout(weights, dropout_p) if dropout_p > 0 else weights
+    return used @ v, (weights if need_weights else None)
+
+
+def attention_weights(q: Tensor, k: Tensor, mask: Tensor | None = None) -> Tensor:
+    """softmax(Q K^T / sqrt(d_k)): (B, H, T_q, T_k), each query's weights over the keys (q, k
+    and mask as in :func:`attention`); a query whose keys are all masked gets zeros."""
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, T_q, T_k)
     if mask is not None:
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
     weights = scores.softmax(dim=-1)
     if mask is not None:  # a fully masked row would otherwise be uniform over padding
         weights = weights.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
-    used = dropout(weights, dropout_p) if dropout_p > 0 else weights
-    return used @ v, (weights if need_weights else None)
+    return weights
 
 
 class MultiHeadAttention(nn.Module):

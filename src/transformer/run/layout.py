@@ -10,7 +10,7 @@
     RUN_DIR/learning_curve.png        training and validation loss by update
     RUN_DIR/compiled/                 never read: earlier versions kept compiled decoding steps here, and a
                                       run from elsewhere may hold one (they live in the user's cache:
-                                      ``transformer.decode.packages``)
+                                      ``transformer.compiled.packages``)
     RUN_DIR/.lock                     held by the ``transformer train`` writing the run (its pid inside;
                                       :mod:`.lock`), removed when it ends
 

@@ -7,7 +7,7 @@ model, and the attention explorer page.
 
 ``app`` picks the service for the model; ``core`` is what both kinds share (the batcher, the
 app with ``/health``, ``/stats`` and the page) around a kind's route set: ``translation``
-(the translation service and its routes) or ``generation`` with ``lm_routes`` (prompts
+(the translation service and its routes) or ``generation`` (the language model's: prompts
 continued in batches, their tokens streamed). ``guard`` admits each request (token, body
 limits, deadline, a client gone), ``batching`` collects concurrent requests into one
 decoding call, ``attention`` computes the maps the explorer draws, ``static/`` is the page
@@ -18,6 +18,6 @@ from ..extras import require
 require("fastapi", "serve", "transformer.serve")  # a one-line MissingExtra, not a deep ImportError
 
 from .app import create_app  # noqa: E402
-from .config import ServeConfig  # noqa: E402
+from .serve_config import ServeConfig  # noqa: E402
 
 __all__ = ["create_app", "ServeConfig"]

@@ -5,7 +5,7 @@ run's config says which (``transformer serve`` reads it), and ``/health`` tells 
     Translation model (see :mod:`.translation`):
     POST /translate   {"text": "..."} or {"texts": [...]}, optional "beam", "n_best"
     POST /attention   {"text": "..."}: tokens, translation and every attention weight
-    Language model (see :mod:`.generation`, :mod:`.lm_routes`):
+    Language model (see :mod:`.generation`):
     POST /generate    {"prompt": "..."}, optional "max_new_tokens", "temperature", "top_k",
                       "top_p", "seed": the continuation as JSON, or with "Accept:
                       text/event-stream" (or "stream": true) as server-sent events, one per token
@@ -29,7 +29,7 @@ from fastapi import FastAPI
 
 from ..generator import Generator
 from ..translator import Translator
-from .config import ServeConfig
+from .serve_config import ServeConfig
 from .core import core_app
 from .generation import LMService
 from .translation import TranslationService
@@ -38,7 +38,7 @@ from .translation import TranslationService
 def create_app(model: Translator | Generator, cfg: ServeConfig | None = None, model_name: str = "") -> FastAPI:
     """The ASGI app serving ``model`` (already loaded: a Translator, or a language model's
     Generator) with the settings ``cfg``: the service core (:mod:`.core`) with the kind's
-    route set (:mod:`.translation`, :mod:`.lm_routes`)."""
+    route set (:mod:`.translation`, :mod:`.generation`)."""
     cfg = cfg or ServeConfig()
     service = LMService(model, cfg) if isinstance(model, Generator) else TranslationService(model, cfg)
     return core_app(service, model_name)

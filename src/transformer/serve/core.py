@@ -18,7 +18,7 @@ from fastapi.staticfiles import StaticFiles
 
 from .attention import Bounds, TooMuchAttention, attention_maps_tensors, maps_json
 from .batching import Decode, DynamicBatcher
-from .config import ServeConfig
+from .serve_config import ServeConfig
 from .errors import ServeError, add_error_handlers
 from .guard import STATIC_URL, Guard
 

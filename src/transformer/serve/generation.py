@@ -1,6 +1,8 @@
-"""The language model behind the service: a request is checked and encoded in the event loop,
-continued in a batch by the batcher's thread, and its tokens are handed to the event loop as
-they come when the client streams.
+"""The language model behind the service, and its route set (``/generate``, ``/attention``): a
+request is checked and encoded in the event loop, continued in a batch by the batcher's thread
+through the Generator (:meth:`~transformer.generator.Generator.pieces`, as ``transformer
+generate`` continues a prompt), and its tokens are handed to the event loop as they come when
+the client streams.
 
 Requests with the same sampling settings (:class:`Sampling`: max_new_tokens, temperature,
 top_k, top_p) share a batch, streaming or not; each row samples with its own seed, so its
@@ -17,15 +19,18 @@ import secrets
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
-from ..decode.sample import generate_stream
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.requests import Request
+from starlette.responses import Response
+
 from ..errors import UserError
-from ..generator import Generator, TextPieces
+from ..generator import Generator
 from .attention import Bounds
-from .config import ServeConfig
 from .core import ServiceCore, check_default
-from .errors import ServeError
-from .lm_routes import add_generation_routes
-from .schemas import GenerateRequest
+from .errors import ERRORS, ServeError, refuse_elsewhere
+from .schemas import GenerateRequest, GenerateResponse, LMAttentionRequest, LMAttentionResponse
+from .serve_config import ServeConfig
 
 FRESH_SEEDS = 2**31  # a seed the server picks is below this (short to read back and type in)
 
@@ -59,7 +64,7 @@ class Continuation:
 
 
 class LMService(ServiceCore):
-    """The loaded :class:`Generator` and what the routes (:mod:`.lm_routes`) need of it.
+    """The loaded :class:`Generator` and what the routes (:func:`add_generation_routes`) need of it.
     ``_generate`` and ``attention`` use the model, so they run in the batcher's thread only."""
 
     kind = "language-model"
@@ -153,28 +158,27 @@ class LMService(ServiceCore):
 
     # ---- in the batcher's thread ------------------------------------------------------
     def _generate(self, key: Sampling, rows: list[Row]) -> list[Continuation]:
-        tokenizer, stop_id = self.generator.tokenizer, self.generator.stop_id
-        stops = set() if stop_id is None else {stop_id} if isinstance(stop_id, int) else set(stop_id)
-        texts = [TextPieces(tokenizer, keep=True) for _ in rows]
-        ended = [False] * len(rows)  # the row has produced a stop id (kept, as HF keeps EOS); it adds no more
-        if not all(row.cancelled for row in rows):
-            for token in generate_stream(self.generator.model, [r.ids for r in rows], key.max_new_tokens,
-                                         key.temperature, key.top_k, key.top_p, [r.seed for r in rows],
-                                         stop_id=stop_id, compile=self.generator.decoding.compile):
-                for i, (row, text, t) in enumerate(zip(rows, texts, token.tolist())):
-                    if ended[i]:
-                        continue
-                    ended[i] = t in stops
-                    piece = text.add(t)
-                    if row.sink is not None and not row.cancelled:
-                        row.sink({"text": piece, "token": t})
-                if all(row.cancelled for row in rows):
-                    break
-        for row, text in zip(rows, texts):
-            rest = text.finish()  # a character still incomplete at the end
-            if rest and row.sink is not None and not row.cancelled:
-                row.sink({"text": rest, "token": None})
-        return [Continuation(text.text, text.ids) for text in texts]
+        """The rows continued through :meth:`Generator.pieces` (as ``transformer generate``
+        does), each piece handed to its row's sink as it comes; a batch stops when all its rows
+        are cancelled."""
+        texts, ids = [""] * len(rows), [[] for _ in rows]
+        if all(row.cancelled for row in rows):
+            return [Continuation(text, t) for text, t in zip(texts, ids)]
+        generator = self.generator.with_decoding(max_new_tokens=key.max_new_tokens, temperature=key.temperature,
+                                                 top_k=key.top_k, top_p=key.top_p)
+        for step in generator.pieces([r.ids for r in rows], [r.seed for r in rows]):
+            for i, (row, piece) in enumerate(zip(rows, step)):
+                if piece is None or piece == (None, ""):  # stopped, or nothing held back
+                    continue
+                token, text = piece
+                texts[i] += text
+                if token is not None:
+                    ids[i].append(token)
+                if row.sink is not None and not row.cancelled:
+                    row.sink({"text": text, "token": token})
+            if all(row.cancelled for row in rows):
+                break
+        return [Continuation(text, t) for text, t in zip(texts, ids)]
 
     def attention(self, text: str, bounds: Bounds) -> str:
         try:
@@ -199,3 +203,42 @@ def sse(data: dict, event: str | None = None) -> str:
 
 def _either(value, default):
     return default if value is None else value
+
+
+EVENT_STREAM = "text/event-stream"
+STREAM_DOC = ('one event per token, `data: {"text": "...", "token": id}` (the text it adds, possibly "" while a '
+              'character is incomplete), then `event: done` with the JSON answer (or `event: error`)')
+
+
+def add_generation_routes(app: FastAPI, service: LMService) -> None:
+    """The route set of a language-model server: ``/generate`` (JSON, or server-sent events as
+    the tokens come) and ``/attention`` (the causal self-attention over a text); the service
+    core (:mod:`.core`) adds ``/health`` and the rest."""
+    @app.post("/generate", responses={200: {"model": GenerateResponse,
+                                            "content": {EVENT_STREAM: {"schema": {"type": "string"},
+                                                                       "example": STREAM_DOC}}},
+                                      **ERRORS})
+    async def generate(req: GenerateRequest, request: Request) -> Response:
+        """Continue a prompt. Settings a request does not give come from the run's decoding
+        section; the same seed gives the same text, whatever else is batched with it. With
+        "Accept: text/event-stream" (or "stream": true) the tokens come as server-sent events."""
+        key, row = service.request(req)
+        streaming = req.stream if req.stream is not None else EVENT_STREAM in request.headers.get("accept", "")
+        if streaming:  # queued now: a full queue is a 503, not an error event in a 200 stream
+            return StreamingResponse(service.events(key, row), media_type=EVENT_STREAM,
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return JSONResponse(await service.complete(key, row))
+
+    @app.post("/attention", responses={200: {"model": LMAttentionResponse}, **ERRORS})
+    async def attention(req: LMAttentionRequest) -> Response:
+        """The tokens of a text (a prompt and its continuation) and every causal self-attention
+        weight (per layer and head, or those of "layers" and "heads"), rounded; a text longer
+        than the context: its end. An answer over the server's --max-attention weights is a 413."""
+        if len(req.text) > service.cfg.max_chars:
+            raise ServeError(413, f"the text is {len(req.text)} characters long; the limit is {service.cfg.max_chars}")
+        bounds = service.attention_bounds(service.generator.model.cfg, req.layers, req.heads)
+        # JSON made in the batcher's thread, not validated through the response model: the maps are large
+        body = await service.batcher.run_exclusive(service.attention, req.text, bounds)
+        return Response(body, media_type="application/json")
+    refuse_elsewhere(app, ["/translate"], "this server has a language model: it serves POST /generate "
+                                          '(and POST /attention with {"text": ...}), not /translate')

@@ -11,7 +11,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from ..decode.config import SEED_MAX
+from ..decode.decoding_config import SEED_MAX
 
 
 def _valid_unicode(text: str) -> str:

@@ -7,7 +7,7 @@ from fastapi.responses import Response
 
 from ..translator import Translation, Translator
 from .attention import Bounds
-from .config import ServeConfig
+from .serve_config import ServeConfig
 from .core import ServiceCore, check_default
 from .errors import ERRORS, ServeError, refuse_elsewhere
 from .schemas import AttentionRequest, AttentionResponse, Candidate, TranslateRequest, TranslateResponse

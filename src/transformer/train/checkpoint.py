@@ -31,7 +31,7 @@ from ..run import layout, weights
 from ..run.files import RecordingWriter, atomic_dir, atomic_write, file_sha256
 from ..run.layout import CKPT_DIR, STATE, WEIGHTS, checkpoint_dirs, discard
 from ..run.weights import write_weights_file
-from .config import TrainConfig
+from .train_config import TrainConfig
 from .distributed import Dist, reshard_position
 from .prepare import tokenizer_file
 from .run_dir import DATA_SHA256

@@ -25,7 +25,7 @@ import torch
 from ..errors import UserError
 from ..run import CONFIG, load_model, run_file
 from ..viz.steps import Step
-from .config import load_config
+from .train_config import load_config
 from .distributed import Dist
 from .prepare import prepare_data, tokenizer_file
 from .reuse import finetune_model_config
@@ -239,7 +239,7 @@ def _token_text(data, batch, row: int, t: int) -> tuple[str, str]:
     """The named token (printable) and the text the model read before it."""
     gold = int(batch.tgt_out[row, t])
     if hasattr(data, "tokenizer"):  # a language model: the window's text up to the position
-        from ..viz.lm_walkthrough import token_shower
+        from ..viz.walkthrough_lm import token_shower
 
         x = batch.inputs[0][row, : t + 1].tolist()
         return token_shower(data.tokenizer)(gold), data.tokenizer.decode(x)[-60:]

@@ -26,7 +26,7 @@ from ..data.text import LineSubwords, load_tokenizer, read_text, read_texts, spl
 from ..errors import UserError
 from ..run.files import atomic_write, file_sha256, write_text_atomic
 from ..run.layout import CONFIG, SUBWORDS, remove_stale_files
-from .config import TrainConfig
+from .train_config import TrainConfig
 
 
 # A language model's tokenizer files, as a run (of ours, or imported) holds them: a fine-tune

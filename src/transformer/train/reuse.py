@@ -27,7 +27,7 @@ from ..data.word_vectors import init_from_word_vectors
 from ..errors import UserError
 from ..model import Transformer
 from ..run import files, layout, weights
-from .config import TrainConfig
+from .train_config import TrainConfig
 from .prepare import MAIN_TOKENIZER_FILES, TOKENIZER_FILES
 
 # ModelConfig fields a fine-tune may change: the weights fit either way (the positional

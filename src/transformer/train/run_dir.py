@@ -15,7 +15,7 @@ from pathlib import Path
 from ..errors import UserError
 from ..run import layout, weights
 from ..run.lock import make_run_dir
-from .config import TrainConfig
+from .train_config import TrainConfig
 from .prepare import DATA_FILES, data_checksums
 
 DATA_SHA256 = "data_sha256"  # a checkpoint's record of its data files' checksums, by key (prepare.data_checksums)

@@ -18,12 +18,12 @@ from ..config import ModelConfig
 from ..data import Batch, TokenBatchSampler, collate, example_lengths
 from ..data.chars import Chars
 from ..data.text import NOT_SCORED, TextBatch, WindowSampler, validation_windows, windows
-from ..decode.config import DecodingConfig
+from ..decode.decoding_config import DecodingConfig
 from ..errors import UserError
 from ..evaluate import score
 from ..model import LanguageModel, Transformer, build_model
 from ..translator import Translator
-from .config import TrainConfig
+from .train_config import TrainConfig
 from .distributed import Dist
 from .loss import label_smoothed_nll_loss
 from .prepare import PreparedData, PreparedText
@@ -42,11 +42,25 @@ def scored_nll(model, inputs: tuple, labels: torch.Tensor, pad: int, device: tor
     return float(nll), int(k)
 
 
-class TranslationTask:
+class Scores:
+    """How a task words its validation score (``score_name``, the one to maximise): ``score_text``
+    says a value; ``best_summary`` the best, or ``no_score`` when there was none."""
+
+    no_score: str
+
+    @staticmethod
+    def score_text(score: float) -> str:
+        raise NotImplementedError
+
+    def best_summary(self, best: float) -> str:
+        return f"best {self.score_text(best)}" if math.isfinite(best) else self.no_score
+
+
+class TranslationTask(Scores):
     """Source/target pairs: token-bucketed batches (one shard per rank), validation
     negative log-likelihood and greedy BLEU (the score that picks the best weights)."""
 
-    score_name = "valid_bleu"
+    score_name, no_score = "valid_bleu", "no validation BLEU"
 
     def __init__(self, cfg: TrainConfig, data: PreparedData, dist: Dist,
                  model_config: Callable[[int], ModelConfig] | None = None) -> None:
@@ -67,12 +81,7 @@ class TranslationTask:
                 f"= up to {world * accum * self.cfg.max_tokens} padded tokens per update")
 
     @staticmethod
-    def best_summary(best: float) -> str:
-        return f"best validation BLEU {best:.2f}" if math.isfinite(best) else "no validation BLEU"
-
-    @staticmethod
     def score_text(score: float) -> str:
-        """A ``score_name`` value in words."""
         return f"validation BLEU {score:.2f}"
 
     def build_model(self) -> Transformer:
@@ -114,7 +123,7 @@ class TranslationTask:
         return rec
 
 
-class LanguageModelTask:
+class LanguageModelTask(Scores):
     """A decoder-only language model on one token stream: micro-batches of ``batch_size``
     windows of the context length drawn at random from the training stream (one shard of
     the draws per rank, see :class:`WindowSampler`); validation on fixed windows that score
@@ -122,6 +131,7 @@ class LanguageModelTask:
     same at every evaluation, where nanoGPT estimates it from ``eval_iters`` random batches."""
 
     score_name = "valid_score"  # -valid_nll: best.safetensors keeps the lowest validation loss
+    no_score = "no validation"
     eval_windows = 64  # windows per forward pass in validation
 
     def __init__(self, cfg: TrainConfig, data: PreparedText, dist: Dist,
@@ -143,12 +153,7 @@ class LanguageModelTask:
                 f"= {n} windows of {self.context} tokens ({n * self.context} tokens) per update")
 
     @staticmethod
-    def best_summary(best: float) -> str:
-        return f"best validation loss {-best:.4f} nats/token" if math.isfinite(best) else "no validation"
-
-    @staticmethod
-    def score_text(score: float) -> str:
-        """A ``score_name`` value (-valid_nll) in words."""
+    def score_text(score: float) -> str:  # (the score is -valid_nll)
         return f"validation loss {-score:.4f} nats/token"
 
     def build_model(self) -> LanguageModel:

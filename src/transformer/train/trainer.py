@@ -29,7 +29,7 @@ from ..model.dropout import Dropout
 from ..run import layout
 from ..run.lock import RunLock, lock_run
 from .checkpoint import Checkpoints, seed_all
-from .config import TrainConfig
+from .train_config import TrainConfig
 from .distributed import Dist
 from .loss import compile_loss
 from .monitor import Monitor, ended_at, require_tensorboard
@@ -345,10 +345,10 @@ class Trainer:
     def _compiled(self, wrapper):
         """The forward train_step runs (the DDP wrapper, else None: the model) and its loss
         function; with ``compile: true`` both compiled at the window's fixed shape
-        (train/compiled.py). Validation and decoding stay eager."""
+        (train/torch_compile.py). Validation and decoding stay eager."""
         if not self.cfg.compile:
             return wrapper, forward_loss
-        from .compiled import compiled_training
+        from .torch_compile import compiled_training
 
         self.log("model: the training forward, loss and backward compiled by torch.compile (compile: true)")
         return compiled_training(self.model, wrapper, cpu=self.device.type == "cpu")

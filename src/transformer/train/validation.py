@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from ..run import layout, weights
-from .config import TrainConfig
+from .train_config import TrainConfig
 
 
 class Validation:
@@ -23,7 +23,8 @@ class Validation:
     at by this process (``best_step``). ``best`` and ``bad_evals`` go into every checkpoint."""
 
     def __init__(self, cfg: TrainConfig, task, run_dir: Path, device: torch.device, amp_dtype, log) -> None:
-        self.cfg, self.task, self.run_dir, self.device, self.amp_dtype, self.log = cfg, task, run_dir, device, amp_dtype, log
+        self.cfg, self.task, self.run_dir, self.log = cfg, task, run_dir, log
+        self.device, self.amp_dtype = device, amp_dtype
         self.best, self.bad_evals = -math.inf, 0
         self.best_step: int | None = None
 

@@ -1,6 +1,6 @@
 """Looking inside a trained model: attention heatmaps (PNG and HTML), the heads that link
 one word to another, and the forward pass step by step in the seed article's ten steps
-(a language model's prompt: :mod:`.lm_walkthrough`)."""
+(a language model's prompt: :mod:`.walkthrough_lm`)."""
 from .maps import KINDS, AttentionMaps, Pair, collect_attention, prepare_pair, rank_heads
 from .walkthrough import Walkthrough, walk
 

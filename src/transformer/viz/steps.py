@@ -3,7 +3,7 @@ their dimension names, and a few telling numbers (text for people, a dict for --
 
 The words of every step (title, Chinese title, formula, code), the language model's as well,
 stand in ``step_texts.toml``; :func:`record` starts a step with them, and the builders here
-and in :mod:`.lm_steps` add the shapes and numbers.
+and in :mod:`.steps_lm` add the shapes and numbers.
 
 Each builder takes tensors that :func:`transformer.viz.walkthrough.walk` computed with the
 model's own sub-modules; nothing here runs the model.
@@ -61,13 +61,14 @@ def clip(items: list[str], sep: str, most: int = 30) -> str:
     return shown if len(items) <= most else f"{shown}{sep}... ({len(items) - most} more)"
 
 
-def _r(x: float, n: int = 4) -> float:
+def rounded(x: float, n: int = 4) -> float:
+    """``x`` as a float rounded to ``n`` decimals (what a walkthrough records)."""
     return round(float(x), n)
 
 
 def row_sum_error(w: Tensor) -> float:
     """The largest |sum of a row - 1| of weights or probabilities (..., N): softmax's check."""
-    return _r((w.sum(-1) - 1).abs().max(), 8)
+    return rounded((w.sum(-1) - 1).abs().max(), 8)
 
 
 def above_diagonal(w: Tensor) -> float:
@@ -77,7 +78,7 @@ def above_diagonal(w: Tensor) -> float:
 
 def row_norm(x: Tensor) -> float:
     """The mean norm of the rows of x (1, T, C)."""
-    return _r(x[0].norm(dim=-1).mean())
+    return rounded(x[0].norm(dim=-1).mean())
 
 
 def top_pieces(p: Tensor, show, k: int) -> list[tuple[str, float]]:
@@ -91,9 +92,9 @@ def norm_stats(norm, s: Tensor) -> dict[str, float]:
     mean, std = s.mean(-1), s.std(-1, unbiased=False)
     z = (s - mean[..., None]) / torch.sqrt(s.var(-1, unbiased=False, keepdim=True) + norm.eps)
     out = norm(s)
-    return {"before_mean": _r(mean.mean()), "before_std": _r(std.mean()),
-            "normalised_mean_max_abs": _r(z.mean(-1).abs().max(), 8), "normalised_std": _r(z.std(-1, unbiased=False).mean()),
-            "after_gain_bias_mean": _r(out.mean(-1).mean()), "after_gain_bias_std": _r(out.std(-1, unbiased=False).mean())}
+    return {"before_mean": rounded(mean.mean()), "before_std": rounded(std.mean()),
+            "normalised_mean_max_abs": rounded(z.mean(-1).abs().max(), 8), "normalised_std": rounded(z.std(-1, unbiased=False).mean()),
+            "after_gain_bias_mean": rounded(out.mean(-1).mean()), "after_gain_bias_std": rounded(out.std(-1, unbiased=False).mean())}
 
 
 def strongest_links(w: Tensor, rows: list[str], cols: list[str], skip_diagonal: bool) -> list[str]:
@@ -127,9 +128,9 @@ def embedding_step(cfg, scale: float, looked_up: Tensor, x_embed: Tensor, src_p,
     st = record("translation", "1")
     st.shapes = [f"E: {dims(('V', cfg.vocab_size, 'subwords'), ('d_model', C, None))}",
                  f"X_embed: {dims(s_dims, ('d_model', C, None))}"]
-    st.numbers = {"pieces": src_p, "ids": src_ids, "sqrt_d_model": _r(scale),
-                  "row_norm_before": _r(looked_up.norm(dim=-1).mean()),
-                  "row_norm_after": _r(x_embed.norm(dim=-1).mean()), "pe_row_norm": _r(pe_norm)}
+    st.numbers = {"pieces": src_p, "ids": src_ids, "sqrt_d_model": rounded(scale),
+                  "row_norm_before": rounded(looked_up.norm(dim=-1).mean()),
+                  "row_norm_after": rounded(x_embed.norm(dim=-1).mean()), "pe_row_norm": rounded(pe_norm)}
     st.lines = [f"source pieces: {clip(src_p, ' ')}",
                 f"mean row norm of E[x]: {st.numbers['row_norm_before']:.3f} -> x sqrt({C}) = {scale:.2f} "
                 f"-> {st.numbers['row_norm_after']:.3f} (a PE row has norm sqrt(d_model/2) = {pe_norm:.2f})"]
@@ -142,14 +143,14 @@ def positions_step(cfg, pe: Tensor, s_dims) -> Step:
     cos = lambda a, b: float(F.cosine_similarity(a, b, dim=0))  # noqa: E731
     st = record("translation", "2")
     st.shapes = [f"PE[:S]: {dims(s_dims, ('d_model', C, None))}", f"X_input: {dims(s_dims, ('d_model', C, None))}"]
-    st.numbers = {"layout": cfg.sinusoid_layout, "pe_pos0_first4": [_r(v) for v in pe[0, :4]],
-                  "pe_pos1_first4": [_r(v) for v in pe[1, :4]] if S > 1 else []}
+    st.numbers = {"layout": cfg.sinusoid_layout, "pe_pos0_first4": [rounded(v) for v in pe[0, :4]],
+                  "pe_pos1_first4": [rounded(v) for v in pe[1, :4]] if S > 1 else []}
     st.lines = [f"PE[0, :4] = {st.numbers['pe_pos0_first4']}   ({cfg.sinusoid_layout} sin/cos layout)"]
     if S > 1:
         st.lines.append(f"PE[1, :4] = {st.numbers['pe_pos1_first4']}")
     if S > 3:
-        st.numbers["cos_sim_pe1_pe2"] = _r(cos(pe[1], pe[2]))
-        st.numbers["cos_sim_pe1_peLast"] = _r(cos(pe[1], pe[S - 1]))
+        st.numbers["cos_sim_pe1_pe2"] = rounded(cos(pe[1], pe[2]))
+        st.numbers["cos_sim_pe1_peLast"] = rounded(cos(pe[1], pe[S - 1]))
         st.lines.append(f"nearby positions look alike: cos(PE[1], PE[2]) = {st.numbers['cos_sim_pe1_pe2']:.3f}, "
                         f"cos(PE[1], PE[{S - 1}]) = {st.numbers['cos_sim_pe1_peLast']:.3f}")
     return st
@@ -165,14 +166,14 @@ def attention_steps(cfg, a, rows, cols, q_dims, k_dims, where: str) -> list[Step
                    f"(H={H} blocks W_i of d_model x d_k={D})",
                    *head_shapes(cfg, "Q, K, V", q_dims, k_dims)]
     raw = a.raw_scores[0]
-    st_a.numbers = {"where": where, "score_std": _r(raw.std()), "score_min": _r(raw.min()), "score_max": _r(raw.max())}
+    st_a.numbers = {"where": where, "score_std": rounded(raw.std()), "score_min": rounded(raw.min()), "score_max": rounded(raw.max())}
     st_a.lines = [f"{where}: Q K^T ranges {raw.min():.2f} .. {raw.max():.2f} (std {raw.std():.2f})"]
     unscaled = a.raw_scores[0].softmax(-1)
     st_b = record("translation", "3b")
     st_b.shapes = [f"weights: {dims(h_dims, q_dims, k_dims)}"]
-    st_b.numbers = {"sqrt_d_k": _r(math.sqrt(D)), "scaled_score_std": _r((raw / math.sqrt(D)).std()),
+    st_b.numbers = {"sqrt_d_k": rounded(math.sqrt(D)), "scaled_score_std": rounded((raw / math.sqrt(D)).std()),
                     "row_sum_max_abs_err": row_sum_error(w),
-                    "mean_max_weight": _r(w.amax(-1).mean()), "mean_max_weight_unscaled": _r(unscaled.amax(-1).mean()),
+                    "mean_max_weight": rounded(w.amax(-1).mean()), "mean_max_weight_unscaled": rounded(unscaled.amax(-1).mean()),
                     "strongest_links": strongest_links(w, rows, cols, skip_diagonal=True)}
     st_b.lines = [f"divide by sqrt(d_k) = {math.sqrt(D):.2f}: score std {raw.std():.2f} -> {st_b.numbers['scaled_score_std']:.2f}",
                   f"rows sum to 1 (largest error {st_b.numbers['row_sum_max_abs_err']:.1e}); mean largest weight per row "
@@ -191,7 +192,7 @@ def add_norm_step(block, x_in: Tensor, y: Tensor, s: Tensor, s_dims, C: int) -> 
     st = record("translation", "4", "pre-norm" if block.norm_first else None)
     st.shapes = [f"X + MultiHead(X): {dims(s_dims, ('d_model', C, None))}"]
     ratio = float(y[0].norm(dim=-1).mean() / x_in[0].norm(dim=-1).mean())
-    st.numbers = {"sublayer_to_input_norm_ratio": _r(ratio), **norm_stats(block.norm, s if not block.norm_first else x_in)}
+    st.numbers = {"sublayer_to_input_norm_ratio": rounded(ratio), **norm_stats(block.norm, s if not block.norm_first else x_in)}
     n = st.numbers
     st.lines = [f"|MultiHead(X)| / |X| = {ratio:.2f} (the residual path carries X through unchanged)",
                 f"LayerNorm{' (of the next input)' if block.norm_first else ''}: per-token mean {n['before_mean']:.3f}, "
@@ -216,7 +217,7 @@ def ffn_step(cfg, layer, ffn: dict[str, Tensor], s: Tensor, s_dims) -> Step:
     st = record("translation", "5", ffn=FFN_FORMULA[act])
     st.shapes = [f"x W1 + b1: {dims(s_dims, ('d_ff', cfg.d_ff, None))}", f"FFN(x): {dims(s_dims, ('d_model', cfg.d_model, None))}"]
     zero = zeroed(ffn)
-    st.numbers = {"activation": act, "fraction_zeroed": _r(zero)}
+    st.numbers = {"activation": act, "fraction_zeroed": rounded(zero)}
     if not cfg.norm_first:
         st.numbers.update({f"norm_{k}": v for k, v in norm_stats(layer.ffn_block.norm, s).items()})
     st.lines = [f"{act}: {zero:.1%} of the {cfg.d_ff} hidden units are exactly 0 (averaged over the {s.size(1)} tokens)"]
@@ -232,7 +233,7 @@ def masked_step(cfg, a, tgt_p, t_dims) -> Step:
                  f"mask: {dims(('T', t_dims[1], None), ('T', t_dims[1], None))}", f"weights: {dims(h_dims, t_dims, t_dims)}"]
     st.numbers = {"pieces": tgt_p, "max_weight_above_diagonal": above,
                   "row_sum_max_abs_err": row_sum_error(w),
-                  "first_row_self_weight": _r(w[:, 0, 0].mean()),
+                  "first_row_self_weight": rounded(w[:, 0, 0].mean()),
                   "strongest_links": strongest_links(w, tgt_p, tgt_p, skip_diagonal=True)}
     st.lines = [f"decoder reads: {clip(tgt_p, ' ')}",
                 f"largest weight above the diagonal (on a future token): {above} ; rows sum to 1 "
@@ -258,7 +259,7 @@ def decoder_ffn_step(cfg, ffn: dict[str, Tensor], t_dims) -> Step:
     zero = zeroed(ffn)
     st = record("translation", "8", ffn=FFN_FORMULA[cfg.ffn_activation])
     st.shapes = [f"hidden: {dims(t_dims, ('d_ff', cfg.d_ff, None))}", f"decoder output: {dims(t_dims, ('d_model', cfg.d_model, None))}"]
-    st.numbers = {"fraction_zeroed": _r(zero)}
+    st.numbers = {"fraction_zeroed": rounded(zero)}
     st.lines = [f"{cfg.ffn_activation}: {zero:.1%} of the hidden units are exactly 0 in decoder layer 1"]
     return st
 
@@ -281,7 +282,7 @@ def linear_step(cfg, model, logits, t_dims, V) -> Step:
     st = record("translation", "9", "bias" if cfg.output_bias else None)
     st.shapes = output_shapes(cfg, "W_vocab", " = E^T, the embedding table shared (tied)" if tied else "", t_dims,
                               ("V", V, "subwords"))
-    st.numbers = {"tied": tied, "logit_min": _r(logits.min()), "logit_max": _r(logits.max())}
+    st.numbers = {"tied": tied, "logit_min": rounded(logits.min()), "logit_max": rounded(logits.max())}
     st.lines = [f"logits range {logits.min():.2f} .. {logits.max():.2f}" + ("; W_vocab is the embedding table E" if tied else "")]
     return st
 
@@ -292,7 +293,7 @@ def softmax_step(cfg, logits, tgt_p, tgt_ids, id_to_piece, t_dims, V) -> Step:
     st.shapes = [f"P: {dims(t_dims, ('V', V, 'subwords'))}"]
 
     def top5(t: int) -> list[list]:
-        return [[piece, _r(q)] for piece, q in top_pieces(probs[t], id_to_piece, min(5, V))]
+        return [[piece, rounded(q)] for piece, q in top_pieces(probs[t], id_to_piece, min(5, V))]
 
     wanted = [*tgt_ids, cfg.eos_id]
     agree = sum(int(probs[t].argmax()) == wanted[t] for t in range(len(wanted)))

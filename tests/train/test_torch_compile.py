@@ -1,5 +1,5 @@
-"""Training's torch.compile (``compile: true``, train/compiled.py): the code that compiles gives
-the model being trained the forms its parts take in a graph and compiles the forward pass and
+"""Training's torch.compile (``compile: true``, train/torch_compile.py): the code that compiles
+gives the model being trained the forms its parts take in a graph and compiles the forward pass and
 the loss with ``fullgraph=True``, so a graph break is an error (that the compiled updates train
 as the eager ones do: tests/lm/test_generate_compiled.py); outside a graph those forms are the
 model's eager modules; the embedding's
@@ -20,9 +20,9 @@ from lm_text import make_text  # noqa: E402
 
 import transformer.model  # noqa: E402
 from transformer.model.dropout import Dropout  # noqa: E402
-from transformer.train import compiled  # noqa: E402
-from transformer.train.compiled import GRAPH_FORMS, compiled_training, lookup  # noqa: E402
-from transformer.train.config import load_config  # noqa: E402
+from transformer.train import torch_compile as compiled  # noqa: E402
+from transformer.train.torch_compile import GRAPH_FORMS, compiled_training, lookup  # noqa: E402
+from transformer.train.train_config import load_config  # noqa: E402
 from transformer.train.trainer import Trainer  # noqa: E402
 
 TOY = ["dataset=text", "tokenizer=chars", "model.preset=nanogpt-char", "model.d_model=32", "model.n_heads=2",

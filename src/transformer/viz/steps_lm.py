@@ -4,7 +4,7 @@ self-attention, Add & Norm, the gated FFN's W_gate / W_up / W_down, the final no
 softmax and the choice of the next token. Their words stand in ``step_texts.toml`` beside the
 translation model's (:func:`~transformer.viz.steps.record`).
 
-Each builder takes tensors that :func:`transformer.viz.lm_walkthrough.walk_lm` computed with
+Each builder takes tensors that :func:`transformer.viz.walkthrough_lm.walk_lm` computed with
 the model's own sub-modules; nothing here runs the model. Shape legend: T prompt tokens,
 H heads, d_k = d_model / H, V vocabulary, d_ff the FFN's inner width.
 """
@@ -18,8 +18,8 @@ from torch import Tensor
 
 from ..decode.sample import filter_logits
 from ..model.rotary import apply_rotary
-from .steps import (Step, _r, above_diagonal, clip, dims, head_shapes, output_shapes, projection_dims, record, row_norm,
-                    row_sum_error, strongest_links, top_pieces)
+from .steps import (Step, above_diagonal, clip, dims, head_shapes, output_shapes, projection_dims, record, rounded,
+                    row_norm, row_sum_error, strongest_links, top_pieces)
 
 D_MODEL = "d_model"
 
@@ -30,7 +30,7 @@ def _sig(x: float, digits: int = 6) -> float:
 
 
 def _vec(x: Tensor, n: int = 4) -> list[float]:
-    return [_r(v) for v in x[:n].tolist()]
+    return [rounded(v) for v in x[:n].tolist()]
 
 
 def embedding_step(cfg, scale: float, looked_up: Tensor, x: Tensor, pieces: list[str], ids: list[int], t_dims) -> Step:
@@ -40,7 +40,7 @@ def embedding_step(cfg, scale: float, looked_up: Tensor, x: Tensor, pieces: list
     st = record("lm", "1", "scaled" if scaled else None)
     st.shapes = [f"We: {dims(('V', cfg.vocab_size, 'tokens'), (D_MODEL, C, None))}",
                  f"X: {dims(t_dims, (D_MODEL, C, None))}"]
-    st.numbers = {"pieces": pieces, "ids": ids, "scale": _r(scale), "row_norm": row_norm(looked_up),
+    st.numbers = {"pieces": pieces, "ids": ids, "scale": rounded(scale), "row_norm": row_norm(looked_up),
                   "first_row_first4": _vec(x[0, 0])}
     st.lines = [f"tokens: {clip(pieces, ' ')}", f"ids:    {clip([str(i) for i in ids], ' ')}",
                 f"We[{ids[0]}][:4] = {st.numbers['first_row_first4']} (the row of '{pieces[0]}'); mean row norm "
@@ -55,11 +55,11 @@ def learned_positions_step(cfg, wpos: Tensor, x_embed: Tensor, t_dims) -> Step:
     st = record("lm", "2")
     st.shapes = [f"Wpos: {dims(('max_len', cfg.max_len, 'positions'), (D_MODEL, cfg.d_model, None))}",
                  f"Wpos[:T]: {dims(t_dims, (D_MODEL, cfg.d_model, None))}"]
-    st.numbers = {"wpos_row_norm": _r(wpos.norm(dim=-1).mean()), "we_row_norm": row_norm(x_embed)}
+    st.numbers = {"wpos_row_norm": rounded(wpos.norm(dim=-1).mean()), "we_row_norm": row_norm(x_embed)}
     st.lines = [f"mean row norm: Wpos[p] {st.numbers['wpos_row_norm']:.3f} against We[x] {st.numbers['we_row_norm']:.3f}"]
     if T > 2:
-        st.numbers["cos_wpos0_wpos1"] = _r(F.cosine_similarity(wpos[0], wpos[1], dim=0))
-        st.numbers["cos_wpos1_wpos2"] = _r(F.cosine_similarity(wpos[1], wpos[2], dim=0))
+        st.numbers["cos_wpos0_wpos1"] = rounded(F.cosine_similarity(wpos[0], wpos[1], dim=0))
+        st.numbers["cos_wpos1_wpos2"] = rounded(F.cosine_similarity(wpos[1], wpos[2], dim=0))
         st.lines.append(f"learned, not a formula: cos(Wpos[0], Wpos[1]) = {st.numbers['cos_wpos0_wpos1']:.3f}, "
                         f"cos(Wpos[1], Wpos[2]) = {st.numbers['cos_wpos1_wpos2']:.3f}")
     return st
@@ -79,10 +79,10 @@ def rotary_step(cfg, rotary, q: Tensor, k: Tensor, q_rot: Tensor, t_dims) -> Ste
     freq, at_p = pair_angles(rotary, p)  # (D/2,) radians per position, and at position p
     fast, slow = float(at_p[0]), float(at_p[half - 1])
     q0, q1 = q[0, 0, p], q_rot[0, 0, p]  # head 1's query of the last token, before and after the turn
-    before, after = [_r(q0[0]), _r(q0[half])], [_r(q1[0]), _r(q1[half])]
+    before, after = [rounded(q0[0]), rounded(q0[half])], [rounded(q1[0]), rounded(q1[half])]
     st.numbers = n = {"position": p, "theta": cfg.rope_theta, "angle_fastest_pair": _sig(fast),
                       "angle_slowest_pair": _sig(slow), "q_pair0_before": before, "q_pair0_after": after,
-                      "q_norm_before": _r(q0.norm()), "q_norm_after": _r(q1.norm())}
+                      "q_norm_before": rounded(q0.norm()), "q_norm_after": rounded(q1.norm())}
     st.lines = [f"layer 1, head 1, the last token (position p = {p}): pair 0 turns by p * {float(freq[0]):.4g} = "
                 f"{fast:.6g} rad, the slowest pair (i = {half - 1}) by {slow:.4g} rad",
                 f"q pair 0 ({before[0]:.3f}, {before[1]:.3f}) -> ({after[0]:.3f}, {after[1]:.3f}); "
@@ -91,7 +91,7 @@ def rotary_step(cfg, rotary, q: Tensor, k: Tensor, q_rot: Tensor, t_dims) -> Ste
         st.lines.append(scaling_line(cfg, freq, n))
     if T > 1:
         shift = relative_shift(rotary, q[0, 0, p], k[0, 0, 0], p, 0, 3)
-        n["score_p_0"], n["score_shifted"] = _r(shift[0], 5), _r(shift[1], 5)
+        n["score_p_0"], n["score_shifted"] = rounded(shift[0], 5), rounded(shift[1], 5)
         st.lines.append(f"q.k depends on the distance only: q at {p} with k at 0 gives {shift[0]:.5f}; the same "
                         f"vectors at {p + 3} and 3 give {shift[1]:.5f}")
     return st
@@ -143,8 +143,8 @@ def scores_step(cfg, a, pieces: list[str], t_dims) -> Step:
     st.shapes = [f"WQ: {projection_dims(cfg)}; WK, WV: {projection_dims(cfg, kv=True)}",
                  *head_shapes(cfg, "Q", t_dims, t_dims)]
     last = (raw[0, -1] / math.sqrt(D)).tolist()
-    st.numbers = {"sqrt_d_k": _r(math.sqrt(D)), "score_std": _r((raw / math.sqrt(D)).std()),
-                  "head1_last_row_scaled": [_r(v, 3) for v in last]}
+    st.numbers = {"sqrt_d_k": rounded(math.sqrt(D)), "score_std": rounded((raw / math.sqrt(D)).std()),
+                  "head1_last_row_scaled": [rounded(v, 3) for v in last]}
     q, k, v = (t[0, 0, -1] for t in (a.q, a.k, a.v))  # head 1, the last token
     st.numbers.update(head1_last_q_first4=_vec(q), head1_last_k_first4=_vec(k), head1_last_v_first4=_vec(v))
     st.lines = [f"layer 1, head 1, the last token '{pieces[-1]}': q[:4] = {_vec(q)}, k[:4] = {_vec(k)}, v[:4] = {_vec(v)}",
@@ -168,7 +168,7 @@ def mask_softmax_step(cfg, a, pieces: list[str], t_dims) -> Step:
     above = above_diagonal(w)
     last = w[0, -1].tolist()
     st.numbers = {"max_weight_above_diagonal": above, "row_sum_max_abs_err": row_sum_error(w),
-                  "first_row_self_weight": _r(w[:, 0, 0].mean()), "head1_last_row": [_r(v, 3) for v in last],
+                  "first_row_self_weight": rounded(w[:, 0, 0].mean()), "head1_last_row": [rounded(v, 3) for v in last],
                   "strongest_links": strongest_links(w, pieces, pieces, skip_diagonal=True)}
     n = min(T, 4)
     corner = " ".join("[" + " ".join("0" if j <= i else "-inf" for j in range(n)) + "]" for i in range(n))
@@ -208,12 +208,12 @@ def norm_effect(norm, s: Tensor) -> dict[str, float]:
     if isinstance(norm, torch.nn.RMSNorm):
         ms = s.pow(2).mean(-1, keepdim=True)  # (1, T, 1) mean square of each token's row
         divided = s / (ms + norm.eps).sqrt()
-        return {"rms_before": _r(ms.sqrt().mean()), "rms_normalised": _r(divided.pow(2).mean(-1).sqrt().mean()),
-                "rms_after_gain": _r(out.pow(2).mean(-1).sqrt().mean())}
+        return {"rms_before": rounded(ms.sqrt().mean()), "rms_normalised": rounded(divided.pow(2).mean(-1).sqrt().mean()),
+                "rms_after_gain": rounded(out.pow(2).mean(-1).sqrt().mean())}
     z = (s - s.mean(-1, keepdim=True)) / torch.sqrt(s.var(-1, unbiased=False, keepdim=True) + norm.eps)
-    return {"mean_before": _r(s.mean(-1).mean()), "std_before": _r(s.std(-1, unbiased=False).mean()),
-            "std_normalised": _r(z.std(-1, unbiased=False).mean()),
-            "std_after_gain": _r(out.std(-1, unbiased=False).mean())}
+    return {"mean_before": rounded(s.mean(-1).mean()), "std_before": rounded(s.std(-1, unbiased=False).mean()),
+            "std_normalised": rounded(z.std(-1, unbiased=False).mean()),
+            "std_after_gain": rounded(out.std(-1, unbiased=False).mean())}
 
 
 def describe_norm(cfg, stats: dict[str, float]) -> str:
@@ -232,7 +232,7 @@ def add_norm_step(cfg, block, x_in: Tensor, y: Tensor, s: Tensor, t_dims) -> Ste
     st = record("lm", "4", "pre-norm" if pre else None, norm=nm, definition=NORM_FORMULA[cfg.norm])
     st.shapes = [f"X + MultiHead: {dims(t_dims, (D_MODEL, cfg.d_model, None))}"]
     ratio = float(y[0].norm(dim=-1).mean() / x_in[0].norm(dim=-1).mean())
-    st.numbers = {"pre_norm": pre, "sublayer_to_input_norm_ratio": _r(ratio), **norm_effect(block.norm, x_in if pre else s)}
+    st.numbers = {"pre_norm": pre, "sublayer_to_input_norm_ratio": rounded(ratio), **norm_effect(block.norm, x_in if pre else s)}
     st.lines = [f"|MultiHead| / |X| = {ratio:.2f}: the residual path carries X through and the sub-layer adds to it",
                 ("on the sub-layer's input, " if pre else "on the sum, ") + describe_norm(cfg, st.numbers)]
     return st
@@ -250,8 +250,8 @@ def ffn_step(cfg, parts: dict[str, Tensor], t_dims) -> Step:
         gate, h = parts["gate"], parts["hidden"]
         energy = h.flatten().pow(2).sort(descending=True).values
         top = max(1, energy.numel() // 100)
-        st.numbers = {"gate_negative": _r((gate < 0).float().mean()), "silu_gate_max": _r(F.silu(gate).max()),
-                      "h_top1pct_share": _r(energy[:top].sum() / energy.sum()),
+        st.numbers = {"gate_negative": rounded((gate < 0).float().mean()), "silu_gate_max": rounded(F.silu(gate).max()),
+                      "h_top1pct_share": rounded(energy[:top].sum() / energy.sum()),
                       "up_norm": row_norm(parts["up"]), "h_norm": row_norm(h), "out_norm": row_norm(parts["out"])}
         n = st.numbers
         st.lines = [f"{n['gate_negative']:.1%} of the gate values are negative, where SiLU(gate) lies in (-0.278, 0): "
@@ -265,7 +265,7 @@ def ffn_step(cfg, parts: dict[str, Tensor], t_dims) -> Step:
     st.shapes = [f"W_up: {dims((D_MODEL, C, None), ff)}", f"W_down: {dims(ff, (D_MODEL, C, None))}",
                  f"h: {dims(t_dims, ff)}"]
     zero = float((parts["hidden"] <= 0).float().mean())
-    st.numbers = {"activation": act, "fraction_not_positive": _r(zero), "out_norm": row_norm(parts["out"])}
+    st.numbers = {"activation": act, "fraction_not_positive": rounded(zero), "out_norm": row_norm(parts["out"])}
     st.lines = [f"{act}: {zero:.1%} of the {d_ff} hidden units are 0 or below (averaged over the {t_dims[1]} tokens)"]
     return st
 
@@ -291,7 +291,7 @@ def head_step(cfg, model, logits: Tensor, t_dims) -> Step:
     st.shapes = output_shapes(cfg, "Whead", " = We^T (tied: the embedding table is reused)" if tied else
                               " (its own matrix, untied from We)", t_dims, ("V", V, "tokens"))
     last = logits[0, -1]
-    st.numbers = {"tied": tied, "last_logit_min": _r(last.min()), "last_logit_max": _r(last.max())}
+    st.numbers = {"tied": tied, "last_logit_min": rounded(last.min()), "last_logit_max": rounded(last.max())}
     st.lines = [f"last token's logits range {last.min():.2f} .. {last.max():.2f} over the {V} tokens"]
     return st
 
@@ -304,14 +304,14 @@ def softmax_step(logits: Tensor, ids: list[int], show, t_dims, V: int) -> Step:
     T = probs.size(0)
     top = top_pieces(probs[-1], show, min(5, V))
     st.numbers = {"row_sum_max_abs_err": row_sum_error(probs),
-                  "top5_last": [[p, _r(q)] for p, q in top]}
+                  "top5_last": [[p, rounded(q)] for p, q in top]}
     st.lines = [f"rows sum to 1 (largest error {st.numbers['row_sum_max_abs_err']:.1e})",
                 "after the last token: top-5 " + ", ".join(f"{p} {q:.3f}" for p, q in top)]
     if T > 1:
         nxt = torch.tensor(ids[1:])
         p_next = probs[:-1].gather(1, nxt[:, None].to(probs.device))[:, 0]
         agree = int((probs[:-1].argmax(-1).cpu() == nxt).sum())
-        st.numbers.update(prompt_mean_nll=_r(-p_next.log().mean()), prompt_argmax_agrees=agree, prompt_positions=T - 1)
+        st.numbers.update(prompt_mean_nll=rounded(-p_next.log().mean()), prompt_argmax_agrees=agree, prompt_positions=T - 1)
         st.lines.append(f"inside the prompt, the real next token is the most probable one at {agree} of {T - 1} "
                         f"positions; mean -log p of the prompt's own next tokens: {st.numbers['prompt_mean_nll']:.3f}")
     return st
@@ -325,7 +325,7 @@ def choice_step(logits: Tensor, show, decoding) -> Step:
     p = last.softmax(-1)[0]
     t, k, top_p = decoding.temperature, decoding.top_k, decoding.top_p
     st = record("lm", "9")
-    st.numbers = {"greedy": show(greedy), "greedy_p": _r(p[greedy]), "temperature": t, "top_k": k, "top_p": top_p}
+    st.numbers = {"greedy": show(greedy), "greedy_p": rounded(p[greedy]), "temperature": t, "top_k": k, "top_p": top_p}
     st.lines = [f"greedy (temperature 0) takes '{show(greedy)}' (p = {float(p[greedy]):.3f})"]
     if t == 0:
         st.lines.append("the run decodes greedily (temperature 0): no sampling")
@@ -333,7 +333,7 @@ def choice_step(logits: Tensor, show, decoding) -> Step:
     q = filter_logits(last / t, k, top_p).softmax(-1)[0]
     kept = int((q > 0).sum())
     top = top_pieces(q, show, min(5, kept))
-    st.numbers.update(sample_candidates=kept, sample_top5=[[a, _r(b)] for a, b in top], sample_greedy_p=_r(q[greedy]))
+    st.numbers.update(sample_candidates=kept, sample_top5=[[a, rounded(b)] for a, b in top], sample_greedy_p=rounded(q[greedy]))
     st.lines.append(f"sampling at temperature {t:g}, top-k {k or 'off'}, top-p {top_p:g}: {kept} candidates; "
                     + ", ".join(f"{a} {b:.3f}" for a, b in top)
                     + f"; it picks the greedy token with probability {float(q[greedy]):.3f}")

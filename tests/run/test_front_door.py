@@ -1,4 +1,4 @@
-"""The base the two front doors share (:mod:`transformer.front`): a run's kind checked with
+"""The base the two front doors share (:mod:`transformer.front_door`): a run's kind checked with
 one line, the vocabulary rule, the precision asked for and the one resolved, the compiled
 step each search asks for, and the truncation policy (translation keeps a line's first
 tokens, generation a prompt's last)."""
@@ -10,10 +10,12 @@ import pytest
 import torch
 
 from transformer import ModelConfig, Transformer
-from transformer.decode import static
-from transformer.decode.config import DecodingConfig
+from transformer import compiled
+from transformer.compiled.search_step import CompiledStep
+from transformer.decode.eager_step import EagerStep
+from transformer.decode.decoding_config import DecodingConfig
 from transformer.errors import UserError
-from transformer.front import FrontDoor, open_model, run_decoding, vocabulary_fits
+from transformer.front_door import FrontDoor, open_model, run_decoding, vocabulary_fits
 from transformer.generator import Generator
 from transformer.model import LanguageModel
 from transformer.run import save_weights
@@ -134,21 +136,30 @@ def test_each_search_asks_for_its_own_compiled_step(monkeypatch):
     """Translation: a row per beam and log-probabilities; generation: one row and logits,
     with the number of new tokens (auto compiles a long generation)."""
     asked = []
-    monkeypatch.setattr(static, "should_compile", lambda compile, model, **step: asked.append(("should", step))
-                        or True)
-    monkeypatch.setattr(static, "has_package", lambda model, group, logprobs: asked.append(
-        ("has", dict(group=group, logprobs=logprobs))) or False)
-    monkeypatch.setattr(static, "prepare", lambda model, group, logprobs: asked.append(
-        ("prepare", dict(group=group, logprobs=logprobs))))
-    translator = Translator(translation_model(), Letters(), DecodingConfig(precision="fp32", beam=4))
-    generator = Generator(language_model(), Letters(), DecodingConfig(precision="fp32", max_new_tokens=50))
+    monkeypatch.setattr(compiled, "is_built", lambda model, group, logprobs: asked.append(
+        ("built", dict(group=group, logprobs=logprobs))) or False)
+    monkeypatch.setattr(CompiledStep, "prepare", lambda step: asked.append(("prepare", dict(logprobs=step.logprobs))))
+    translator = Translator(translation_model(), Letters(), DecodingConfig(precision="fp32", beam=4, compile="on"))
+    generator = Generator(language_model(), Letters(), DecodingConfig(precision="fp32", max_new_tokens=50_000))
     for front in (translator, generator):
         assert front.compiles() == (True, True)
         front.prepare()
-    assert asked == [("should", dict(group=4, logprobs=True, new_tokens=0)), ("has", dict(group=4, logprobs=True)),
-                     ("prepare", dict(group=4, logprobs=True)),
-                     ("should", dict(group=1, logprobs=False, new_tokens=50)), ("has", dict(group=1, logprobs=False)),
-                     ("prepare", dict(group=1, logprobs=False))]
+    assert asked == [("built", dict(group=4, logprobs=True)), ("prepare", dict(logprobs=True)),
+                     ("built", dict(group=1, logprobs=False)), ("prepare", dict(logprobs=False))]
+
+
+def test_the_step_a_search_runs_is_the_front_doors_one_decision_with_the_real_batch(monkeypatch):
+    """The front door hands each batch's search its step: compiled where ``compiles`` says so
+    for the rows it will really decode, else the eager one; the searches never decide."""
+    translator = Translator(translation_model(), Letters(), DecodingConfig(precision="fp32", beam=4, compile="on"))
+    assert isinstance(translator.search_step(64), CompiledStep) and translator.search_step(64).logprobs
+    assert isinstance(translator.search_step(65), EagerStep)  # more rows than MAX_COMPILED_ROWS: eager is as fast
+    assert isinstance(translator.with_decoding(compile="off").search_step(1), EagerStep)
+    monkeypatch.setattr(compiled, "is_built", lambda *a: False)
+    assert isinstance(translator.with_decoding(compile="auto").search_step(4), EagerStep)  # auto: only a built step
+    generator = Generator(language_model(), Letters(), DecodingConfig(precision="fp32", compile="on"))
+    step = generator.search_step(1000)  # (a language model's rows never decide)
+    assert isinstance(step, CompiledStep) and not step.logprobs
 
 
 def test_compile_off_asks_for_nothing():
@@ -159,10 +170,10 @@ def test_compile_off_asks_for_nothing():
 
 def test_compiled_steps_are_kept_for_a_run_and_in_memory_without_one(tmp_path, monkeypatch):
     kept = []
-    monkeypatch.setattr(static, "keep_packages_for", lambda model, root: kept.append(root))
+    monkeypatch.setattr(compiled, "keep_for_run", lambda model, root: kept.append(root))
     front = Translator(translation_model(), Letters(), DecodingConfig(precision="fp32"))
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)
     (tmp_path / "run" / "config.yaml").write_text("decoding: {beam: 2}\n")
-    front._keep_compiled_steps(tmp_path / "run" / "checkpoints" / "m.safetensors")
-    front._keep_compiled_steps(tmp_path / "elsewhere.safetensors")
+    front.keep_compiled_steps(tmp_path / "run" / "checkpoints" / "m.safetensors")
+    front.keep_compiled_steps(tmp_path / "elsewhere.safetensors")
     assert kept == [tmp_path / "run"]

@@ -1,4 +1,5 @@
-"""What greedy and beam search share: hypotheses, length limits, the length penalty."""
+"""What greedy and beam search share: hypotheses and their scores (the length penalty, next-token
+log-probabilities, the top k of each row), length limits, a padded batch."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from ..model import masks
 from ..model.embedding import LearnedPositions
-from . import lm_steps as rec
+from . import steps_lm as rec
 from .engine import format_steps, run_stack, step_dicts
 from .steps import positions_step
 

@@ -20,8 +20,8 @@ from typing import Any
 import yaml
 
 from ..config import PRESETS, ModelConfig
-from ..decode.config import FIELDS as DECODING_FIELDS
-from ..decode.config import DecodingConfig
+from ..decode.decoding_config import FIELDS as DECODING_FIELDS
+from ..decode.decoding_config import DecodingConfig
 from ..errors import UserError
 from ..frozen import TYPE_NAMES, Frozen, has_type, part, unknown_keys, whole_numbers_as_floats
 from ..run.layout import read_yaml
@@ -30,7 +30,7 @@ LR_SCHEDULES = ("noam", "inverse_sqrt", "cosine")
 OPTIMIZERS = ("adam", "adamw")
 TOKENIZERS = ("bpe", "chars")
 TEXT_DATASETS = ("text", "tinyshakespeare", "multi30k-mono")  # a decoder-only language model trains on these
-TRAINING_PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # autocast (the decoding choices: decode/config.py)
+TRAINING_PRECISIONS = ("auto", "fp32", "bf16", "fp16")  # autocast (the decoding choices: decode/decoding_config.py)
 PATH_KEYS = ("data_dir", "train_src", "train_tgt", "valid_src", "valid_tgt", "text_files", "init_from", "subwords_from",
              "embedding_init")  # the keys naming a file or folder
 MODEL_KEYS = {f.name for f in dataclasses.fields(ModelConfig)} | {"preset"}  # the model section's
@@ -261,7 +261,7 @@ class TrainConfig(LoggingConfig, CheckpointConfig, ScheduleConfig, OptimConfig, 
 
     # ---- model: a preset plus overrides of any ModelConfig field ----
     model: dict[str, Any] = field(default_factory=lambda: {"preset": "tiny"})  # e.g. {preset: tiny, dropout: 0.1}: the model keys below
-    # ---- how the trained model decodes (translate, evaluate, serve; see decode/config.py) ----
+    # ---- how the trained model decodes (translate, evaluate, serve; see decode/decoding_config.py) ----
     decoding: dict[str, Any] = field(default_factory=dict, metadata={"resumable": True})  # e.g. {beam: 5, alpha: 1.0}: the recipe's tuned settings
 
     def __post_init__(self) -> None:

@@ -12,10 +12,10 @@ differ in their search and in how text becomes ids; everything else is this one 
     precision   the model converted once (:func:`~transformer.decode.precision.decoding_model`);
                 ``requested_precision`` keeps what was asked (``auto``), ``decoding.precision``
                 what it resolved to
-    compiling   :meth:`FrontDoor.compiles` and :meth:`FrontDoor.prepare` on the step the
-                search runs (the subclass names it: :meth:`FrontDoor._step`), kept in the
-                run's folder of the user's cache (:meth:`FrontDoor._keep_compiled_steps`)
-    length      :meth:`FrontDoor._fit`: ids longer than the model takes are cut, with a
+    the step    :meth:`FrontDoor.search_step`, for each batch: the one place that decides
+                whether a search runs eagerly or through the compiled step
+                (:mod:`transformer.compiled`, kept in the run's folder of the user's cache)
+    length      :meth:`FrontDoor.fit_length`: ids longer than the model takes are cut, with a
                 warning or counted in ``truncated``; the subclass says which end it keeps
 """
 from __future__ import annotations
@@ -28,12 +28,24 @@ from typing import Self
 import torch
 from torch import nn
 
-from . import hardware
-from .decode import static
-from .decode.config import DecodingConfig
-from .decode.precision import decoding_model
+from . import compiled, hardware
+from .decode.decoding_config import DecodingConfig
+from .decode.eager_step import EagerStep, is_translation
+from .decode.precision import decoding_model, uses_int8_gemm
 from .errors import UserError
+from .model import LanguageModel, Transformer
 from .run import CONFIG, load_model, read_run_config, run_file, run_root
+
+
+# compile="auto" builds a step for a generation of at least this many new tokens (steps: a
+# step's saving hardly depends on the batch). Measured on 2 cores with the step that
+# torch.compile built in every process (benchmarks/lm/README.md): compiling cost 47-95 s and
+# saved 1.9-4.3 ms a step, so it paid after 17,000-30,000 steps.
+AUTO_MIN_STEPS = 32768
+# A translator decodes a batch of more decoder rows (sentences x beam) than this eagerly: the
+# compiled step saves a step's fixed costs, which matter less the larger the batch, and beyond
+# about this many rows the eager step was as fast or faster (benchmarks/decode/README.md).
+MAX_COMPILED_ROWS = 64
 
 
 def run_decoding(path: str | Path, options: dict | None = None) -> DecodingConfig:
@@ -94,8 +106,8 @@ class FrontDoor:
     :class:`~transformer.generator.Generator`: the model converted for decoding, its
     settings, the count of inputs cut to fit, and the compiled step.
 
-    A subclass gives :meth:`_step` (which compiled step its search runs) and, for
-    :meth:`_fit`, ``too_long`` (the warning: ``{n}`` ids, ``{room}`` kept) and ``keep_last``
+    A subclass gives :meth:`search_kind` (which step its search runs) and, for
+    :meth:`fit_length`, ``too_long`` (the warning: ``{n}`` ids, ``{room}`` kept) and ``keep_last``
     (True: an input keeps its last ``max_len - 1`` ids, else its first).
     """
 
@@ -124,37 +136,61 @@ class FrontDoor:
         refuse_misfit(other.decoding, self.model.cfg)
         return other
 
-    def compiles(self) -> tuple[bool, bool]:
-        """Whether the search runs through the compiled step
-        (:func:`~transformer.decode.static.should_compile` of ``decoding.compile``: ``on``, or
-        ``auto`` with the step built already or a generation long enough to pay for it;
-        translation batches of more than :data:`~transformer.decode.static.MAX_COMPILED_ROWS`
-        rows decode eagerly all the same), and whether that step has to be built first (tens
-        of seconds to minutes; kept in the user's cache)."""
-        group, logprobs, new_tokens = self._step()
-        if not static.should_compile(self.decoding.compile, self.model, group=group, logprobs=logprobs,
-                                     new_tokens=new_tokens):
+    def search_step(self, rows: int):
+        """The step the search of a batch of ``rows`` decoder rows (sentences x beam, or
+        prompts) runs: the compiled one where :meth:`compiles` says so, else the model's own
+        ``decode`` on its growing cache."""
+        group, logprobs, _ = self.search_kind()
+        if self.compiles(rows)[0]:
+            return compiled.step(self.model, group, logprobs)
+        return EagerStep(self.model, logprobs)
+
+    def compiles(self, rows: int | None = None) -> tuple[bool, bool]:
+        """Whether a batch of ``rows`` decoder rows (default: one input's) runs through the
+        compiled step, and whether that step has to be built first (tens of seconds to
+        minutes; kept in the user's cache). The one place this is decided:
+
+        - ``decoding.compile``: ``on`` builds the step if it is missing; ``off``; ``auto`` runs
+          it when it is built already, or a generation's ``max_new_tokens`` are enough to pay
+          for building it (:data:`AUTO_MIN_STEPS`).
+        - Eagerly whatever it says: ``TRANSFORMER_COMPILE=off``; an ensemble; an int8 model
+          whose layers multiply with fbgemm's int8 GEMM
+          (:func:`~transformer.decode.precision.uses_int8_gemm`, a warning with ``on``); a
+          translation batch of more than :data:`MAX_COMPILED_ROWS` rows (no slower there).
+        """
+        group, logprobs, new_tokens = self.search_kind()
+        setting, model = self.decoding.compile, self.model
+        if setting == "off" or compiled.switched_off() or not isinstance(model, (Transformer, LanguageModel)):
+            return False, False  # (an ensemble, or a stand-in with a model's interface, decodes eagerly)
+        if uses_int8_gemm(model):  # faster eagerly: the compiled step would hold float32 weights
+            if setting == "on":
+                warnings.warn("int8 on this CPU multiplies with fbgemm's int8 GEMM, which a compiled step cannot "
+                              "call (it would hold the weights dequantised to float32, and ran slower); decoding "
+                              "eagerly", compiled.CompiledStepWarning, stacklevel=3)
             return False, False
-        return True, not static.has_package(self.model, group, logprobs=logprobs)
+        if is_translation(model) and (group if rows is None else rows) > MAX_COMPILED_ROWS:
+            return False, False
+        built = compiled.is_built(model, group, logprobs)
+        return setting == "on" or new_tokens >= AUTO_MIN_STEPS or built, not built
 
     def prepare(self) -> None:
         """Load, or build, the compiled step now (see :meth:`compiles`), not in the first batch."""
-        group, logprobs, _ = self._step()
-        static.prepare(self.model, group, logprobs=logprobs)
+        group, logprobs, _ = self.search_kind()
+        compiled.step(self.model, group, logprobs).prepare()
 
-    def _step(self) -> tuple[int, bool, int]:
-        """The compiled step the search runs: (rows per input: 1, or the beam size; whether it
-        gives log-probabilities rather than logits; the new tokens of a generation, 0 when
-        not known ahead)."""
+    def search_kind(self) -> tuple[int, bool, int]:
+        """What the search needs of its step: (rows per input: 1, or the beam size; whether it
+        reads log-probabilities rather than logits; the new tokens of a generation, 0 for a
+        translation)."""
         raise NotImplementedError
 
-    def _keep_compiled_steps(self, path: str | Path) -> None:
+    def keep_compiled_steps(self, path: str | Path) -> None:
         """Keep the compiled steps in the user's cache folder of the run ``path`` belongs to
         (none: they stay in memory)."""
         if (root := run_root(path)) is not None:
-            static.keep_packages_for(self.model, root)
+            compiled.keep_for_run(self.model, root)
 
-    def _fit(self, ids: list[int]) -> list[int]:
+    def fit_length(self, ids: list[int]) -> list[int]:
         """``ids`` cut to the ``max_len - 1`` the model takes (one position is left: for EOS,
         or the first new token), counted in ``truncated`` and, with ``warn``, warned about
         (the warning points at the caller of the public method that encodes)."""

@@ -8,7 +8,7 @@ import torch
 
 from transformer import ModelConfig
 from transformer.decode import length_penalty, max_output_lengths, pad_batch
-from transformer.decode.common import force_eos, next_token_logprobs
+from transformer.decode.scoring import force_eos, next_token_logprobs
 
 CFG = ModelConfig(vocab_size=10, d_model=8, n_heads=2, max_len=40)
 

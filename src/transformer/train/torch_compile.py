@@ -11,7 +11,7 @@ validation, checkpoints and decoding see the model as it always was):
   from ``torch.rand``, which inductor draws inside the fused kernel, seeded from torch's
   generator (a compiled run drops other elements than an eager one with the same seed).
 - attention: on a CPU the matmul-softmax-matmul, which inductor fuses into its own loops,
-  rather than torch's fused kernel (:func:`~transformer.decode.fixed.graph_attention`), its
+  rather than torch's fused kernel (:func:`~transformer.compiled.graph.graph_attention`), its
   dropout drawn as above.
 - the embedding lookups: their gradient is torch's own embedding backward, kept out of the
   generated code as an opaque op (``transformer::embedding_grad``). Inductor writes it as a
@@ -24,8 +24,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..decode.fixed import graph_attention, graph_dropout
-from ..decode.packages import use_private_build_folder
+from ..compiled.graph import graph_attention
+from ..compiled.packages import use_private_build_folder
 from ..model.attention import MultiHeadAttention
 from ..model.dropout import Dropout
 from ..model.embedding import LearnedPositions, TokenEmbedding
@@ -89,7 +89,7 @@ class GraphDropout(Dropout):
     def forward(self, x: Tensor) -> Tensor:
         if not (torch.compiler.is_compiling() and self.training and self.p > 0.0):
             return super().forward(x)
-        return graph_dropout(x, self.p)
+        return x * ((torch.rand(x.shape, device=x.device) >= self.p).to(x.dtype) * (1.0 / (1.0 - self.p)))
 
 
 class GraphAttention(MultiHeadAttention):

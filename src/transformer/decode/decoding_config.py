@@ -25,15 +25,15 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..frozen import TYPE_NAMES, Frozen, has_type, part, unknown_keys, whole_numbers_as_floats
+from ..frozen import TYPE_NAMES, Frozen, has_type, known_keys, part, whole_numbers_as_floats
 
 # Decoding arithmetic (decode/precision.py): auto is bf16 where the device computes it
 # natively, else fp32; int8 is a CPU option.
 PRECISIONS = ("auto", "fp32", "bf16", "int8")
-# Whether a search runs the compiled step (decode/static.py): on builds it if missing, auto
+# Whether a search runs the compiled step (front_door.py decides, compiled/ builds it): on builds it if missing, auto
 # uses it when it is built already (or a generation is long enough to pay for building it).
 COMPILE_CHOICES = ("auto", "on", "off")
-# How beam search divides a hypothesis's log-probability by its length (decode/common.py).
+# How beam search divides a hypothesis's log-probability by its length (decode/scoring.py).
 LENGTH_NORMS = ("gnmt", "length")
 # The largest seed: torch's generators take up to 2**64 - 1, and sample n or row i of a batch
 # samples with seed + n + i, so half of that leaves room for any number of them.
@@ -120,7 +120,7 @@ class RuntimeConfig:
     max_tokens: int = 4000  # source tokens per batch (padded)
     precision: str = "auto"  # auto (bf16 where the device computes it natively, else fp32), fp32, bf16 or int8 (CPU); decode/precision.py
     device: str = "cpu"  # cpu or cuda[:N]
-    compile: str = "auto"  # on, off, auto: a compiled decoding step (on: built if missing; auto: if built); decode/static.py
+    compile: str = "auto"  # on, off, auto: a compiled decoding step (on: built if missing; auto: if built); compiled/
 
     def __post_init__(self) -> None:
         _numbers(self, RuntimeConfig)
@@ -149,10 +149,7 @@ class DecodingConfig(RuntimeConfig, SamplingConfig, SearchConfig, Frozen):
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], where: str = "decoding") -> "DecodingConfig":
-        unknown = unknown_keys(cls, d)
-        if unknown:
-            raise ValueError(f"{where}: unknown key(s) {unknown}; choose from {list(FIELDS)}")
-        return cls(**d)
+        return cls(**known_keys(cls, d, f"{where}: unknown key(s) {{unknown}}; choose from {list(FIELDS)}"))
 
 
 FIELDS = {f.name: f.default for f in dataclasses.fields(DecodingConfig)}

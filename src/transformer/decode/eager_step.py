@@ -1,0 +1,77 @@
+"""A search's step: what greedy search, beam search and sampling call once per new token, on
+the cache the step keeps. Each search is written once, over a step it is handed (by default
+:class:`EagerStep`, the model's own ``decode`` on its growing KV cache):
+
+    cache = step.start(model.start_cache(memory, src), need)   # translation: need target positions
+    cache, logits = step.prefill(prompts, need)               # generation: the prompts (+ new tokens)
+    scores, cache = step(tokens, cache)      # (N, 1) ids -> (N, V) scores of the next token
+    cache = step.keep(cache, rows)           # keep / reorder rows (beams, finished rows)
+    step.drops(live, rows)                   # whether a search drops its finished rows now
+    step.full(cache)                         # generation: no room for the next token
+
+The scores are log-probabilities (:func:`~transformer.decode.scoring.next_token_logprobs`,
+``logprobs=True``, what greedy and beam search read) or the logits (sampling). A search never
+asks how its step was made: the front door hands it the eager step or a compiled one
+(:mod:`transformer.compiled`, which keeps a fixed-shape cache and drops finished rows a few
+times per search rather than at once).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .rows import select_rows
+from .scoring import next_token_logprobs
+
+
+def is_translation(model) -> bool:
+    """An encoder-decoder (or an ensemble of them), as opposed to a language model."""
+    return hasattr(model, "encode")
+
+
+def left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[Tensor, Tensor]:
+    """(B, T) ids left-padded with ``pad_id``, and (B, T) True at the real tokens."""
+    width = max(len(p) for p in prompts)
+    out = torch.full((len(prompts), width), pad_id, dtype=torch.long, device=device)
+    real = torch.zeros((len(prompts), width), dtype=torch.bool, device=device)
+    for i, p in enumerate(prompts):
+        if p:
+            out[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            real[i, width - len(p):] = True
+    return out, real
+
+
+class EagerStep:
+    """``model.decode`` on the growing cache (a new, longer one every step), eagerly; finished
+    rows leave at once."""
+
+    def __init__(self, model: nn.Module, logprobs: bool = True) -> None:
+        self.model, self.logprobs = model, logprobs
+
+    def start(self, cache, need: int):  # noqa: ARG002 (the cache grows as it needs)
+        return cache
+
+    def prefill(self, prompts: list[list[int]], need: int):  # noqa: ARG002
+        model = self.model
+        ids, real = left_pad(prompts, model.cfg.pad_id, model.embed.weight.device)
+        logits, cache = model.decode(ids, model.start_cache(len(prompts), ids.device), real=real)
+        return cache, logits[:, -1]
+
+    def __call__(self, tokens: Tensor, cache):
+        if is_translation(self.model):
+            logits, cache = self.model.decode(tokens, cache)
+        else:  # a generated token is real, whatever its id
+            logits, cache = self.model.decode(tokens, cache, real=torch.ones_like(tokens, dtype=torch.bool))
+        logits = logits[:, -1]
+        return (next_token_logprobs(logits, self.model.cfg) if self.logprobs else logits), cache
+
+    def keep(self, cache, rows: Tensor):
+        return select_rows(cache, rows)
+
+    def drops(self, live: int, rows: int) -> bool:
+        """Finished rows leave as soon as there are any: they would cost a step each."""
+        return live < rows
+
+    def full(self, cache) -> bool:
+        """A row's positions are full (it slides its window)."""
+        return int(cache.next_position.max()) >= self.model.cfg.max_len
