@@ -19,7 +19,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from .frozen import TYPE_NAMES, Frozen, has_type, unknown_keys, whole_numbers_as_floats
+from .frozen import TYPE_NAMES, Frozen, has_type, known_keys, whole_numbers_as_floats
 
 FFN_ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu")
 SINUSOID_LAYOUTS = ("interleaved", "concat")
@@ -141,10 +141,7 @@ class ModelConfig(Frozen):
         if "output_vocab_size" in d:
             raise ValueError("ModelConfig: output_vocab_size (restrict_output) is no longer supported; "
                              "retrain without restrict_output")
-        unknown = unknown_keys(cls, d)
-        if unknown:
-            raise ValueError(f"ModelConfig: unknown keys {unknown}")
-        return cls(**d)
+        return cls(**known_keys(cls, d, "ModelConfig: unknown keys {unknown}"))
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> "ModelConfig":

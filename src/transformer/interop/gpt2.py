@@ -61,6 +61,9 @@ if TYPE_CHECKING:  # pragma: no cover
 _ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
                 "gelu": "gelu", "relu": "relu", "silu": "silu", "swish": "silu"}
 _TO_HF = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu", "silu": "silu"}
+# our config's name -> GPT2Config's, for the sizes that are the same number in both
+_NAMES = {"vocab_size": "vocab_size", "d_model": "n_embd", "n_heads": "n_head", "n_layers": "n_layer",
+          "max_len": "n_positions", "layer_norm_eps": "layer_norm_epsilon"}
 
 
 # ---- the config ---------------------------------------------------------------------------
@@ -74,22 +77,11 @@ def config_from_gpt2(hf_config: "GPT2Config", tie_embeddings: bool, pad_id: int 
     _check(not c.scale_attn_by_inverse_layer_idx, where, "scale_attn_by_inverse_layer_idx is not supported")
     _check(not c.add_cross_attention, where, "cross-attention (add_cross_attention) is not supported")
     return ModelConfig(
-        vocab_size=c.vocab_size,
-        d_model=c.n_embd,
-        n_heads=c.n_head,
+        **{ours: getattr(c, theirs) for ours, theirs in _NAMES.items()},
         d_ff=c.n_inner if c.n_inner is not None else 4 * c.n_embd,
-        n_layers=c.n_layer,
-        dropout=float(c.resid_pdrop),
-        attn_dropout=float(c.attn_pdrop),
-        max_len=c.n_positions,
-        tie_embeddings=tie_embeddings,
-        ffn_activation=_ACTIVATIONS[c.activation_function],
-        norm="layer",
-        bias=True,
-        positions="learned",
-        layer_norm_eps=float(c.layer_norm_epsilon),
-        **special_ids(c, c.vocab_size, where, pad_id),
-        **LM_SHAPE,
+        dropout=float(c.resid_pdrop), attn_dropout=float(c.attn_pdrop), tie_embeddings=tie_embeddings,
+        ffn_activation=_ACTIVATIONS[c.activation_function], norm="layer", bias=True, positions="learned",
+        **special_ids(c, c.vocab_size, where, pad_id), **LM_SHAPE,
     )
 
 
@@ -106,18 +98,9 @@ def config_to_gpt2(cfg: ModelConfig) -> "GPT2Config":
            f"HF GPT-2 has a two-matrix feed-forward; ffn_activation={cfg.ffn_activation!r} cannot be expressed")
     _check(cfg.kv_heads == cfg.n_heads, where, "HF GPT-2 has no grouped-query attention: needs n_kv_heads=None")
     return GPT2Config(
-        vocab_size=cfg.vocab_size,
-        n_positions=cfg.max_len,
-        n_embd=cfg.d_model,
-        n_layer=cfg.n_layers,
-        n_head=cfg.n_heads,
-        n_inner=cfg.d_ff,
-        activation_function=_TO_HF[cfg.ffn_activation],
-        resid_pdrop=cfg.dropout,
-        embd_pdrop=cfg.dropout,
-        attn_pdrop=cfg.attn_dropout,
-        layer_norm_epsilon=cfg.layer_norm_eps,
-        tie_word_embeddings=cfg.tie_embeddings,
+        **{theirs: getattr(cfg, ours) for ours, theirs in _NAMES.items()},
+        n_inner=cfg.d_ff, activation_function=_TO_HF[cfg.ffn_activation], resid_pdrop=cfg.dropout,
+        embd_pdrop=cfg.dropout, attn_pdrop=cfg.attn_dropout, tie_word_embeddings=cfg.tie_embeddings,
         **hf_special_ids(cfg),
     )
 

@@ -57,6 +57,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from transformers import LlamaConfig, LlamaForCausalLM
 
 
+# our config's name -> LlamaConfig's, for the sizes that are the same number in both
+_NAMES = {"vocab_size": "vocab_size", "d_model": "hidden_size", "d_ff": "intermediate_size",
+          "n_layers": "num_hidden_layers", "max_len": "max_position_embeddings"}
+
+
 def _rope(c, where: str) -> tuple[float, dict[str, float] | None]:
     """``rope_theta`` and our ``rope_scaling`` (None, or Llama 3's four numbers)."""
     params = dict(getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {})
@@ -109,26 +114,12 @@ def config_from_llama(hf_config: "LlamaConfig", tie_embeddings: bool, pad_id: in
            f"hidden_act {c.hidden_act!r} is not supported: our gated feed-forward is SwiGLU (silu)")
     _check((getattr(c, "pretraining_tp", 1) or 1) == 1, where, "pretraining_tp > 1 is not supported")
     return ModelConfig(
-        vocab_size=c.vocab_size,
-        d_model=c.hidden_size,
-        n_heads=n_heads,
-        n_kv_heads=None if kv == n_heads else kv,
-        d_ff=c.intermediate_size,
-        n_layers=c.num_hidden_layers,
-        dropout=0.0,
-        attn_dropout=float(getattr(c, "attention_dropout", 0.0) or 0.0),
-        max_len=c.max_position_embeddings,
-        tie_embeddings=tie_embeddings,
-        ffn_activation="swiglu",
-        norm="rms",
-        bias=mlp_bias,
-        qkv_bias=family == "qwen2",
-        positions="rope",
-        rope_theta=theta,
-        rope_scaling=scaling,
-        layer_norm_eps=float(c.rms_norm_eps),
-        **special_ids(c, c.vocab_size, where, pad_id),
-        **LM_SHAPE,
+        **{ours: getattr(c, theirs) for ours, theirs in _NAMES.items()},
+        n_heads=n_heads, n_kv_heads=None if kv == n_heads else kv, dropout=0.0,
+        attn_dropout=float(getattr(c, "attention_dropout", 0.0) or 0.0), tie_embeddings=tie_embeddings,
+        ffn_activation="swiglu", norm="rms", bias=mlp_bias, qkv_bias=family == "qwen2", positions="rope",
+        rope_theta=theta, rope_scaling=scaling, layer_norm_eps=float(c.rms_norm_eps),
+        **special_ids(c, c.vocab_size, where, pad_id), **LM_SHAPE,
     )
 
 
@@ -148,22 +139,10 @@ def config_to_llama(cfg: ModelConfig) -> "LlamaConfig":
     if cfg.rope_scaling is not None:
         rope.update(rope_type="llama3", **cfg.rope_scaling)
     return LlamaConfig(
-        vocab_size=cfg.vocab_size,
-        hidden_size=cfg.d_model,
-        intermediate_size=cfg.d_ff,
-        num_hidden_layers=cfg.n_layers,
-        num_attention_heads=cfg.n_heads,
-        num_key_value_heads=cfg.kv_heads,
-        head_dim=cfg.d_head,
-        hidden_act="silu",
-        max_position_embeddings=cfg.max_len,
-        rms_norm_eps=cfg.layer_norm_eps,
-        rope_parameters=rope,
-        attention_bias=cfg.bias,
-        mlp_bias=cfg.bias,
-        attention_dropout=cfg.attn_dropout,
-        tie_word_embeddings=cfg.tie_embeddings,
-        **hf_special_ids(cfg),
+        **{theirs: getattr(cfg, ours) for ours, theirs in _NAMES.items()},
+        num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.kv_heads, head_dim=cfg.d_head, hidden_act="silu",
+        rms_norm_eps=cfg.layer_norm_eps, rope_parameters=rope, attention_bias=cfg.bias, mlp_bias=cfg.bias,
+        attention_dropout=cfg.attn_dropout, tie_word_embeddings=cfg.tie_embeddings, **hf_special_ids(cfg),
     )
 
 

@@ -32,10 +32,10 @@ from .cache import KVCache
 from .dropout import Dropout
 from .embedding import LearnedPositions, PositionalEncoding, TokenEmbedding, check_length
 from .rotary import Rotary
-from .transformer import Decoder, output_logits, output_weights
+from .transformer import Decoder, OutputHead
 
 
-class LanguageModel(nn.Module):
+class LanguageModel(OutputHead, nn.Module):
     """Decoder-only Transformer; see :class:`~transformer.ModelConfig` (``kind="decoder-only"``).
 
     Shape:
@@ -131,14 +131,9 @@ class LanguageModel(nn.Module):
         rotary = self.rotary(positions) if self.rotary is not None else None
         return self.dropout(x), rotary
 
-    # ---- the output -------------------------------------------------------------------
-    def project(self, h: Tensor) -> Tensor:
-        """Whead: (..., C) -> (..., V) logits."""
-        return output_logits(h, self.embed, self.out_proj, self.out_bias)
-
-    def output_layer(self) -> tuple[Tensor, Tensor | None]:
-        """Whead as one (V, C) weight (``We``, when tied) and its (V,) bias or None."""
-        return output_weights(self.embed, self.out_proj, self.out_bias)
+    # ---- the output (Whead: OutputHead.project) ---------------------------------------
+    def head_embedding(self) -> TokenEmbedding:
+        return self.embed  # We, when Whead is tied to it
 
     def forward(self, tokens: Tensor, select: Tensor | None = None, real: Tensor | None = None,
                 padded: bool = True) -> Tensor:
@@ -148,9 +143,6 @@ class LanguageModel(nn.Module):
         ``padded=False`` as in :meth:`hidden` (training windows: no padding by construction)."""
         h, _, _ = self.hidden(tokens, self.start_cache(tokens.size(0), tokens.device), real=real, padded=padded)
         return self.project(h[select] if select is not None else h)
-
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
 
 
 def next_positions(next_position: Tensor, real: Tensor) -> Tensor:

@@ -18,6 +18,32 @@ from .embedding import PositionalEncoding, TokenEmbedding
 from .layers import DecoderLayer, EncoderLayer, make_norm
 
 
+class OutputHead:
+    """What both models end with: the output projection, logits = h W + b, where W is the
+    embedding table :meth:`head_embedding` (tied) when ``out_proj`` is None."""
+
+    out_proj: nn.Module | None
+    out_bias: Tensor | None
+
+    def head_embedding(self) -> TokenEmbedding:
+        """The embedding the projection is tied to when ``out_proj`` is None."""
+        raise NotImplementedError
+
+    def project(self, h: Tensor) -> Tensor:
+        """Final linear layer: (..., C) -> (..., V) logits."""
+        if self.out_proj is None:
+            return nn.functional.linear(h, self.head_embedding().weight, self.out_bias)
+        logits = self.out_proj(h)
+        return logits if self.out_bias is None else logits + self.out_bias
+
+    def output_layer(self) -> tuple[Tensor, Tensor | None]:
+        """The projection as one (V, C) weight (the embedding's, when tied) and its (V,) bias or None."""
+        return (self.head_embedding().weight if self.out_proj is None else self.out_proj.weight), self.out_bias
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
 class Encoder(nn.Module):
     """N encoder layers (and a final LayerNorm when ``cfg.use_final_norm``), on embedded input."""
 
@@ -70,7 +96,7 @@ class Decoder(nn.Module):
         return tuple(zip(kv[0::2], kv[1::2]))
 
 
-class Transformer(nn.Module):
+class Transformer(OutputHead, nn.Module):
     """Encoder-decoder Transformer. See :class:`~transformer.ModelConfig` for the options.
 
     Shape:
@@ -140,13 +166,8 @@ class Transformer(nn.Module):
         logits = self.project(h)
         return (logits, cache, weights) if return_weights else (logits, cache)
 
-    def project(self, h: Tensor) -> Tensor:
-        """Final linear layer: (..., C) -> (..., V) logits."""
-        return output_logits(h, self.tgt_embed, self.out_proj, self.out_bias)
-
-    def output_layer(self) -> tuple[Tensor, Tensor | None]:
-        """The projection as one (V, C) weight (the embedding's, when tied) and its (V,) bias or None."""
-        return output_weights(self.tgt_embed, self.out_proj, self.out_bias)
+    def head_embedding(self) -> TokenEmbedding:
+        return self.tgt_embed
 
     def forward(self, src: Tensor, tgt: Tensor, select: Tensor | None = None) -> Tensor:
         """Teacher forcing: (B, S) source ids, (B, T) target-input ids -> (B, T, V) logits.
@@ -160,23 +181,6 @@ class Transformer(nn.Module):
         if select is not None:
             return self.project(h[select])  # (N, V)
         return self.project(h)
-
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
-
-
-def output_logits(h: Tensor, embed: TokenEmbedding, out_proj: nn.Module | None, out_bias: Tensor | None) -> Tensor:
-    """The output projection of either model: (..., C) -> (..., V) logits, h W + b, where W is
-    the embedding table ``embed`` (tied) when ``out_proj`` is None."""
-    if out_proj is None:
-        return nn.functional.linear(h, embed.weight, out_bias)
-    logits = out_proj(h)
-    return logits if out_bias is None else logits + out_bias
-
-
-def output_weights(embed: TokenEmbedding, out_proj: nn.Module | None, out_bias: Tensor | None):
-    """:func:`output_logits`'s (V, C) weight and (V,) bias or None."""
-    return (embed.weight if out_proj is None else out_proj.weight), out_bias
 
 
 def _has_padding(mask: Tensor) -> bool:

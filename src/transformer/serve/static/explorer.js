@@ -140,9 +140,7 @@ async function translate(event) {
   const text = $("source").value;
   const beam = Number($("beam").value);
   const nBest = Math.min(Math.max(Number($("n-best").value) || 1, 1), beam);
-  setStatus("Translating…");
-  $("translate").disabled = true;
-  try {
+  await whileBusy("translate", "Translating…", async () => {
     const [translation, attention] = await Promise.all([
       postJSON("/translate", { text, beam, n_best: nBest }),
       postJSON("/attention", { text, beam }),
@@ -150,10 +148,20 @@ async function translate(event) {
     showTranslation(translation);
     showAttention(attention);
     setStatus(translation.truncated.length ? "The sentence was too long for the model and was cut." : "");
+  });
+}
+
+// work() with its button disabled and its status shown; an error is shown, and the button is
+// enabled again either way (the translation's form, and generate.js's).
+async function whileBusy(button, status, work) {
+  setStatus(status);
+  $(button).disabled = true;
+  try {
+    await work();
   } catch (error) {
     showError(error);
   } finally {
-    $("translate").disabled = false;
+    $(button).disabled = false;
   }
 }
 
@@ -185,12 +193,29 @@ function showTranslation(response) {
 
 // ---- the heatmap ---------------------------------------------------------------------
 function showAttention(data) {
-  state.data = data;
-  $("attention").hidden = data.source_tokens.length === 0;
-  // Options are numbered from 1, as people count; state holds indices from 0.
-  fillLayerHead($("layer"), $("head"), data, state);
-  readControls();
-  draw();
+  showMaps(state, data, data.source_tokens, { section: "attention", layer: "layer", head: "head" }, redraw);
+}
+
+// A view's maps arrived (the translation's, or generate.js's): kept in its state, its section
+// shown when there are tokens, its pickers (ids) refilled, the view drawn. Options are numbered
+// from 1, as people count; a view's state holds indices from 0.
+function showMaps(chosen, data, tokens, ids, redrawView) {
+  chosen.data = data;
+  $(ids.section).hidden = tokens.length === 0;
+  fillLayerHead($(ids.layer), $(ids.head), data, chosen);
+  redrawView();
+}
+
+// The layer and head the pickers show, as indices from 0, into chosen.
+function readLayerHead(layerSelect, headSelect, chosen) {
+  chosen.layer = Number(layerSelect.value) - 1;
+  chosen.head = headSelect.value === "avg" ? "avg" : Number(headSelect.value) - 1;
+}
+
+// The weights to draw: the chosen layer's maps ([layer][head][row][col]), one head or their average.
+function chosenWeights(maps, chosen) {
+  const perHead = maps[chosen.layer]; // [head][row][col]
+  return chosen.head === "avg" ? averageHeads(perHead) : perHead[chosen.head];
 }
 
 // The layer and head pickers for data's shape, keeping the chosen ones (indices from 0) where they exist.
@@ -208,16 +233,14 @@ function fillSelect(select, options, keep) {
 
 function readControls() {
   state.kind = document.querySelector('input[name="kind"]:checked').value;
-  state.layer = Number($("layer").value) - 1;
-  state.head = $("head").value === "avg" ? "avg" : Number($("head").value) - 1;
+  readLayerHead($("layer"), $("head"), state);
 }
 
 function draw() {
   const data = state.data;
   if (!data || data.source_tokens.length === 0) return;
   const kind = KINDS[state.kind];
-  const perHead = data[kind.maps][state.layer]; // [head][row][col]
-  state.values = state.head === "avg" ? averageHeads(perHead) : perHead[state.head];
+  state.values = chosenWeights(data[kind.maps], state);
   state.rows = data[kind.rows];
   state.cols = data[kind.cols];
   $("axes").textContent = kind.axes;

@@ -49,15 +49,13 @@ function generationRequest() {
 async function generateText(event) {
   event.preventDefault();
   const body = generationRequest();
-  setStatus("Generating…");
-  $("generate").disabled = true;
   lm.events = 0;
   lm.done = null;
   $("lm-attention").hidden = true;
   $("prompt-text").textContent = body.prompt;
   $("continuation").textContent = "";
   $("generation").hidden = false;
-  try {
+  await whileBusy("generate", "Generating…", async () => {
     const done = await streamGeneration(body, (token) => {
       $("continuation").textContent += token.text;
       lm.events += 1;
@@ -68,11 +66,7 @@ async function generateText(event) {
     setStatus(`${done.tokens} tokens, seed ${done.seed}.${cut}`);
     const text = body.prompt + done.text;
     if (text.trim()) showLMAttention(await postJSON("/attention", { text })); // a blank one is a 422: nothing to show
-  } catch (error) {
-    showError(error);
-  } finally {
-    $("generate").disabled = false;
-  }
+  });
 }
 
 // POST /generate as server-sent events: onToken({text, token}) for each token; resolves
@@ -117,15 +111,11 @@ function parseEvent(block) {
 
 // ---- the attention -------------------------------------------------------------------
 function showLMAttention(data) {
-  lm.data = data;
-  $("lm-attention").hidden = data.tokens.length === 0;
-  fillLayerHead($("lm-layer"), $("lm-head"), data, lm);
-  redrawLM();
+  showMaps(lm, data, data.tokens, { section: "lm-attention", layer: "lm-layer", head: "lm-head" }, redrawLM);
 }
 
 function redrawLM() {
-  lm.layer = Number($("lm-layer").value) - 1;
-  lm.head = $("lm-head").value === "avg" ? "avg" : Number($("lm-head").value) - 1;
+  readLayerHead($("lm-layer"), $("lm-head"), lm);
   drawLM();
 }
 
@@ -137,8 +127,7 @@ function visible(token) {
 function drawLM() {
   const data = lm.data;
   if (!data || data.tokens.length === 0) return;
-  const perHead = data.self_attention[lm.layer]; // [head][row][col]
-  lm.values = lm.head === "avg" ? averageHeads(perHead) : perHead[lm.head];
+  lm.values = chosenWeights(data.self_attention, lm);
   const tokens = data.tokens.map(visible);
 
   $("lm-tokens").replaceChildren(...tokens.map((token, i) => {
