@@ -54,11 +54,18 @@ def build_model(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: 
 def compiled_steps_cache(tmp_path_factory):
     """The user's cache of compiled decoding steps (compiled/packages.py) is a temporary folder
     of this session's (of each xdist worker's): no test writes to ~/.cache or sees another's
-    packages; and a TRANSFORMER_COMPILE in the developer's environment does not reach the tests."""
-    saved = {k: os.environ.get(k) for k in ("TRANSFORMER_COMPILED_DIR", "TRANSFORMER_COMPILE")}
+    packages; and a TRANSFORMER_COMPILE in the developer's environment does not reach the tests.
+    torch's compiler builds in that cache's private inductor folder for every compile of the
+    session, the tests' own torch.compile calls too (compiled/packages.py: under ATEN_CPU_CAPABILITY
+    a folder of its own, whose kernels must not mix with the others')."""
+    from transformer.compiled.packages import BUILD_ENV_VAR, use_private_build_folder
+
+    saved = {k: os.environ.get(k) for k in ("TRANSFORMER_COMPILED_DIR", "TRANSFORMER_COMPILE", BUILD_ENV_VAR)}
     folder = tmp_path_factory.mktemp("compiled-steps")
     os.environ["TRANSFORMER_COMPILED_DIR"] = str(folder)
     os.environ.pop("TRANSFORMER_COMPILE", None)
+    os.environ.pop(BUILD_ENV_VAR, None)
+    use_private_build_folder()
     yield folder
     for k, v in saved.items():
         if v is None:

@@ -45,17 +45,14 @@ class TextPieces:
     Only a window of the newest tokens is decoded each time: the tokens not yet shown and
     ``CONTEXT`` before them (so that a subword's leading space, or a character split over
     several byte tokens, decodes as in the whole text). A stream of any length costs the same
-    per token and holds no more than the window; with ``keep``, ``ids`` and ``text`` also
-    hold the whole row (what a caller that answers at the end needs)."""
+    per token and holds no more than the window."""
 
     CONTEXT = 8
 
-    def __init__(self, tokenizer, keep: bool = False) -> None:
-        self.tokenizer, self.keep = tokenizer, keep
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
         self.window: list[int] = []  # the newest tokens
         self.shown = ""  # the text given out for them (decoded from the window's first token)
-        self.ids: list[int] = []
-        self.text = ""
 
     def add(self, token: int) -> str:
         self.window.append(token)
@@ -66,16 +63,11 @@ class TextPieces:
         if not incomplete and len(self.window) > 2 * self.CONTEXT:  # slide: keep the context
             self.window = self.window[-self.CONTEXT:]
             self.shown = self.tokenizer.decode(self.window)
-        if self.keep:
-            self.ids.append(token)
-            self.text += piece
         return piece
 
     def finish(self) -> str:
         final = self.tokenizer.decode(self.window)
         piece, self.shown = final[len(self.shown):], final
-        if self.keep:
-            self.text += piece
         return piece
 
 

@@ -21,26 +21,6 @@ from functools import cache
 
 import torch
 
-def _separate_inductor_cache() -> None:
-    """Under torch's ``ATEN_CPU_CAPABILITY`` switch, inductor's on-disk kernel cache (shared by
-    every process of the user) gets a folder of its own. torch 2.13 does not key that cache on
-    the switch: kernels built under ``avx2`` and loaded without it (or the reverse) gave wrong
-    sums and corrupted the heap (a compiled ``logsumexp`` off by 0.03, then NaN and ``double
-    free``). Set before torch compiles anything; a cache folder the user chose is left alone."""
-    capability = os.environ.get("ATEN_CPU_CAPABILITY")
-    if capability and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
-        import getpass
-        import tempfile
-
-        try:
-            user = getpass.getuser()
-        except (KeyError, OSError):
-            user = str(os.getuid()) if hasattr(os, "getuid") else "user"
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(
-            tempfile.gettempdir(), f"torchinductor_{user}_{capability.lower()}")
-
-
-_separate_inductor_cache()
 
 #: the flags that decide speed here, in the order they are reported
 FLAGS_THAT_MATTER = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8", "avx512_vnni", "avx_vnni")

@@ -16,7 +16,7 @@ def help_text(cli, *argv) -> str:
 
 
 def test_serve_shows_the_defaults_of_its_limits(cli):
-    from transformer.serve.config import ServeConfig
+    from transformer.serve.serve_config import ServeConfig
 
     text = help_text(cli, "serve")
     defaults = {f.name: f.default for f in dataclasses.fields(ServeConfig)}
@@ -32,7 +32,7 @@ def test_serve_defaults_are_what_the_server_gets(cli, monkeypatch):
     """The options' defaults are ServeConfig's (the help shows them; a server started without
     them uses them)."""
     from transformer.cli import build_parser
-    from transformer.serve.config import ServeConfig
+    from transformer.serve.serve_config import ServeConfig
 
     args = build_parser().parse_args(["serve", "--model", "m"])
     for field in ("max_batch", "max_wait_ms", "max_chars", "max_texts", "max_queue", "timeout"):

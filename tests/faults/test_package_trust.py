@@ -275,8 +275,14 @@ def test_the_compiler_builds_in_a_private_folder_of_the_cache(monkeypatch, tmp_p
     take first. Every build points it at the user's cache, made 0700."""
     monkeypatch.setenv(packages.DIR_ENV_VAR, str(tmp_path / "mine"))
     monkeypatch.delenv(packages.BUILD_ENV_VAR, raising=False)
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
     folder = packages.use_private_build_folder()
     assert folder == tmp_path / "mine" / "inductor"
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")  # the AVX2 stand-in's kernels: a folder of their own
+    monkeypatch.delenv(packages.BUILD_ENV_VAR)
+    assert packages.use_private_build_folder() == tmp_path / "mine" / "inductor-avx2"
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY")
+    monkeypatch.setenv(packages.BUILD_ENV_VAR, str(folder))
     assert os.environ[packages.BUILD_ENV_VAR] == str(folder)
     for f in (folder, folder.parent):
         assert stat.S_IMODE(f.stat().st_mode) == 0o700
@@ -289,7 +295,8 @@ def test_a_real_build_wrote_its_code_into_the_private_folder(runs):
     """Run A's step was really built (the ``runs`` fixture): inductor's generated code is in the
     cache's inductor/ folder, not in the shared temporary folder's torchinductor_USER."""
     folder = Path(os.environ[packages.BUILD_ENV_VAR])
-    assert folder == packages.cache_root() / "inductor"
+    capability = os.environ.get("ATEN_CPU_CAPABILITY", "").lower()
+    assert folder == packages.cache_root() / (f"inductor-{capability}" if capability else "inductor")
     assert any(f.suffix in (".cpp", ".py", ".so") for f in folder.rglob("*"))
 
 

@@ -11,7 +11,7 @@ import yaml
 from lm_text import make_text
 
 from transformer.generator import Generator
-from transformer.train.config import load_config
+from transformer.train.train_config import load_config
 
 RECIPE = Path(__file__).resolve().parents[2] / "configs" / "lm-text.yaml"
 TINY = ["model.d_model=32", "model.n_heads=2", "model.d_ff=64", "model.n_layers=1", "model.max_len=32",
