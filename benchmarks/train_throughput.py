@@ -36,7 +36,7 @@ from peak_memory import peak_rss_mib
 from transformer import ModelConfig, Transformer, hardware
 from transformer.train.loss import compile_loss
 from transformer.train.step import paper_adam, train_step
-from transformer.compiled.packages import use_private_build_folder  # noqa: E402
+from transformer.run.private import use_private_build_folder  # noqa: E402
 
 use_private_build_folder()  # torch.compile below builds in the user's private cache, not a shared folder
 

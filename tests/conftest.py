@@ -58,7 +58,7 @@ def compiled_steps_cache(tmp_path_factory):
     torch's compiler builds in that cache's private inductor folder for every compile of the
     session, the tests' own torch.compile calls too (compiled/packages.py: under ATEN_CPU_CAPABILITY
     a folder of its own, whose kernels must not mix with the others')."""
-    from transformer.compiled.packages import BUILD_ENV_VAR, use_private_build_folder
+    from transformer.run.private import BUILD_ENV_VAR, use_private_build_folder
 
     saved = {k: os.environ.get(k) for k in ("TRANSFORMER_COMPILED_DIR", "TRANSFORMER_COMPILE", BUILD_ENV_VAR)}
     folder = tmp_path_factory.mktemp("compiled-steps")

@@ -202,14 +202,18 @@ def test_int8_that_multiplies_with_the_int8_gemm_decodes_eagerly_even_when_compi
 def test_torchs_switch_gets_an_inductor_cache_of_its_own(tmp_path):
     """Kernels that inductor cached under ATEN_CPU_CAPABILITY=avx2 and loaded without it gave
     wrong sums and heap corruption (torch 2.13 does not key its cache on the switch): under the
-    switch the package points inductor at a folder of its own, unless the user chose one."""
-    code = ("import transformer.hardware; from torch._inductor.runtime.cache_dir_utils import cache_dir; "
-            "print(cache_dir())")
+    switch every build points inductor at a private folder of its own, unless the user chose one."""
+    code = ("from transformer.run.private import use_private_build_folder; use_private_build_folder(); "
+            "from torch._inductor.runtime.cache_dir_utils import cache_dir; print(cache_dir())")
     env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "ATEN_CPU_CAPABILITY")}
-    plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
-    switched = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                              env={**env, "ATEN_CPU_CAPABILITY": "avx2"}).stdout
-    chosen = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                            env={**env, "ATEN_CPU_CAPABILITY": "avx2", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}).stdout
-    assert switched.strip().endswith("_avx2") and switched != plain
-    assert chosen.strip() == str(tmp_path)
+    env["TRANSFORMER_COMPILED_DIR"] = str(tmp_path / "cache")
+    chosen = tmp_path / "mine"
+    chosen.mkdir(mode=0o700)
+
+    def folder(**more) -> str:
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                              env={**env, **more}).stdout.strip()
+
+    assert folder() == str(tmp_path / "cache" / "inductor")
+    assert folder(ATEN_CPU_CAPABILITY="avx2") == str(tmp_path / "cache" / "inductor-avx2")
+    assert folder(ATEN_CPU_CAPABILITY="avx2", TORCHINDUCTOR_CACHE_DIR=str(chosen)) == str(chosen)

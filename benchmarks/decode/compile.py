@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import job, load_trained, ours, test_set  # noqa: E402
 
 from transformer import hardware  # noqa: E402
-from transformer.compiled.packages import use_private_build_folder  # noqa: E402
+from transformer.run.private import use_private_build_folder  # noqa: E402
 from transformer.decode.rows import expand_rows  # noqa: E402
 
 use_private_build_folder()  # torch.compile below builds in the user's private cache, not a shared folder

@@ -22,7 +22,7 @@ from tiny_corpus import train_tiny_run
 from transformer import compiled
 from transformer.compiled import build as aot, packages
 from transformer.decode import greedy_search
-from transformer.run import load_model, save_weights
+from transformer.run import load_model, private, save_weights
 from transformer.translator import load_translator
 
 LINES = ["red dog runs", "small bird", "the cat sees a tree"]
@@ -274,16 +274,16 @@ def test_the_compiler_builds_in_a_private_folder_of_the_cache(monkeypatch, tmp_p
     unset, that is torchinductor_USER in the shared temporary folder, a name another user can
     take first. Every build points it at the user's cache, made 0700."""
     monkeypatch.setenv(packages.DIR_ENV_VAR, str(tmp_path / "mine"))
-    monkeypatch.delenv(packages.BUILD_ENV_VAR, raising=False)
+    monkeypatch.delenv(private.BUILD_ENV_VAR, raising=False)
     monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
-    folder = packages.use_private_build_folder()
+    folder = private.use_private_build_folder()
     assert folder == tmp_path / "mine" / "inductor"
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")  # the AVX2 stand-in's kernels: a folder of their own
-    monkeypatch.delenv(packages.BUILD_ENV_VAR)
-    assert packages.use_private_build_folder() == tmp_path / "mine" / "inductor-avx2"
+    monkeypatch.delenv(private.BUILD_ENV_VAR)
+    assert private.use_private_build_folder() == tmp_path / "mine" / "inductor-avx2"
     monkeypatch.delenv("ATEN_CPU_CAPABILITY")
-    monkeypatch.setenv(packages.BUILD_ENV_VAR, str(folder))
-    assert os.environ[packages.BUILD_ENV_VAR] == str(folder)
+    monkeypatch.setenv(private.BUILD_ENV_VAR, str(folder))
+    assert os.environ[private.BUILD_ENV_VAR] == str(folder)
     for f in (folder, folder.parent):
         assert stat.S_IMODE(f.stat().st_mode) == 0o700
     from torch._inductor.runtime.cache_dir_utils import cache_dir
@@ -294,7 +294,7 @@ def test_the_compiler_builds_in_a_private_folder_of_the_cache(monkeypatch, tmp_p
 def test_a_real_build_wrote_its_code_into_the_private_folder(runs):
     """Run A's step was really built (the ``runs`` fixture): inductor's generated code is in the
     cache's inductor/ folder, not in the shared temporary folder's torchinductor_USER."""
-    folder = Path(os.environ[packages.BUILD_ENV_VAR])
+    folder = Path(os.environ[private.BUILD_ENV_VAR])
     capability = os.environ.get("ATEN_CPU_CAPABILITY", "").lower()
     assert folder == packages.cache_root() / (f"inductor-{capability}" if capability else "inductor")
     assert any(f.suffix in (".cpp", ".py", ".so") for f in folder.rglob("*"))
@@ -311,14 +311,14 @@ def test_a_build_folder_others_could_fill_is_refused(problem, monkeypatch, tmp_p
         monkeypatch.setattr(packages.os, "geteuid", lambda: os.getuid() + 4242)
     else:
         planted.chmod(0o777)
-    monkeypatch.setenv(packages.BUILD_ENV_VAR, str(planted))
+    monkeypatch.setenv(private.BUILD_ENV_VAR, str(planted))
     with pytest.warns(UserWarning) as caught:
-        folder = packages.use_private_build_folder()
+        folder = private.use_private_build_folder()
     reason = "owned by another user" if problem == "another owner" else "writable by other users"
     assert len(caught) == 1 and reason in str(caught[0].message)
     assert "; torch's compiler builds in a temporary folder for this process only" in str(caught[0].message)
     assert folder.parent == packages.scratch() and stat.S_IMODE(folder.stat().st_mode) == 0o700
-    assert os.environ[packages.BUILD_ENV_VAR] == str(folder)
+    assert os.environ[private.BUILD_ENV_VAR] == str(folder)
 
 
 def test_leftovers_of_crashed_builds_are_swept_from_the_cache(tmp_path):

@@ -15,7 +15,7 @@ from torch import nn
 from ..decode.eager_step import is_translation
 from ..run.files import atomic_write
 from .graph import GenerationStep, TranslationStep
-from .packages import use_private_build_folder
+from ..run.private import use_private_build_folder
 from .search_step import FixedKVCache
 
 # How inductor builds a package (measured in benchmarks/decode/README.md):

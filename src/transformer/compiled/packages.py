@@ -1,39 +1,26 @@
 """Where packages (:mod:`.build`) are kept, and the checks before one is loaded: loading runs the
 library inside, so only this user's own builds are loaded. They live in the user's cache, never in
 a run directory (:func:`run_folder`), in folders no one else may write (:func:`usable`), each with
-the SHA-256 its build recorded (:func:`record`, :func:`check`). torch's compiler writes the code it
-generates, then loads it, in a private folder of that cache too (:func:`use_private_build_folder`),
-never in its default ``torchinductor_USER`` of the shared temporary folder. No torch here."""
+the SHA-256 its build recorded (:func:`record`, :func:`check`). The folders' checks are
+:mod:`transformer.run.private`'s. No torch here."""
 from __future__ import annotations
 
-import atexit
 import hashlib
 import os
 import re
-import shutil
-import stat
-import tempfile
 import time
-import warnings
-from functools import cache
 from pathlib import Path
 
 from ..errors import UserError
-from ..run.files import atomic_write, file_sha256, home_cache
+from ..run import private
+from ..run.files import atomic_write, file_sha256
+from ..run.private import DIR_ENV_VAR, CompiledStepWarning, cache_root, is_private, scratch  # noqa: F401
 
-DIR_ENV_VAR = "TRANSFORMER_COMPILED_DIR"
 SWITCH_ENV_VAR = "TRANSFORMER_COMPILE"
 DIGEST = ".sha256"  # the suffix of a package's recorded digest: NAME.pt2.sha256
 # A build being written (build.build: ``.NAME.XXXX.pt2``; a digest: ``.NAME.sha256.XXXX.tmp``)
 # by another process is left alone; one older than any build is a crash's leftover.
 GRACE_S = 3600.0
-
-
-class CompiledStepWarning(UserWarning):
-    """A package refused, not built or not loaded (decoding goes on); the commands print one line."""
-
-
-_checked: dict[Path, Path] = {}  # a cache folder -> the folder used instead of it (itself when usable)
 
 
 def switched_off() -> bool:
@@ -48,18 +35,6 @@ def switched_off() -> bool:
                     "eager) and auto (the default: --compile decides); unset it or set it to off")
 
 
-def cache_root() -> Path | None:
-    """The folder of the user's compiled steps (it need not exist yet): ``$TRANSFORMER_COMPILED_DIR``,
-    else ``$XDG_CACHE_HOME/transformer/compiled``, else ``~/.cache/transformer/compiled``
-    (made with mode 0700); None only when no home directory can be found."""
-    if env := os.environ.get(DIR_ENV_VAR):
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME", "")
-    if xdg and Path(xdg).is_absolute():  # (the XDG spec: a relative value is ignored)
-        return Path(xdg) / "transformer" / "compiled"
-    return home_cache("compiled")
-
-
 def run_folder(run_dir: str | Path) -> Path | None:
     """``<run name>-<digest of its resolved path>`` in :func:`cache_root`: the run's folder."""
     root = cache_root()
@@ -70,82 +45,10 @@ def run_folder(run_dir: str | Path) -> Path | None:
     return root / f"{name}-{hashlib.sha256(str(resolved).encode()).hexdigest()[:12]}"
 
 
-def private_problem(folder: Path) -> str | None:
-    """Why ``folder`` may not hold packages to load (None: a folder of this user's no one else may write)."""
-    try:
-        st = folder.stat()
-    except OSError as e:
-        return f"cannot be read ({e.strerror or e})"
-    if not stat.S_ISDIR(st.st_mode):
-        return "not a folder"
-    if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
-        return f"owned by another user (uid {st.st_uid})"
-    if st.st_mode & 0o022:
-        return f"writable by other users (mode {stat.S_IMODE(st.st_mode):o})"
-    return None
-
-
-def usable(folder: Path, what: str = "compiled decoding steps are kept") -> Path:
-    """``folder`` and its parent made (mode 0700) and checked once a process; a private temporary
-    folder instead, with one warning (``what`` happens there), when either cannot be made, written
-    or is not private."""
-    if folder not in _checked:
-        problem = next((f"{f}: {why}" for f in (folder.parent, folder) if (why := _unusable(f))), None)
-        if problem is None:
-            sweep(folder)
-        else:
-            warnings.warn(f"{problem}; {what} in a temporary folder for this process only (see "
-                          "docs/run-folder.md, compiled steps)", CompiledStepWarning, stacklevel=3)
-        _checked[folder] = folder if problem is None else scratch()
-    return _checked[folder]
-
-
-def _unusable(folder: Path) -> str | None:
-    try:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError as e:
-        return f"cannot be made ({e.strerror or e})"
-    return private_problem(folder) or (None if os.access(folder, os.W_OK) else "not writable")
-
-
-def is_private(folder: Path) -> bool:
-    """Whether ``folder`` and its parent exist and are private (nothing made, no warning)."""
-    if folder in _checked:
-        return _checked[folder] == folder
-    return private_problem(folder.parent) is None and private_problem(folder) is None
-
-
-@cache
-def scratch() -> Path:
-    """A temporary folder (mode 0700) for this process's packages, removed when it ends."""
-    path = Path(tempfile.mkdtemp(prefix="transformer-steps-"))
-    atexit.register(shutil.rmtree, path, True)
-    return path
-
-
-BUILD_ENV_VAR = "TORCHINDUCTOR_CACHE_DIR"  # where torch's compiler writes, then loads, the code it generates
-
-
-def use_private_build_folder() -> Path:
-    """Point torch's compiler at a private folder before it builds anything (a decoding step,
-    training's ``compile: true``, the compiled loss): ``inductor/`` of :func:`cache_root` (made
-    0700; ``inductor-avx2/`` and the like under torch's ``ATEN_CPU_CAPABILITY`` switch, whose
-    kernels must not mix with the others'), or the folder ``TORCHINDUCTOR_CACHE_DIR`` names if
-    the user set one. A folder that is not this user's, or that others may write, is refused: the
-    process builds in a private temporary folder instead, with one warning line (:func:`usable`).
-    torch's default, ``torchinductor_USER`` in the shared temporary folder, is a name another user
-    of the machine can create first and plant code in, which a build then loads (and a package's
-    recorded SHA-256 would approve)."""
-    given, root = os.environ.get(BUILD_ENV_VAR), cache_root()
-    capability = os.environ.get("ATEN_CPU_CAPABILITY", "").lower()
-    name = f"inductor-{capability}" if capability else "inductor"
-    wanted = Path(given).expanduser().absolute() if given else None if root is None else root / name
-    folder = scratch() if wanted is None else usable(wanted, "torch's compiler builds")
-    if folder != wanted:  # the process's temporary folder: a folder of its own in it
-        folder = folder / name
-        folder.mkdir(mode=0o700, exist_ok=True)
-    os.environ[BUILD_ENV_VAR] = str(folder)
-    return folder
+def usable(folder: Path) -> Path:
+    """``folder`` made private and checked (:func:`transformer.run.private.usable`), its crashed
+    builds' leftovers swept; a private temporary folder instead, with one warning."""
+    return private.usable(folder, "compiled decoding steps are kept", prepare=sweep)
 
 
 def digest_file(package: Path) -> Path:

@@ -151,7 +151,7 @@ def compile_loss(dtype: torch.dtype = torch.bfloat16) -> LossKernels | None:
 
     expected = run(None)
     try:
-        from ..compiled.packages import use_private_build_folder
+        from ..run.private import use_private_build_folder
 
         use_private_build_folder()  # the code inductor generates and loads: never a shared folder
         kernels = LossKernels(torch.compile(_forward_pass, dynamic=True), torch.compile(_backward_pass, dynamic=True))

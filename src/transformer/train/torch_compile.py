@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from ..compiled.graph import graph_attention
-from ..compiled.packages import use_private_build_folder
+from ..run.private import use_private_build_folder
 from ..model.attention import MultiHeadAttention
 from ..model.dropout import Dropout
 from ..model.embedding import LearnedPositions, TokenEmbedding
