@@ -86,28 +86,38 @@ def _indices(values: list[int] | None) -> list[int] | None:
 Indices = Annotated[list[Annotated[int, Field(ge=0)]] | None, AfterValidator(_indices)]
 
 
-class AttentionRequest(_Strict):
+class _ChoosesMaps(_Strict):
+    """What both kinds of /attention request may choose."""
+
+    layers: Indices = Field(None, description="the layers to return (0-based, in this order); default: all")
+    heads: Indices = Field(None, description="the heads to return (0-based, in this order); default: all")
+
+
+class AttentionRequest(_ChoosesMaps):
     text: Annotated[Text, _given("a sentence to look at")] = Field(description="one sentence (not blank)",
                                                                    examples=["A dog runs in the park."])
     beam: int | None = Field(None, ge=1, description="beam size for the translation; default: the server's")
-    layers: Indices = Field(None, description="the layers to return (0-based, in this order); default: all")
-    heads: Indices = Field(None, description="the heads to return (0-based, in this order); default: all")
 
 
 Maps = list[list[list[list[float]]]]  # [layer][head][query][key]
 
 
-class AttentionResponse(BaseModel):
+class _HoldsMaps(BaseModel):
+    """What both kinds of /attention answer say of the maps they hold."""
+
+    n_layers: int
+    n_heads: int
+    layers: list[int] | None = Field(None, description="the layers the maps hold, when the request chose them")
+    heads: list[int] | None = Field(None, description="the heads the maps hold, when the request chose them")
+
+
+class AttentionResponse(_HoldsMaps):
     translation: str
     score: float
     source_tokens: list[str] = Field(description="source subwords and </s> (S)")
     target_tokens: list[str] = Field(description="produced subwords and </s> (T): the query rows of the decoder maps")
     target_input_tokens: list[str] = Field(description="<s> and the produced subwords (T): the key columns "
                                                        "of decoder_self")
-    n_layers: int
-    n_heads: int
-    layers: list[int] | None = Field(None, description="the layers the maps hold, when the request chose them")
-    heads: list[int] | None = Field(None, description="the heads the maps hold, when the request chose them")
     encoder_self: Maps = Field(description="[layer][head][S][S]")
     decoder_self: Maps = Field(description="[layer][head][T][T]")
     cross: Maps = Field(description="[layer][head][T][S]")
@@ -146,19 +156,13 @@ class GenerateResponse(BaseModel):
     seed: int = Field(description="the seed the continuation was sampled with (give it again for the same text)")
 
 
-class LMAttentionRequest(_Strict):
+class LMAttentionRequest(_ChoosesMaps):
     text: Annotated[Text, _given("some text to look at")] = Field(description="a prompt and its continuation "
                                                                   "(not blank)", examples=["the cat sat on the mat"])
-    layers: Indices = Field(None, description="the layers to return (0-based, in this order); default: all")
-    heads: Indices = Field(None, description="the heads to return (0-based, in this order); default: all")
 
 
-class LMAttentionResponse(BaseModel):
+class LMAttentionResponse(_HoldsMaps):
     tokens: list[str] = Field(description="the text's tokens (T), as the model reads them")
-    n_layers: int
-    n_heads: int
-    layers: list[int] | None = Field(None, description="the layers the maps hold, when the request chose them")
-    heads: list[int] | None = Field(None, description="the heads the maps hold, when the request chose them")
     self_attention: Maps = Field(description="[layer][head][T][T]: token t looks at token u (causal: u <= t)")
     truncated: bool = Field(description="the text was longer than the model's context: its last max_len "
                                         "tokens are shown")
