@@ -32,7 +32,7 @@ from .cache import KVCache
 from .dropout import Dropout
 from .embedding import LearnedPositions, PositionalEncoding, TokenEmbedding, check_length
 from .rotary import Rotary
-from .transformer import Decoder, output_logits, output_weights
+from .transformer import Decoder, at_positions, output_logits, output_weights
 
 
 class LanguageModel(nn.Module):
@@ -142,12 +142,12 @@ class LanguageModel(nn.Module):
 
     def forward(self, tokens: Tensor, select: Tensor | None = None, real: Tensor | None = None,
                 padded: bool = True) -> Tensor:
-        """(B, T) ids -> (B, T, V) logits for the next token at every position; ``select``
-        (B, T) bool: only there, as (N, V) in row-major order (training skips the
-        vocabulary projection where there is no label); ``real`` as in :meth:`decode`;
+        """(B, T) ids -> (B, T, V) logits for the next token at every position; ``select``: only
+        at the positions it names, as (N, V) in row-major order (training skips the vocabulary
+        projection where there is no label; see :func:`at_positions`); ``real`` as in :meth:`decode`;
         ``padded=False`` as in :meth:`hidden` (training windows: no padding by construction)."""
         h, _, _ = self.hidden(tokens, self.start_cache(tokens.size(0), tokens.device), real=real, padded=padded)
-        return self.project(h[select] if select is not None else h)
+        return self.project(at_positions(h, select))
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
