@@ -162,3 +162,14 @@ def test_fp16_step_on_the_cpu_with_a_grad_scaler_matches_fp32_roughly(make_model
     assert g16.keys() == g32.keys()
     flat32, flat16 = (torch.cat([g[k].flatten() for k in sorted(g)]) for g in (g32, g16))
     assert (flat16 - flat32).norm() <= 0.1 * flat32.norm()
+
+
+@pytest.mark.parametrize("name", ["adam", "adamw"])
+def test_the_optimizers_are_torchs_fused_ones_which_skip_on_the_device(make_model, name):
+    """torch 2.13 has fused Adam and AdamW on the CPU and on CUDA: one kernel for all parameters,
+    which takes a found_inf flag, so that train_step's skip needs no read on the host."""
+    from transformer.train.step import make_optimizer
+
+    opt = make_optimizer(make_model(), name, 0.01, [0.9, 0.98])
+    assert all(group["fused"] for group in opt.param_groups)
+    assert opt._step_supports_amp_scaling  # noqa: SLF001 (what GradScaler, and step_unless, look for)
