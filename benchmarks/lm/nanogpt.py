@@ -92,8 +92,8 @@ def run_ours(config: str, overrides: list[str], run_dir: Path) -> dict:
 
 
 @torch.no_grad()
-def peer_exact_val(peer: Path, checkpoint: Path, text: Path, context: int) -> float:
-    """The peer's final weights scored on every validation character, in our fixed windows."""
+def peer_exact_val(peer: Path, checkpoint: Path, text: Path, context: int, device: str = "cpu") -> float:
+    """The peer's final weights scored on every validation character, in our fixed windows (on ``device``)."""
     sys.path.insert(0, str(peer))
     from model import GPT, GPTConfig  # the peer's own model code
 
@@ -102,14 +102,14 @@ def peer_exact_val(peer: Path, checkpoint: Path, text: Path, context: int) -> fl
     ckpt = torch.load(checkpoint, map_location="cpu", weights_only=False)  # the peer's own file, just written
     model = GPT(GPTConfig(**ckpt["model_args"]))
     model.load_state_dict({k.removeprefix("_orig_mod."): v for k, v in ckpt["model"].items()})
-    model.eval()
+    model.eval().to(device)
     data = text.read_text(encoding="utf-8")
     chars = sorted(set(data))
     stoi = {c: i for i, c in enumerate(chars)}
     val = torch.tensor([stoi[c] for c in data[int(len(data) * 0.9):]])
     total, n = 0.0, 0
     for start, first in validation_windows(len(val), context):
-        x, y = val[start:start + context][None], val[start + 1:start + context + 1]
+        x, y = val[start:start + context][None].to(device), val[start + 1:start + context + 1].to(device)
         logits, _ = model(x, y[None])  # with targets the peer returns every position's logits
         lp = torch.log_softmax(logits[0].float(), -1)[first:]
         total -= float(lp.gather(1, y[first:, None]).sum())

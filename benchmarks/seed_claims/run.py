@@ -1,4 +1,4 @@
-"""The seed article's claims about RNNs vs the Transformer, measured on a CPU.
+"""The seed article's claims about RNNs vs the Transformer, measured on a CPU (and (1) on a GPU).
 
 (1) throughput: training tokens/s (forward + backward + Adam step) as the sequence length
     grows, for parameter-matched models: "RNNs cannot be parallelised".
@@ -9,6 +9,10 @@
 
     .venv/bin/python benchmarks/seed_claims/run.py            # all three, a few CPU minutes
     .venv/bin/python benchmarks/seed_claims/run.py --parts 2 --ks 5,50 --steps 100   # a smoke run
+    .venv/bin/python benchmarks/seed_claims/run.py --parts 1 --device cuda --tokens 16384   # (1) on a GPU
+
+(1) on a GPU is recorded beside the CPU's (``throughput_cuda`` in results.json, throughput_cuda.png):
+there the Transformer's positions are computed in parallel and the RNN's steps are not.
 
 Writes results.json and throughput.png, long_range.png, gradients.png beside this file
 (or under --out).
@@ -73,6 +77,7 @@ def describe(model: nn.Module) -> dict:
 
 
 def train_step(model, opt, src, tgt_in, tgt_out) -> float:
+    """One update; returns its loss (a read from the device: on a GPU, the update has finished)."""
     logits = model(src, tgt_in)  # (B, T, V)
     loss = F.cross_entropy(logits.flatten(0, 1), tgt_out.flatten(), ignore_index=PAD)
     opt.zero_grad(set_to_none=True)
@@ -84,26 +89,28 @@ def train_step(model, opt, src, tgt_in, tgt_out) -> float:
 
 # ---- (1) throughput -----------------------------------------------------------------------
 
-def throughput(models: list[str], lengths: list[int], tokens: int, reps: int, rounds: int, seed: int) -> dict:
-    """Training tokens/s (source + target), forward + backward + Adam step, in two settings:
+def throughput(models: list[str], lengths: list[int], tokens: int, reps: int, rounds: int, seed: int,
+               device: torch.device = torch.device("cpu")) -> dict:
+    """Training tokens/s (source + target), forward + backward + Adam step, on ``device`` (fp32), in two settings:
     ``fixed`` tokens per batch (batch = tokens // length, as in training), and ``batch-1``
     (one sequence: nothing to work on in parallel but the positions of that sequence).
     The models take turns at each point, and the whole sweep is repeated ``rounds`` times,
     so that load from other processes hits every model and length alike; each point is
     the median of its rounds x reps timed steps."""
     vocab = 1000
-    out = {"tokens_per_batch": tokens, "reps": reps, "rounds": rounds, "models": {}, "rows": []}
+    out = {"tokens_per_batch": tokens, "reps": reps, "rounds": rounds, "models": {}, "rows": [],
+           "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
     gen = torch.Generator().manual_seed(seed)
     built = {}
     for name in models:
-        model = build(name, vocab, 128, 512, 2, max(lengths) + 1, 2, seed).train()
+        model = build(name, vocab, 128, 512, 2, max(lengths) + 1, 2, seed).to(device).train()
         built[name] = (model, torch.optim.Adam(model.parameters(), lr=1e-4))
         out["models"][name] = describe(model)
     points = [(mode, length) for mode in ("fixed", "batch-1") for length in lengths]
     batches = {}
     for mode, length in points:
         b = max(1, tokens // length) if mode == "fixed" else 1
-        batches[mode, length] = tuple(torch.randint(3, vocab, (b, length), generator=gen) for _ in range(3))
+        batches[mode, length] = tuple(torch.randint(3, vocab, (b, length), generator=gen).to(device) for _ in range(3))
     times: dict[tuple, list[float]] = {}
     for r in range(rounds):
         for mode, length in points:
@@ -237,6 +244,7 @@ def _save(fig, path: Path) -> None:
 
 
 def plot_throughput(res: dict, path: Path) -> None:
+    where = "CPU" if res.get("device", "cpu") == "cpu" else res["device"]
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     titles = {"fixed": f"{res['tokens_per_batch']} source tokens per batch", "batch-1": "one sequence per batch"}
@@ -253,7 +261,8 @@ def plot_throughput(res: dict, path: Path) -> None:
         ax.grid(alpha=0.3, which="both")
     axes[0].set_ylabel("training tokens / s (forward + backward + Adam)")
     axes[0].legend(fontsize=8)
-    fig.suptitle(f"(1) training throughput vs sequence length, CPU, {res.get('threads', 1)} thread(s)")
+    threads = f", {res.get('threads', 1)} thread(s)" if where == "CPU" else ""
+    fig.suptitle(f"(1) training throughput vs sequence length, {where}{threads}")
     fig.tight_layout()
     _save(fig, path)
 
@@ -311,14 +320,16 @@ def plot_gradients(res: dict, path: Path) -> None:
 def report(results: dict) -> str:
     """Markdown tables of whatever parts ``results`` holds."""
     out = []
-    tp = results.get("throughput")
-    if tp:
+    for tp in (results.get("throughput"), results.get("throughput_cuda")):
+        if not tp:
+            continue
         names = list(tp["models"])
+        where = "CPU" if tp.get("device", "cpu") == "cpu" else tp["device"]
         for mode in ("fixed", "batch-1"):
             rows = [r for r in tp["rows"] if r.get("mode", "fixed") == mode]
             lengths = sorted({r["length"] for r in rows})
             what = f"{tp['tokens_per_batch']} source tokens per batch" if mode == "fixed" else "batch of 1"
-            out += [f"(1) training tokens/s, {what}:", "", "| length | " + " | ".join(names) + " |",
+            out += [f"(1) training tokens/s on the {where}, {what}:", "", "| length | " + " | ".join(names) + " |",
                     "|---:|" + "---:|" * len(names)]
             for n in lengths:
                 cells = [next(f"{r['tokens_per_s']:,.0f}" for r in rows if r["model"] == m and r["length"] == n)
@@ -368,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=2e-3, help="(2) Adam learning rate (all models)")
     p.add_argument("--long-steps", type=int, default=900, help="(2) the recurrent models again with this many steps")
     p.add_argument("--long-ks", default="20,50", help="(2) ... at these k (empty: skip)")
+    p.add_argument("--device", default="cpu", help="(1) cpu or cuda; (2) and (3) always run on the CPU (they "
+                                                   "measure what is learned, not how fast)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=HERE)
@@ -377,6 +390,9 @@ def main(argv: list[str] | None = None) -> int:
         print(report(json.loads((args.out / "results.json").read_text(encoding="utf-8"))))
         return 0
     torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: no CUDA GPU here")
     print(f"machine: {hardware.describe_line()}", flush=True)
     parts = {int(x) for x in args.parts.split(",")}
     ks = [int(x) for x in args.ks.split(",")]
@@ -384,17 +400,19 @@ def main(argv: list[str] | None = None) -> int:
     path = args.out / "results.json"
     results = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     command = " ".join([".venv/bin/python benchmarks/seed_claims/run.py", *(argv or [])])
-    results.update({"torch": torch.__version__, "threads": args.threads,
-                    "machine": hardware.describe(), "cpus": __import__("os").cpu_count()})
+    machine = {"torch": torch.__version__, "threads": args.threads, "machine": hardware.describe(),
+               "cpus": __import__("os").cpu_count()}
+    if device.type == "cpu":  # a GPU's run records its machine in its own part, beside the CPU's results
+        results.update(machine)
     started = time.perf_counter()
     trained: dict = {}
     if 1 in parts:
-        print("(1) throughput", flush=True)
-        results["throughput"] = throughput(["transformer", "lstm+attn", "rnn+attn"],
-                                           [int(x) for x in args.lengths.split(",")], args.tokens, args.reps, args.rounds,
-                                           args.seed)
-        results["throughput"].update(command=command, threads=args.threads)
-        plot_throughput(results["throughput"], args.out / "throughput.png")
+        key = "throughput" if device.type == "cpu" else f"throughput_{device.type}"  # the CPU's table is kept
+        print(f"(1) throughput on {device}", flush=True)
+        results[key] = throughput(["transformer", "lstm+attn", "rnn+attn"], [int(x) for x in args.lengths.split(",")],
+                                  args.tokens, args.reps, args.rounds, args.seed, device)
+        results[key].update(command=command, threads=args.threads, **({} if device.type == "cpu" else machine))
+        plot_throughput(results[key], args.out / f"{key}.png")
     if 2 in parts or 3 in parts:
         print("(2) copy the first token after k distractors", flush=True)
         results["long_range"] = long_range(["transformer", "lstm+attn", "lstm", "rnn"], ks, args.steps, args.batch,

@@ -25,7 +25,7 @@ def test_gpu_base_benchmark_runs_on_cpu(tmp_path, precision):
     out = tmp_path / "gpu.json"
     env = {**os.environ, "TRANSFORMER_DATA": data, "OMP_NUM_THREADS": "1"}
     r = subprocess.run([sys.executable, str(REPO / "benchmarks/gpu_base.py"), "--device", "cpu", "--steps", "2",
-                        "--batch", "8", "--decode", "8", "--precision", precision, "--json", str(out)],
+                        "--batch", "8", "--decode", "8", "--precision", precision, "--json", str(out), "--peer"],
                        capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("machine: ")
@@ -36,4 +36,5 @@ def test_gpu_base_benchmark_runs_on_cpu(tmp_path, precision):
     assert figures["updates"] == 2 and figures["train_tgt_tokens_per_s"] > 0
     assert 0 < figures["mfu_vs_measured"] < 2
     assert figures["decode_beam4_sentences_per_s"] > 0 and figures["decode_greedy_tokens_per_s"] > 0
+    assert figures["peer_tgt_tokens_per_s"] > 0 and figures["ours_vs_torch_nn"] > 0  # torch.nn.Transformer, same shape
 

@@ -47,7 +47,7 @@ def main() -> int:
             nan_on_rank1(trainer, {int(x) for x in nan.split(",")})
         trainer.train()
     except UserError as e:
-        print(f"rank {group.rank}: error: {e}", file=sys.stderr)
+        sys.stderr.write(f"rank {group.rank}: error: {e}\n")  # one write: the ranks' lines must not interleave
         code = 2
     finally:
         distributed.shutdown()

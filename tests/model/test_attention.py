@@ -244,3 +244,64 @@ def test_dropout_rate_scale_and_reproducibility():
     assert torch.equal(d.eval()(x), x)
     with pytest.raises(ValueError, match="dropout"):
         Dropout(1.0)
+
+
+# ---- masks.CAUSAL: only the future hidden, no mask tensor for the fused kernel --------------
+
+def causal_qkv(dtype, t=7):
+    g = torch.Generator().manual_seed(5)
+    return [torch.randn(B, H, t, D, generator=g).to(dtype).requires_grad_() for _ in range(3)]
+
+
+def out_and_grads(q, k, v, mask, need_weights):
+    out, _ = attention(q, k, v, mask, need_weights=need_weights)
+    grads = torch.autograd.grad(out.float().square().sum(), (q, k, v))
+    return [out.detach().float(), *(g.float() for g in grads)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("need_weights", [False, True], ids=["fused-if-it-pays", "explicit"])
+def test_causal_without_a_tensor_equals_the_causal_mask_forward_and_backward(dtype, need_weights):
+    """CAUSAL gives what the explicit causal mask gives, on either path, and the fp32 result
+    matches the float64 formula."""
+    q, k, v = causal_qkv(dtype)
+    mask = masks.causal_mask(7, 7)
+    got = out_and_grads(q, k, v, masks.CAUSAL, need_weights)
+    want = out_and_grads(q, k, v, mask, need_weights)
+    tol = 1e-6 if dtype == torch.float32 else 2e-2
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+    if dtype == torch.float32:
+        ref, _ = reference(q.detach(), k.detach(), v.detach(), mask)
+        torch.testing.assert_close(got[0].double(), ref, rtol=0, atol=1e-6)
+
+
+def test_causal_masks_as_many_queries_as_keys_only():
+    with pytest.raises(ValueError, match="as many queries as keys"):
+        masks.CAUSAL.tensor(3, 5)
+
+
+@pytest.fixture
+def sdpa_calls(monkeypatch):
+    """Every call of F.scaled_dot_product_attention: whether it was given a mask tensor and is_causal."""
+    calls, real = [], torch.nn.functional.scaled_dot_product_attention
+
+    def recording(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **kwargs):
+        calls.append({"mask": attn_mask is not None, "is_causal": is_causal, "device": q.device.type})
+        if q.device.type == "meta":
+            return torch.empty_like(q)
+        return real(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    return calls
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_off_the_cpu_every_call_without_weights_is_the_fused_kernel(sdpa_calls, dtype):
+    """The policy for a GPU, seen on the meta device (any device but the CPU): the fused kernel
+    in every dtype, is_causal for CAUSAL, the mask tensor otherwise."""
+    q, k, v = (torch.empty(B, H, 7, D, dtype=dtype, device="meta") for _ in range(3))
+    attention(q, k, v, masks.CAUSAL)
+    attention(q, k, v, padding([7, 3, 1], 7))
+    assert sdpa_calls == [{"mask": False, "is_causal": True, "device": "meta"},
+                          {"mask": True, "is_causal": False, "device": "meta"}]

@@ -112,6 +112,29 @@ def test_an_unpadded_window_gives_the_same_logits_and_cache_without_a_key_mask(m
     torch.testing.assert_close(model.project(h), model(x)[:, :6], rtol=1e-5, atol=1e-5)
 
 
+def test_training_windows_reach_the_fused_kernel_as_is_causal_without_a_mask(model, monkeypatch):
+    """Where only causality is masked (a window of the stream, or a prompt without padding),
+    the fused kernel is called with is_causal=True and no mask tensor; left padding needs the
+    tensor."""
+    import torch.nn.functional as F
+
+    calls, real = [], F.scaled_dot_product_attention
+
+    def recording(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **kwargs):
+        calls.append((attn_mask is not None, is_causal))
+        return real(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
+    model(tokens(3, 10), padded=False)
+    model(tokens(3, 10))
+    assert calls == [(False, True)] * (2 * model.cfg.n_layers)
+    calls.clear()
+    padded = tokens(2, 6)
+    padded[1, :2] = model.cfg.pad_id
+    model(padded)
+    assert calls == [(True, False)] * model.cfg.n_layers
+
+
 def test_grouped_query_attention_shares_kv_heads():
     gqa, full = make("llama-gqa"), make("llama")
     a = gqa.decoder.layers[0].self_attn

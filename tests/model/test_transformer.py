@@ -113,6 +113,36 @@ def test_extra_target_padding_never_changes_real_positions(make_model, rand_toke
     assert (model(src, padded)[:, :4] - model(src, tgt)).abs().max().item() < 1e-5
 
 
+def record_sdpa(monkeypatch) -> list[dict]:
+    """Every call of F.scaled_dot_product_attention: whether it had a mask tensor, and is_causal."""
+    calls, real = [], F.scaled_dot_product_attention
+
+    def recording(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **kwargs):
+        calls.append({"mask": attn_mask is not None, "is_causal": is_causal})
+        return real(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
+    return calls
+
+
+def test_teacher_forcing_masks_only_the_future_and_right_padding_needs_no_mask(variant_model, rand_tokens,
+                                                                                monkeypatch):
+    """The decoder's self-attention in training is the fused kernel's is_causal, with no mask
+    tensor, though the targets are right-padded: a real position never sees the padding after
+    it, so each sentence's real positions get the logits it gets alone, unpadded."""
+    model = variant_model
+    src_lengths, tgt_lengths = [6, 3, 5], [4, 1, 3]
+    src = rand_tokens(src_lengths)
+    tgt = with_bos(rand_tokens(tgt_lengths, vocab=model.cfg.target_vocab_size))
+    calls = record_sdpa(monkeypatch)
+    batch = model(src, tgt)  # fp32 on a CPU: every attention through the fused kernel
+    causal = [c for c in calls if c["is_causal"]]
+    assert len(causal) == model.cfg.n_layers and not any(c["mask"] for c in causal)
+    for i, (s, t) in enumerate(zip(src_lengths, tgt_lengths)):
+        alone = model(src[i:i + 1, :s], tgt[i:i + 1, :t + 1])
+        torch.testing.assert_close(batch[i:i + 1, :t + 1], alone, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
 def test_all_padding_source_is_finite_forward_and_backward(make_model, rand_tokens, dtype, norm_first):

@@ -26,7 +26,7 @@ def _update(model, micro, epsilon):
     m = copy.deepcopy(model)
     opt = torch.optim.SGD(m.parameters(), lr=1.0)
     before = {k: v.clone() for k, v in m.named_parameters()}
-    stats = train_step(m, micro, opt, lr=1.0, epsilon=epsilon)
+    stats = train_step(m, micro, opt, lr=1.0, epsilon=epsilon).read()
     return stats, {k: before[k] - v.detach() for k, v in m.named_parameters()}  # = the gradient
 
 

@@ -119,3 +119,28 @@ def test_absurd_peak_lr_saves_nothing(tmp_path, make_cfg):
                                         "no good checkpoint is left.*lower peak_lr"):
         trainer.train()
     assert checkpoint_dirs(run) == [] and not (run / "best.safetensors").exists()
+
+
+def test_a_skip_is_found_at_the_next_read_back(tmp_path, make_cfg, metrics):
+    """With log_every 5 the figures come back every 5 updates: the NaN of the third update is
+    found at the fifth, which then counts 4 updates made; the skipped one gave its number back,
+    so the run still makes its 10 updates, logged at steps 5 and 10."""
+    trainer = Trainer(make_cfg("max_steps=10", "log_every=5"), tmp_path / "run", log=lambda *a: None)
+    nan_on_updates(trainer, lambda k: k == 3)
+    result = trainer.train()
+    assert result["step"] == 10 and result["reason"] == "max_steps"
+    recs = metrics(tmp_path / "run")
+    assert [r["step"] for r in recs if r.get("event") == "skipped_step"] == [2]
+    assert [r["step"] for r in recs if "event" not in r and "loss" in r] == [5, 10]
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+    assert trainer.optimizer.param_groups[0]["fused"]  # skipped on the device, not read on the host
+    assert {int(s["step"]) for s in trainer.optimizer.state.values()} == {10}  # Adam counted made updates only
+
+
+def test_persistent_nan_found_at_read_backs_still_stops(tmp_path, make_cfg):
+    trainer = Trainer(make_cfg("max_steps=50", "log_every=5", "max_bad_steps=3"), tmp_path / "run",
+                      log=lambda *a: None)
+    nan_on_updates(trainer, lambda k: k > 4)
+    with pytest.raises(UserError, match="^3 consecutive updates had a non-finite loss") as e:
+        trainer.train()
+    assert "\n" not in str(e.value) and trainer.step == 4

@@ -21,7 +21,8 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-__all__ = ["Example", "Batch", "filter_long", "fits", "example_lengths", "TokenBatchSampler", "collate"]
+__all__ = ["Example", "Batch", "filter_long", "fits", "example_lengths", "TokenBatchSampler", "collate",
+           "label_positions"]
 
 Example = tuple[Sequence[int], Sequence[int]]
 
@@ -200,6 +201,12 @@ class Batch:
         tgt_out: ``(B, T)`` labels, the target ids followed by EOS.
         n_src_tokens: non-pad positions in ``src``.
         n_tgt_tokens: non-pad positions in ``tgt_out`` (normalises the loss).
+        scored: the (N,) indices of the non-pad positions of the flattened ``tgt_out``, or
+            None when there is no padding (see :func:`label_positions`).
+        src_padded: whether any source holds padding.
+
+    The last three are counted on the host where the batch is made, so that a GPU never
+    stops to count them.
     """
 
     src: torch.Tensor
@@ -207,6 +214,8 @@ class Batch:
     tgt_out: torch.Tensor
     n_src_tokens: int
     n_tgt_tokens: int
+    scored: torch.Tensor | None
+    src_padded: bool
 
     def __len__(self) -> int:
         return self.src.shape[0]
@@ -215,20 +224,37 @@ class Batch:
     def inputs(self) -> tuple[torch.Tensor, ...]:
         """What the model reads before the labels: ``model(*batch.inputs)`` gives logits for
         ``tgt_out``. The training step knows batches only through ``inputs``, ``tgt_out`` and
-        ``n_tgt_tokens``, so a batch of another task (one token stream) plugs in unchanged."""
+        ``n_tgt_tokens`` (and ``options``, ``scored``), so a batch of another task (one token
+        stream) plugs in unchanged."""
         return self.src, self.tgt_in
+
+    @property
+    def options(self) -> dict:
+        """Keywords for the model's forward: whether a source holds padding (counted here, not
+        looked up on the device)."""
+        return {"src_padded": self.src_padded}
+
+    def _map(self, move: Callable[[torch.Tensor], torch.Tensor]) -> Batch:
+        scored = None if self.scored is None else move(self.scored)
+        return Batch(move(self.src), move(self.tgt_in), move(self.tgt_out), self.n_src_tokens, self.n_tgt_tokens,
+                     scored, self.src_padded)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         """A copy with the tensors on ``device``."""
-        move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
-        return Batch(move(self.src), move(self.tgt_in), move(self.tgt_out), self.n_src_tokens, self.n_tgt_tokens)
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
 
     def pin_memory(self) -> Batch:
-        """A copy in pinned memory; ``DataLoader(pin_memory=True)`` calls this."""
-        return Batch(
-            self.src.pin_memory(), self.tgt_in.pin_memory(), self.tgt_out.pin_memory(),
-            self.n_src_tokens, self.n_tgt_tokens,
-        )
+        """A copy in pinned memory, from which a copy to a GPU need not wait (``non_blocking``)."""
+        return self._map(torch.Tensor.pin_memory)
+
+
+def label_positions(labels: torch.Tensor, missing: int) -> tuple[int, torch.Tensor | None]:
+    """How many positions of ``labels`` (B, T) hold a label (are not ``missing``), and their
+    (N,) indices in ``labels.flatten()``, or None when every position does. Made on the host,
+    beside the batch (a GPU would have to stop and count them)."""
+    keep = labels.reshape(-1) != missing
+    n = int(keep.sum())
+    return n, (None if n == keep.numel() else keep.nonzero().squeeze(1))
 
 
 def collate(examples: Sequence[Example], pad_id: int, bos_id: int, eos_id: int) -> Batch:
@@ -238,12 +264,16 @@ def collate(examples: Sequence[Example], pad_id: int, bos_id: int, eos_id: int) 
     srcs = [list(src) + [eos_id] for src, _ in examples]
     tgt_ins = [[bos_id] + list(tgt) for _, tgt in examples]
     tgt_outs = [list(tgt) + [eos_id] for _, tgt in examples]
+    tgt_out = _pad(tgt_outs, pad_id)
+    n_tgt, scored = label_positions(tgt_out, pad_id)
     return Batch(
         src=_pad(srcs, pad_id),
         tgt_in=_pad(tgt_ins, pad_id),
-        tgt_out=_pad(tgt_outs, pad_id),
+        tgt_out=tgt_out,
         n_src_tokens=sum(map(len, srcs)),
-        n_tgt_tokens=sum(map(len, tgt_outs)),
+        n_tgt_tokens=n_tgt,
+        scored=scored,
+        src_padded=len(set(map(len, srcs))) > 1,
     )
 
 

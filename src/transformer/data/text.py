@@ -21,6 +21,7 @@ import torch
 
 from ..errors import UserError
 from ..run.layout import SUBWORDS, run_file
+from .batching import label_positions
 from .chars import CHARS_FILE, Chars
 from .corpus import decode_lines, read_bytes
 from .hf_tokenizer import (HF_TOKENIZER, SP_TOKENIZER, PretrainedTokenizer, SentencePieceTokenizer,
@@ -164,10 +165,13 @@ NOT_SCORED = -100
 @dataclass
 class TextBatch:
     """Windows of a token stream: ``x`` (B, T) the model reads, ``y`` (B, T) the next
-    tokens (the labels; :data:`NOT_SCORED` marks a position not scored)."""
+    tokens (the labels; :data:`NOT_SCORED` marks a position not scored). ``labels``: what
+    :func:`~transformer.data.batching.label_positions` says of ``y``, found on the host by
+    :meth:`to` before the move (None: found from ``y`` when asked)."""
 
     x: torch.Tensor
     y: torch.Tensor
+    labels: tuple[int, torch.Tensor | None] | None = None
     not_scored = NOT_SCORED  # the label that train_step and validation leave out
 
     @property
@@ -186,10 +190,26 @@ class TextBatch:
 
     @property
     def n_tgt_tokens(self) -> int:
-        return int((self.y != NOT_SCORED).sum())
+        return self._labels()[0]
 
-    def to(self, device: torch.device | str) -> TextBatch:
-        return TextBatch(self.x.to(device), self.y.to(device))
+    @property
+    def scored(self) -> torch.Tensor | None:
+        """The flat indices of the scored positions, or None when all are (training's windows)."""
+        return self._labels()[1]
+
+    def _labels(self) -> tuple[int, torch.Tensor | None]:
+        return self.labels if self.labels is not None else label_positions(self.y, NOT_SCORED)
+
+    def _map(self, move) -> TextBatch:
+        n, scored = self._labels()  # counted where the batch is, before it moves
+        return TextBatch(move(self.x), move(self.y), (n, None if scored is None else move(scored)))
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> TextBatch:
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> TextBatch:
+        """A copy in pinned memory, from which a copy to a GPU need not wait (``non_blocking``)."""
+        return self._map(torch.Tensor.pin_memory)
 
 
 def windows(stream: torch.Tensor, starts: torch.Tensor, context: int) -> TextBatch:

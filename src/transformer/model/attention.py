@@ -5,7 +5,7 @@ Shape legend
     S  source length    T  target length      T_q / T_k  query / key length
     C  d_model          V  vocabulary
 
-Masks follow :mod:`transformer.model.masks`: boolean, True = may attend.
+Masks follow :mod:`transformer.model.masks`: boolean, True = may attend (or ``masks.CAUSAL``).
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import masks
 from .dropout import dropout
 
 
@@ -22,7 +23,7 @@ def attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    mask: Tensor | None = None,
+    mask: Tensor | masks.Causal | None = None,
     dropout_p: float = 0.0,
     need_weights: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
@@ -30,29 +31,36 @@ def attention(
 
     Args:
         q: (B, H, T_q, D); k, v: (B, H, T_k, D)
-        mask: bool, broadcastable to (B, H, T_q, T_k), True = may attend.
+        mask: bool, broadcastable to (B, H, T_q, T_k), True = may attend; or
+            :data:`~transformer.model.masks.CAUSAL` (T_q == T_k, only the future hidden),
+            which torch's fused kernel takes as ``is_causal=True`` with no mask tensor.
         dropout_p: dropout on the attention weights (pass 0.0 in eval mode).
         need_weights: also return the weights. Without it, torch's fused kernel runs where
-            it is the faster one: on a GPU, and on a CPU in float32. (In bf16 / fp16 it was
-            1.5-7x slower on a CPU than the matmul-softmax-matmul below, forward + backward, at
-            translation-sized shapes: torch 2.13 on an AVX512-BF16 CPU, benchmarks/README.md.)
+            it is the faster one: on a GPU (where ``is_causal`` lets it pick the flash kernel),
+            and on a CPU in float32. (In bf16 / fp16 it was 1.5-7x slower on a CPU than the
+            matmul-softmax-matmul below, forward + backward, at translation-sized shapes:
+            torch 2.13 on an AVX512-BF16 CPU, benchmarks/README.md.)
 
     Returns:
         output (B, H, T_q, D) and weights (B, H, T_q, T_k) or None.
         A query whose keys are all masked gets all-zero weights and a zero output
         (finite forward and backward), in both paths.
     """
+    causal = mask is masks.CAUSAL
     if not need_weights and (q.device.type != "cpu" or q.dtype not in (torch.bfloat16, torch.float16)):
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=None if causal else mask, dropout_p=dropout_p,
+                                             is_causal=causal)
         return out, None
     weights = attention_weights(q, k, mask)
     used = dropout(weights, dropout_p) if dropout_p > 0 else weights
     return used @ v, (weights if need_weights else None)
 
 
-def attention_weights(q: Tensor, k: Tensor, mask: Tensor | None = None) -> Tensor:
+def attention_weights(q: Tensor, k: Tensor, mask: Tensor | masks.Causal | None = None) -> Tensor:
     """softmax(Q K^T / sqrt(d_k)): (B, H, T_q, T_k), each query's weights over the keys (q, k
     and mask as in :func:`attention`); a query whose keys are all masked gets zeros."""
+    if mask is masks.CAUSAL:
+        mask = masks.CAUSAL.tensor(q.size(-2), k.size(-2), q.device)  # (1, 1, T, T)
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, T_q, T_k)
     if mask is not None:
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
@@ -117,7 +125,7 @@ class MultiHeadAttention(nn.Module):
         """
         return self.attend(self.split_heads(self.q_proj(x)), k, v, mask, need_weights)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | masks.Causal | None = None,
                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         """Attention of projected ``q`` (B, H, T_q, D) over ``k``, ``v``, then the heads
         concatenated and projected by W^O: (B, T_q, C) and the weights or None."""

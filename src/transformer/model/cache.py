@@ -72,10 +72,15 @@ class KVCache:
         """Layer ``i``'s self-attention K, V, to be extended by the new positions'."""
         return Appended(self.self_kv[i])
 
-    def self_mask(self, t_new: int, key_mask: Tensor | None = None, device: torch.device | None = None) -> Tensor | None:
+    def self_mask(self, t_new: int, key_mask: Tensor | None = None,
+                  device: torch.device | None = None) -> Tensor | masks.Causal | None:
         """The self-attention mask of ``t_new`` new positions after the cached ones:
         (1, 1, T_new, T_past + T_new) causal, or None for one position (it sees everything);
-        with ``key_mask`` (B, T_past + T_new), True at real tokens, padding keys hidden too."""
+        with ``key_mask`` (B, T_past + T_new), True at real tokens, padding keys hidden too.
+        Nothing cached and nothing hidden but the future (training, a first step without
+        padding): :data:`~transformer.model.masks.CAUSAL`, which the fused kernel takes as is."""
+        if t_new > 1 and self.length == 0 and key_mask is None:
+            return masks.CAUSAL
         causal = None if t_new == 1 else masks.causal_mask(t_new, self.length + t_new, device)
         return masks.combine(causal, None if key_mask is None else masks.real_keys(key_mask))
 

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..config import ModelConfig
+from . import masks
 from .attention import MultiHeadAttention
 from .dropout import Dropout
 from .rotary import apply_rotary
@@ -116,7 +117,7 @@ class DecoderLayer(nn.Module):
         x: Tensor,
         self_kv,
         cross_kv: tuple[Tensor, Tensor] | None,
-        self_mask: Tensor | None,
+        self_mask: Tensor | masks.Causal | None,
         memory_mask: Tensor | None,
         need_weights: bool = False,
         group: int = 1,
@@ -132,7 +133,8 @@ class DecoderLayer(nn.Module):
             cross_kv: K, V (B / group, H, S, D) projected from the encoder output (computed
                 once); None in a decoder-only model.
             self_mask: (B or 1, 1, T_new, T_past + T_new) causal mask (padding keys hidden
-                too in a left-padded batch), or None when T_new == 1 and nothing is padding.
+                too in a left-padded batch), ``masks.CAUSAL`` when nothing is cached or padded
+                (the fused kernel's ``is_causal``), or None when T_new == 1 and nothing is padding.
             memory_mask: (B / group, 1, 1, S) source padding mask.
             group: consecutive rows of x that belong to one source sentence (beams).
             rotary: cos, sin of the new positions (rotary position embeddings), or None.

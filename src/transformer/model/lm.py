@@ -32,7 +32,7 @@ from .cache import KVCache
 from .dropout import Dropout
 from .embedding import LearnedPositions, PositionalEncoding, TokenEmbedding, check_length
 from .rotary import Rotary
-from .transformer import Decoder, OutputHead
+from .transformer import Decoder, OutputHead, at_positions
 
 
 class LanguageModel(OutputHead, nn.Module):
@@ -137,12 +137,12 @@ class LanguageModel(OutputHead, nn.Module):
 
     def forward(self, tokens: Tensor, select: Tensor | None = None, real: Tensor | None = None,
                 padded: bool = True) -> Tensor:
-        """(B, T) ids -> (B, T, V) logits for the next token at every position; ``select``
-        (B, T) bool: only there, as (N, V) in row-major order (training skips the
-        vocabulary projection where there is no label); ``real`` as in :meth:`decode`;
+        """(B, T) ids -> (B, T, V) logits for the next token at every position; ``select``: only
+        at the positions it names, as (N, V) in row-major order (training skips the vocabulary
+        projection where there is no label; see :func:`at_positions`); ``real`` as in :meth:`decode`;
         ``padded=False`` as in :meth:`hidden` (training windows: no padding by construction)."""
         h, _, _ = self.hidden(tokens, self.start_cache(tokens.size(0), tokens.device), real=real, padded=padded)
-        return self.project(h[select] if select is not None else h)
+        return self.project(at_positions(h, select))
 
 
 def next_positions(next_position: Tensor, real: Tensor) -> Tensor:

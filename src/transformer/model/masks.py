@@ -1,7 +1,9 @@
 """The one place where attention masks are built.
 
 Convention for the whole codebase: a mask is a boolean tensor, **True = may attend**,
-broadcastable to the attention scores of shape (B, H, T_q, T_k). (This is the meaning of
+broadcastable to the attention scores of shape (B, H, T_q, T_k); or :data:`CAUSAL`, the
+causal mask of a sequence attending to itself, which is not built until someone needs it
+as a tensor (torch's fused kernel does not: it takes ``is_causal=True``). (This is the meaning of
 a boolean ``attn_mask`` in ``torch.nn.functional.scaled_dot_product_attention``; it is the
 *opposite* of ``key_padding_mask`` in ``torch.nn.MultiheadAttention``: convert with
 ``~mask`` at that boundary, and nowhere else.)
@@ -29,6 +31,25 @@ def causal_mask(t_q: int, t_k: int | None = None, device: torch.device | None = 
     return (k <= q + offset)[None, None]
 
 
+class Causal:
+    """The causal mask of as many queries as keys (nothing cached before them, no padding among
+    the keys), not built as a tensor: query i may attend to keys 0 .. i. Torch's fused kernel
+    takes it as ``is_causal=True`` (on a GPU the flash kernel, which any mask tensor rules out);
+    :meth:`tensor` is the same mask as :func:`causal_mask` builds it."""
+
+    def tensor(self, t_q: int, t_k: int, device: torch.device | None = None) -> Tensor:
+        if t_q != t_k:
+            raise ValueError(f"CAUSAL masks as many queries as keys, got {t_q} and {t_k}")
+        return causal_mask(t_q, t_k, device)
+
+    def __repr__(self) -> str:
+        return "CAUSAL"
+
+
+#: The one :class:`Causal`: ``mask is CAUSAL`` says that only the future is masked.
+CAUSAL = Causal()
+
+
 def real_keys(real: Tensor) -> Tensor:
     """(B, T_k) True at real tokens -> (B, 1, 1, T_k): the keys that may be attended to
     (a decoder-only model's left-padded batch)."""
@@ -43,7 +64,7 @@ def extend_real_keys(past: Tensor | None, real: Tensor, t_past: int) -> Tensor:
 
 
 def combine(*masks: Tensor | None) -> Tensor | None:
-    """Logical AND of the masks that are not None (None = attend everywhere)."""
+    """Logical AND of the masks that are not None (None = attend everywhere); tensors only."""
     out = None
     for m in masks:
         if m is not None:

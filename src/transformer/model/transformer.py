@@ -135,20 +135,23 @@ class Transformer(OutputHead, nn.Module):
         """(B, S) -> (B, 1, 1, S) padding mask, True = real token."""
         return masks.padding_mask(src, self.cfg.pad_id)
 
-    def encode(self, src: Tensor, return_weights: bool = False):
+    def encode(self, src: Tensor, return_weights: bool = False, padded: bool | None = None):
         """(B, S) ids -> memory (B, S, C); with ``return_weights`` also the list of
-        encoder self-attention weights, one (B, H, S, S) tensor per layer."""
+        encoder self-attention weights, one (B, H, S, S) tensor per layer. ``padded``: whether
+        any source holds padding, when the caller knows (None: read from ``src``)."""
         x = self.dropout(self.positions(self.src_embed(src)))
         mask = self.src_mask(src)
-        memory, weights = self.encoder(x, mask if _has_padding(mask) else None, return_weights)
+        padded = _has_padding(mask) if padded is None else padded
+        memory, weights = self.encoder(x, mask if padded else None, return_weights)
         return (memory, weights) if return_weights else memory
 
-    def start_cache(self, memory: Tensor, src: Tensor) -> KVCache:
+    def start_cache(self, memory: Tensor, src: Tensor, padded: bool | None = None) -> KVCache:
         """A cache holding each decoder layer's cross-attention K, V (:meth:`Decoder.cross_kv`)
-        and the source mask."""
+        and the source mask (``padded`` as in :meth:`encode`)."""
         cross = self.decoder.cross_kv(memory)
         mask = self.src_mask(src)
-        return KVCache(cross_kv=cross, self_kv=(None,) * len(cross), memory_mask=mask, padded=_has_padding(mask))
+        padded = _has_padding(mask) if padded is None else padded
+        return KVCache(cross_kv=cross, self_kv=(None,) * len(cross), memory_mask=mask, padded=padded)
 
     def decode(self, tgt: Tensor, cache: KVCache, return_weights: bool = False):
         """Decode the next ``T`` target positions.
@@ -169,18 +172,34 @@ class Transformer(OutputHead, nn.Module):
     def head_embedding(self) -> TokenEmbedding:
         return self.tgt_embed
 
-    def forward(self, src: Tensor, tgt: Tensor, select: Tensor | None = None) -> Tensor:
+    def forward(self, src: Tensor, tgt: Tensor, select: Tensor | None = None, src_padded: bool | None = None) -> Tensor:
         """Teacher forcing: (B, S) source ids, (B, T) target-input ids -> (B, T, V) logits.
 
-        ``select`` (B, T) bool computes logits only where True and returns them as (N, V)
-        in row-major order: training skips the vocabulary projection at padding positions.
+        ``select`` computes logits only at the positions it names (:func:`at_positions`) and
+        returns them as (N, V) in row-major order: training skips the vocabulary projection at
+        padding positions. ``src_padded``: whether any source holds padding, when the caller
+        knows (a batch counts its lengths on the host); None: read from ``src``, once.
+
+        The target's right padding needs no mask: the causal mask already keeps every real
+        position from seeing the padding after it, and padding positions have no label.
         """
-        memory = self.encode(src)
+        padded = _has_padding(self.src_mask(src)) if src_padded is None else src_padded
+        memory = self.encode(src, padded=padded)
         x = self.dropout(self.positions(self.tgt_embed(tgt)))
-        h, _, _ = self.decoder(x, self.start_cache(memory, src))
-        if select is not None:
-            return self.project(h[select])  # (N, V)
-        return self.project(h)
+        h, _, _ = self.decoder(x, self.start_cache(memory, src, padded))
+        return self.project(at_positions(h, select))
+
+
+def at_positions(h: Tensor, select: Tensor | None) -> Tensor:
+    """``h`` (B, T, C) at the positions ``select`` names, as (N, C) in row-major order: ``select``
+    is a (B, T) bool mask, True where wanted, or the (N,) indices of its True entries in
+    ``h.flatten(0, 1)`` (found before the batch reached a GPU, which then need not stop to
+    count them). None: ``h`` as it is."""
+    if select is None:
+        return h
+    if select.dtype == torch.bool:
+        return h[select]
+    return h.flatten(0, 1).index_select(0, select)
 
 
 def _has_padding(mask: Tensor) -> bool:

@@ -53,11 +53,13 @@ class Dist:
 
     # ---- collectives (identities for a single process) ------------------------------------
     def any(self, flags: list[int]) -> list[int]:
-        """Element-wise maximum over ranks (non-negative int flags): a stop any rank asks for."""
+        """Element-wise maximum over ranks (non-negative int flags): a stop any rank asks for.
+        Through the CPU group (gloo), so that asking, after every update, does not make a GPU
+        finish its queue of kernels first."""
         if not self.enabled:
             return list(flags)
-        t = torch.tensor(flags, dtype=torch.int64, device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        t = torch.tensor(flags, dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.objects)
         return [int(x) for x in t.tolist()]
 
     def gather(self, obj: Any) -> list[Any]:

@@ -86,16 +86,17 @@ class _LabelSmoothedCE(torch.autograd.Function):
     def backward(ctx, grad_loss: Tensor, grad_nll: Tensor):  # noqa: D102
         logits, target, lse = ctx.saved_tensors
         eps, (n, vocab) = ctx.epsilon, logits.shape
-        # d(loss_sum)/dx and d(nll_sum)/dx share softmax(x); combine both upstream grads.
-        g_soft = float(grad_loss + grad_nll)
-        g_uniform = float(eps * grad_loss / vocab)
-        g_onehot = float((1.0 - eps) * grad_loss + grad_nll)
+        # d(loss_sum)/dx and d(nll_sum)/dx share softmax(x); combine both upstream grads
+        # (0-d tensors, left on the device: nothing here waits for the GPU).
+        g_soft = (grad_loss + grad_nll).to(lse.dtype)
+        g_uniform = (eps * grad_loss / vocab).to(lse.dtype)
+        g_onehot = ((1.0 - eps) * grad_loss + grad_nll).to(lse.dtype)
         if ctx.kernels is not None:
             return ctx.kernels.backward(logits, target, lse, g_soft, g_uniform, g_onehot), None, None, None
         grad = torch.empty_like(logits)
         for a, b in _row_chunks(n, vocab):
             g = logits[a:b].to(lse.dtype, copy=True).sub_(lse[a:b, None]).exp_().mul_(g_soft).sub_(g_uniform)
-            g.scatter_add_(1, target[a:b, None], g.new_full((b - a, 1), -g_onehot))
+            g.scatter_add_(1, target[a:b, None], (-g_onehot).expand(b - a, 1))
             grad[a:b] = g
         return grad, None, None, None
 
@@ -108,8 +109,8 @@ def _forward_pass(logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor, Tenso
     return torch.logsumexp(x, dim=-1), x.mean(dim=-1), x.gather(1, target[:, None]).squeeze(1)
 
 
-def _backward_pass(logits: Tensor, target: Tensor, lse: Tensor, g_soft: float, g_uniform: float,
-                   g_onehot: float) -> Tensor:
+def _backward_pass(logits: Tensor, target: Tensor, lse: Tensor, g_soft: Tensor, g_uniform: Tensor,
+                   g_onehot: Tensor) -> Tensor:
     """The gradient the backward's blocks write, as one expression."""
     g = (logits.float() - lse[:, None]).exp() * g_soft - g_uniform
     gold = torch.arange(logits.size(1), device=logits.device) == target[:, None]
@@ -182,3 +183,10 @@ def fused_label_smoothed_nll_loss(
         logits, target = logits[keep], target[keep]
     loss, nll = _LabelSmoothedCE.apply(logits, target, epsilon, kernels)
     return loss, nll, keep.sum()
+
+
+def fused_loss_of_every_row(logits: Tensor, target: Tensor, epsilon: float = 0.1,
+                            kernels: LossKernels | None = None) -> tuple[Tensor, Tensor]:
+    """(loss_sum, nll_sum) of :func:`fused_label_smoothed_nll_loss` over (N, V) ``logits``
+    whose rows all have a label (training's selected positions): nothing to check on the host."""
+    return _LabelSmoothedCE.apply(logits, target, epsilon, kernels)

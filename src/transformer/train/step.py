@@ -10,18 +10,50 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ..hardware import native_bf16
-from .loss import LossKernels, fused_label_smoothed_nll_loss, smoothed_loss_of_every_row
+from .loss import LossKernels, fused_loss_of_every_row, smoothed_loss_of_every_row
 from .schedule import paper_adam_kwargs
 
 
 @dataclass(frozen=True)
 class StepStats:
-    loss: float  # label-smoothed loss per target token
-    nll: float  # negative log-likelihood per target token (perplexity = exp(nll))
-    n_tokens: int  # non-padding target tokens in the update
-    grad_norm: float  # before clipping
+    """One update's figures. As :func:`train_step` returns them, ``loss``, ``nll``, ``grad_norm``
+    and ``skipped`` are 0-d tensors on the update's device (and ``n_tokens`` too under DDP):
+    reading one back to the host waits for the update to finish, which on a GPU stalls the
+    queue of kernels, so the training loop reads them every ``log_every`` updates, many
+    updates' at once (:func:`read_back`). :meth:`read` gives one update's as Python numbers."""
+
+    loss: Tensor | float  # label-smoothed loss per target token
+    nll: Tensor | float  # negative log-likelihood per target token (perplexity = exp(nll))
+    n_tokens: Tensor | int  # non-padding target tokens in the update
+    grad_norm: Tensor | float  # before clipping
     lr: float
-    skipped: bool  # True when the loss or a gradient was not finite (no update made)
+    skipped: Tensor | bool  # True when the loss or a gradient was not finite (no update made)
+
+    def read(self) -> StepStats:
+        """The same figures as Python numbers (one read from the device)."""
+        return read_back([self])[0]
+
+
+def read_back(stats: list[StepStats]) -> list[StepStats]:
+    """The figures of several updates as Python numbers, read from the device at once (one
+    synchronisation for all of them)."""
+    if not stats:
+        return []
+
+    def row(s: StepStats) -> Tensor:
+        values = [s.loss, s.nll, s.grad_norm, s.skipped] + ([s.n_tokens] if isinstance(s.n_tokens, Tensor) else [])
+        return torch.stack([torch.as_tensor(v).to(torch.float64).reshape(()) for v in values])
+
+    rows = torch.cat([row(s) for s in stats]).tolist()  # one read
+    out, i = [], 0
+    for s in stats:
+        loss, nll, norm, bad = rows[i: i + 4]
+        i += 4
+        n = s.n_tokens
+        if isinstance(n, Tensor):
+            n, i = int(rows[i]), i + 1
+        out.append(StepStats(loss, nll, n, norm, s.lr, bool(bad)))
+    return out
 
 
 def paper_adam(params, weight_decay: float = 0.0, betas: tuple[float, float] | None = None) -> torch.optim.Adam:
@@ -78,8 +110,7 @@ def forward_loss(forward, inputs: tuple, options: dict, select: Tensor | None, g
     logits = logits.reshape(gold.numel(), -1)
     if torch.compiler.is_compiling():
         return smoothed_loss_of_every_row(logits, gold, epsilon)
-    loss, nll, _ = fused_label_smoothed_nll_loss(logits, gold, epsilon, -1, loss_kernels)
-    return loss, nll
+    return fused_loss_of_every_row(logits, gold, epsilon, loss_kernels)
 
 
 def train_step(
@@ -96,7 +127,10 @@ def train_step(
     loss_kernels: LossKernels | None = None,
     loss_fn=forward_loss,
 ) -> StepStats:
-    """Accumulate gradients over ``micro_batches`` and make one update.
+    """Accumulate gradients over ``micro_batches`` and make one update, without reading
+    anything back from the device: the figures it returns stay there (:class:`StepStats`),
+    and an update whose loss or gradient is not finite is skipped on the device
+    (:func:`step_unless`).
 
     The loss is normalised by the number of non-padding target tokens in the *whole*
     update, so an update split into micro-batches gives the same gradient as one big batch.
@@ -104,7 +138,8 @@ def train_step(
     Args:
         micro_batches: objects with ``inputs`` (the tensors the model reads), ``tgt_out``
             (B, T) labels and an ``n_tgt_tokens`` int (see :class:`transformer.data.Batch`),
-            and optionally ``options``, keywords for the model's forward.
+            and optionally ``options``, keywords for the model's forward, and ``scored``, where
+            the labels are (:func:`scored_positions`).
         lr: learning rate for this update.
         amp_dtype: torch.bfloat16 / torch.float16 for mixed precision, None for fp32.
         grad_scaler: a GradScaler, for fp16 only.
@@ -125,46 +160,76 @@ def train_step(
     wrapper = getattr(forward, "_orig_mod", forward)  # under torch.compile: the module it compiled
     ddp = isinstance(wrapper, DistributedDataParallel)
     world = torch.distributed.get_world_size(wrapper.process_group) if ddp else 1
-    pad_id = model.cfg.pad_id
+    device = micro_batches[0].tgt_out.device
     for group in optimizer.param_groups:
         group["lr"] = lr
-    total = sum(int(b.n_tgt_tokens) for b in micro_batches)
-    if world > 1:
-        total = int(_all_reduce_sum([total], micro_batches[0].tgt_out.device, wrapper.process_group)[0])
+    total = sum(int(b.n_tgt_tokens) for b in micro_batches)  # counted on the host when the batches were made
+    if world > 1:  # every rank's tokens, kept on the device
+        total = _all_reduce_sum(torch.tensor([float(total)], dtype=torch.float64, device=device),
+                                wrapper.process_group)[0]
+    denom = total.clamp(min=1) if isinstance(total, Tensor) else max(total, 1)
     optimizer.zero_grad(set_to_none=True)
-    loss_sum = nll_sum = 0.0
+    loss_sum = nll_sum = torch.zeros((), dtype=torch.float64, device=device)
     for i, b in enumerate(micro_batches):
-        device = b.tgt_out.device
-        # the vocabulary projection runs on scored positions only (a batch may name its own
-        # unscored label: a language model's windows, whose pad_id may be a real token)
-        select = b.tgt_out != getattr(b, "not_scored", pad_id)
-        if bool(select.all()):  # no padding (a language model's windows): no gather, no scatter back
-            select = None
+        select = scored_positions(b, model.cfg.pad_id)
         last = i == len(micro_batches) - 1
         with wrapper.no_sync() if ddp and not last else contextlib.nullcontext():
-            gold = b.tgt_out.reshape(-1) if select is None else b.tgt_out[select]
+            gold = b.tgt_out.reshape(-1) if select is None else labels_at(b.tgt_out, select)
             loss, nll = loss_fn(forward, b.inputs, getattr(b, "options", {}), select, gold, epsilon, amp_dtype, loss_kernels)
-            scaled = loss * world / max(total, 1)
+            scaled = loss * world / (denom.to(loss.dtype) if isinstance(denom, Tensor) else denom)
             (grad_scaler.scale(scaled) if grad_scaler is not None else scaled).backward()
-        loss_sum += float(loss.detach())
-        nll_sum += float(nll.detach())
+        loss_sum = loss_sum + loss.detach()
+        nll_sum = nll_sum + nll.detach()
     if grad_scaler is not None:
         grad_scaler.unscale_(optimizer)
     params = [p for p in model.parameters() if p.grad is not None]
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip_norm if clip_norm else math.inf))
-    bad = float(not (math.isfinite(grad_norm) and math.isfinite(loss_sum)))
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, clip_norm if clip_norm else math.inf)
+    bad = ~(torch.isfinite(grad_norm) & torch.isfinite(loss_sum))
     if world > 1:  # a NaN on any rank skips the update on all of them
-        loss_sum, nll_sum, bad = _all_reduce_sum([loss_sum, nll_sum, bad], device, wrapper.process_group)
-    skipped = bad > 0 or not math.isfinite(loss_sum)
+        summed = _all_reduce_sum(torch.stack([loss_sum, nll_sum, bad.double()]), wrapper.process_group)
+        loss_sum, nll_sum, n_bad = summed.unbind()
+        bad = (n_bad > 0) | ~torch.isfinite(loss_sum)
     if grad_scaler is not None:
         grad_scaler.step(optimizer)  # skips the update itself on inf/nan
         grad_scaler.update()
-    elif not skipped:
+    else:
+        step_unless(optimizer, bad)
+    return StepStats(loss_sum / denom, nll_sum / denom, total, grad_norm, lr, bad)
+
+
+def scored_positions(batch, pad_id: int) -> Tensor | None:
+    """Where ``batch.tgt_out`` (B, T) holds a label, for the model's ``select``: None when every
+    position does (a language model's windows: no gather, no scatter back), else the (N,)
+    indices into the flattened labels that the batch found on the host before it moved to its
+    device (``batch.scored``), so that a GPU never waits to learn N; a batch that does not carry
+    them gets a (B, T) bool mask (``batch.not_scored`` or ``pad_id`` where there is no label:
+    a language model's pad_id may be a real token)."""
+    if hasattr(batch, "scored"):
+        return batch.scored
+    return batch.tgt_out != getattr(batch, "not_scored", pad_id)
+
+
+def labels_at(tgt_out: Tensor, select: Tensor) -> Tensor:
+    """The (N,) labels at ``select`` (a (B, T) bool mask or (N,) flat indices), row-major."""
+    if select.dtype == torch.bool:
+        return tgt_out[select]
+    return tgt_out.reshape(-1).index_select(0, select)
+
+
+def step_unless(optimizer: torch.optim.Optimizer, bad: Tensor) -> None:
+    """``optimizer.step()``, which changes nothing (weights, moments, step count) where ``bad``
+    (a 0-d bool tensor) is True, without reading ``bad`` back to the host: torch's fused
+    optimizers take it as the ``found_inf`` flag GradScaler hands them and skip on the device.
+    Other optimizers read it (one synchronisation)."""
+    if not getattr(optimizer, "_step_supports_amp_scaling", False):
+        if not bool(bad):
+            optimizer.step()
+        return
+    optimizer.grad_scale, optimizer.found_inf = None, bad.to(torch.float32)
+    try:
         optimizer.step()
-    if skipped:
-        optimizer.zero_grad(set_to_none=True)
-    denom = max(total, 1)
-    return StepStats(loss_sum / denom, nll_sum / denom, total, grad_norm, lr, skipped)
+    finally:
+        del optimizer.grad_scale, optimizer.found_inf
 
 
 def finite_in_fp32(model: nn.Module, micro_batches: list) -> bool:
@@ -193,7 +258,7 @@ def finite_in_fp32(model: nn.Module, micro_batches: list) -> bool:
         model.train(was_training)
 
 
-def _all_reduce_sum(values: list[float], device: torch.device, group) -> list[float]:
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    torch.distributed.all_reduce(t, group=group)
-    return t.tolist()
+def _all_reduce_sum(values: Tensor, group) -> Tensor:
+    """``values`` summed over the ranks of ``group``, left on the device."""
+    torch.distributed.all_reduce(values, group=group)
+    return values

@@ -30,6 +30,18 @@ from .prepare import PreparedData, PreparedText
 from .step import autocast
 
 
+def on_device(batch, device: torch.device):
+    """A training batch, made on the host, on ``device``. To a GPU from pinned (page-locked)
+    memory, ``non_blocking``: the copy is queued behind the update in flight and the host goes
+    on (a copy from ordinary memory would wait for every kernel queued before it). The loop
+    never waits for the GPU within an update, so the host makes the next batch while the GPU
+    computes the last one: batches are prepared ahead without a thread or a queue that would
+    draw from the sampler beyond what a checkpoint records."""
+    if device.type == "cuda":
+        return batch.pin_memory().to(device, non_blocking=True)
+    return batch.to(device)
+
+
 def scored_nll(model, inputs: tuple, labels: torch.Tensor, pad: int, device: torch.device,
                amp_dtype: torch.dtype | None, options: dict | None = None) -> tuple[float, int]:
     """Validation's forward pass and -log p: the summed negative log-likelihood of the
@@ -93,7 +105,7 @@ class TranslationTask(Scores):
         c = model.cfg
         while not (self.cfg.max_epochs and self.sampler.state_dict()["epoch"] >= self.cfg.max_epochs):
             for idx in self.sampler:
-                yield collate([self.data.train[i] for i in idx], c.pad_id, c.bos_id, c.eos_id).to(device)
+                yield on_device(collate([self.data.train[i] for i in idx], c.pad_id, c.bos_id, c.eos_id), device)
 
     @torch.no_grad()
     def validation_nll(self, model: Transformer, device: torch.device, amp_dtype: torch.dtype | None) -> float:
@@ -162,7 +174,7 @@ class LanguageModelTask(Scores):
     def batches(self, model: LanguageModel, device: torch.device) -> Iterator[TextBatch]:  # noqa: ARG002
         """Micro-batches without end (max_steps, max_minutes or a signal ends the run)."""
         while True:
-            yield windows(self.data.train, self.sampler.next_starts(), self.context).to(device)
+            yield on_device(windows(self.data.train, self.sampler.next_starts(), self.context), device)
 
     @torch.no_grad()
     def validate(self, model: LanguageModel, device: torch.device, amp_dtype: torch.dtype | None) -> dict:

@@ -12,7 +12,8 @@ validation, checkpoints and decoding see the model as it always was):
   generator (a compiled run drops other elements than an eager one with the same seed).
 - attention: on a CPU the matmul-softmax-matmul, which inductor fuses into its own loops,
   rather than torch's fused kernel (:func:`~transformer.compiled.graph.graph_attention`), its
-  dropout drawn as above.
+  dropout drawn as above; on a GPU torch's fused kernel, with ``is_causal=True`` where only
+  the future is masked (a language model's windows), so that it may pick the flash kernel.
 - the embedding lookups: their gradient is torch's own embedding backward, kept out of the
   generated code as an opaque op (``transformer::embedding_grad``). Inductor writes it as a
   scatter-add with atomic updates, which on a CPU is 7-14 times slower than torch's kernel
@@ -22,13 +23,15 @@ validation, checkpoints and decoding see the model as it always was):
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..compiled.graph import graph_attention
-from ..run.private import use_private_build_folder
+from ..model import masks
 from ..model.attention import MultiHeadAttention
 from ..model.dropout import Dropout
 from ..model.embedding import LearnedPositions, TokenEmbedding
+from ..run.private import use_private_build_folder
 from .step import forward_loss
 
 
@@ -98,7 +101,12 @@ class GraphAttention(MultiHeadAttention):
         if not torch.compiler.is_compiling() or need_weights:
             return super().attend(q, k, v, mask, need_weights)
         k, v = self.expand_kv(k, v)  # (B, H, T_k, D)
-        out = graph_attention(q, k, v, mask, self.attn_dropout if self.training else 0.0)
+        p = self.attn_dropout if self.training else 0.0
+        if mask is masks.CAUSAL and q.device.type != "cpu":  # the flash kernel: no mask tensor
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        else:
+            causal = mask is masks.CAUSAL
+            out = graph_attention(q, k, v, masks.CAUSAL.tensor(q.size(-2), k.size(-2), q.device) if causal else mask, p)
         return self.out_proj(self.merge_heads(out)), None
 
 

@@ -225,7 +225,7 @@ class CheckpointConfig:
     save_every: int = resumable(1000)  # write a checkpoint every N updates (and at the end)
     keep_last: int = resumable(10)  # checkpoints kept in checkpoints/; older ones are deleted
     average_last: int = resumable(0)  # at the end, average the last K checkpoints into averaged.safetensors
-    max_bad_steps: int = resumable(20)  # consecutive non-finite steps before the run stops
+    max_bad_steps: int = resumable(20)  # consecutive non-finite steps before the run stops (found at a read-back: log_every)
 
     def __post_init__(self) -> None:
         _typed(self, _names(CheckpointConfig))
@@ -240,7 +240,7 @@ class CheckpointConfig:
 class LoggingConfig:
     """What a run reports while it trains."""
     # ---- logging ----
-    log_every: int = resumable(100)  # append a training record to metrics.jsonl every N updates
+    log_every: int = resumable(100)  # read the loop's figures back from the device and append a training record to metrics.jsonl every N updates
     tensorboard: bool = resumable(False)  # also write the records as TensorBoard scalars in tensorboard/ (needs the tensorboard package)
     progress: bool = resumable(True)  # show a progress bar on the terminal
 

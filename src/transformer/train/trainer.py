@@ -11,6 +11,11 @@ writes files and validates, and every decision to stop is taken by all ranks tog
     checkpoints             :class:`~transformer.train.checkpoint.Checkpoints`: save, resume exactly
     the run directory       train/run_dir.py: checked before it changes, undone if set-up fails
     what it reports         a Monitor (train/monitor.py)
+
+Within an update nothing is read back from the device (a read makes a GPU finish its queue of
+kernels first): train_step leaves its figures there and skips a non-finite update there. The
+loop reads them every ``log_every`` updates, and before an evaluation, a checkpoint or the end,
+and only then learns which updates were skipped (:meth:`Trainer._take_stock`).
 """
 from __future__ import annotations
 
@@ -37,7 +42,7 @@ from .prepare import PreparedData, PreparedText, data_checksums, prepare_data, p
 from .reuse import Start
 from .run_dir import check_run_dir, refuse_inside_checkpoints, undone_if_it_fails
 from .schedule import dropout_ramp, lr_at
-from .step import StepStats, finite_in_fp32, forward_loss, make_optimizer, resolve_precision, train_step
+from .step import StepStats, finite_in_fp32, forward_loss, make_optimizer, read_back, resolve_precision, train_step
 from .task import make_task
 from .validation import Validation
 
@@ -121,6 +126,8 @@ class Trainer:
         self.loss_kernels = self._loss_kernels()
         self.validation = Validation(cfg, self.task, self.run_dir, self.device, self.amp_dtype, self.log)
         self.step, self.bad_steps, self.elapsed = 0, 0, 0.0
+        self.unread: list = []  # (StepStats on the device, epoch) of the updates not read back yet
+        self.last_micro: list = []
         self.checkpoints.resume(self.model, self._restore)
         self.dist.on_main(lambda: self.checkpoints.repair_metrics(self.step))
         self.forward, self.loss_fn = self._compiled(self._wrap())
@@ -151,8 +158,9 @@ class Trainer:
                         reason = "max_epochs"
                         break
                     stats = self.update(micro)
+                    read = self._count(stats, micro)  # and the wait for the device, when it is read
                     self.elapsed += time.perf_counter() - t0
-                    early_stop = self._after_update(stats, micro)
+                    early_stop = self._after_update(read)
                     stop = self._agreed_stop(early_stop)
                     if stop:
                         reason = stop
@@ -172,30 +180,61 @@ class Trainer:
                           clip_norm=c.clip_norm or None, amp_dtype=self.amp_dtype, grad_scaler=self.scaler,
                           forward=self.forward, loss_kernels=self.loss_kernels, loss_fn=self.loss_fn)
 
-    def _after_update(self, stats: StepStats, micro: list) -> bool:
-        """Count the update, then log, evaluate and save at their set points; True when
-        evaluation says to stop early."""
-        c = self.cfg
-        if stats.skipped:  # on every rank alike: train_step all-reduces the verdict
-            self._skipped(stats, micro)
-            return False
-        self.bad_steps = 0
+    def _count(self, stats: StepStats, micro: list) -> list | None:
+        """Count the update, for now: its figures stay on the device until a read-back is due
+        (every ``log_every`` updates, and before an evaluation, a checkpoint or the last update),
+        so that the device never waits for the host within an update. Then the unread
+        updates' figures come back at once (:func:`read_back`): the update-entries to go through."""
         self.step += 1
-        extra = {"dropout": self._dropout(self.step)} if c.dropout_ramp else {}
-        self.monitor.update(self.step, self.sampler.state_dict()["epoch"], stats, self.elapsed / 60, **extra)
+        self.unread.append((stats, self.sampler.state_dict()["epoch"]))
+        self.last_micro = micro
+        c, s = self.cfg, self.step
+        if s % c.log_every and s % c.eval_every and s % c.save_every and s < c.max_steps:
+            return None
+        return self._read_unread()
+
+    def _read_unread(self) -> list:
+        """The unread updates' (figures as Python numbers, epoch), in one read from the device."""
+        unread, self.unread = self.unread, []
+        return [(read, epoch) for read, (_, epoch) in zip(read_back([u for u, _ in unread]), unread)]
+
+    def _after_update(self, read: list | None) -> bool:
+        """After a read-back: log, evaluate and save at their set points; True when evaluation
+        says to stop early."""
+        if read is None:
+            return False
+        self._take_stock(read)
+        c = self.cfg
         early_stop = self.step % c.eval_every == 0 and self.evaluate() == "early_stop"
         if self.step % c.save_every == 0:
             self.save()
         return early_stop
 
-    def _skipped(self, stats: StepStats, micro: list) -> None:
-        self.bad_steps += 1
-        self.monitor.record({"event": "skipped_step", "step": self.step, "loss": stats.loss}, self.step)
-        if self.dist.any([int(not finite_in_fp32(self.model, micro))])[0]:
+    def _take_stock(self, read: list) -> None:
+        """Go through the updates just read back, in order: a made update is counted for good
+        and logged at its set points; a skipped one (a non-finite loss or gradient: the device
+        left the weights alone) gives its number back, since a step is an update made, and is
+        recorded; every rank sees the same, as train_step all-reduces the verdict. Then, if the
+        last update was skipped, whether the weights themselves are broken, and whether
+        ``max_bad_steps`` updates in a row were skipped."""
+        c = self.cfg
+        step, longest = self.step - len(read), 0
+        for stats, epoch in read:
+            if stats.skipped:
+                self.bad_steps += 1
+                longest = max(longest, self.bad_steps)
+                self.monitor.record({"event": "skipped_step", "step": step, "loss": stats.loss}, step)
+                continue
+            self.bad_steps = 0
+            step += 1
+            extra = {"dropout": self._dropout(step)} if c.dropout_ramp else {}
+            self.monitor.update(step, epoch, stats, self.elapsed / 60, **extra)
+        self.step = step
+        if self.bad_steps and self.dist.any([int(not finite_in_fp32(self.model, self.last_micro))])[0]:
             self._broken_weights()
-        if self.bad_steps >= self.cfg.max_bad_steps:
+        if longest >= c.max_bad_steps:
             saved = self.save()  # skipped updates leave the weights as they were: good
-            raise UserError(f"{self.bad_steps} consecutive updates had a non-finite loss or gradient; stopping. "
+            raise UserError(f"{longest} consecutive updates had a non-finite loss or gradient; stopping. "
                             f"The last good checkpoint is {saved}; try a lower learning rate or precision=fp32")
 
     def _broken_weights(self) -> None:
@@ -223,6 +262,11 @@ class Trainer:
         a resumed run must not take a worse model for the best one), the last checkpoint,
         the average of the last checkpoints, the stop record and the learning curve."""
         c = self.cfg
+        if self.unread:  # a stop between read-backs: a signal, the clock, the end of the data
+            t0 = time.perf_counter()
+            read = self._read_unread()
+            self.elapsed += time.perf_counter() - t0
+            self._take_stock(read)
         interrupted = reason in ("SIGINT", "SIGTERM")
         final_eval = not interrupted and self.task.has_validation and self.step % c.eval_every != 0
         if final_eval:
