@@ -157,7 +157,7 @@ def main() -> None:
                    ours_vs_torch_nn=peer_step / step)
         del peer, peer_opt
     if args.compile:
-        from transformer.train.compiled import compiled_training
+        from transformer.train.torch_compile import compiled_training
 
         torch.manual_seed(0)
         twin = Transformer(cfg).to(device)

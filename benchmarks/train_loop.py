@@ -30,7 +30,7 @@ RECIPES = {"lm": "configs/shakespeare-char.yaml", "mt": "configs/demo.yaml"}
 CHILD = """
 import json, sys
 import torch
-from transformer.train.config import load_config
+from transformer.train.train_config import load_config
 from transformer.train.trainer import Trainer
 config, out, threads, overrides = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
 torch.set_num_threads(threads)

@@ -8,7 +8,7 @@ import random
 from pathlib import Path
 
 from own_data import file_overrides
-from transformer.train.config import load_config
+from transformer.train.train_config import load_config
 from transformer.train.trainer import Trainer
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

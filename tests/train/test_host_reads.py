@@ -14,7 +14,7 @@ import pytest
 
 from host_reads import HostReads
 from own_data import file_overrides
-from transformer.train.config import load_config
+from transformer.train.train_config import load_config
 from transformer.train.trainer import Trainer
 
 LOOP = ["log_every=10", "eval_every=1000", "save_every=1000", "eval_bleu=false", "threads=1", "progress=false"]
