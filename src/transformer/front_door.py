@@ -5,8 +5,9 @@ differ in their search and in how text becomes ids; everything else is this one 
 
     settings    the defaults, then the ``decoding`` section of the run's config.yaml, then
                 the caller's options (:func:`run_decoding`), checked before the weights load
-    weights     :func:`open_model`: on the settings' device, refused with one line when the
-                run is the other kind of model
+    weights     :func:`open_model`: on the settings' device (``auto``: a CUDA GPU when there
+                is one, :func:`decoding_device`), refused with one line when the run is the
+                other kind of model
     vocabulary  :func:`vocabulary_fits`: a tokenizer trained here numbers exactly the model's
                 rows, an imported one (Marian, Hugging Face) at most as many
     precision   the model converted once (:func:`~transformer.decode.precision.decoding_model`);
@@ -72,10 +73,23 @@ def given(options: dict) -> dict:
     return {k: v for k, v in options.items() if v is not None}
 
 
+def decoding_device(decoding: DecodingConfig, model: nn.Module | None = None) -> str:
+    """The device ``decoding.device`` names, ``auto`` resolved: where ``model``'s weights are
+    (a model handed over in memory stays where its owner put it), else a CUDA GPU when torch
+    sees one, else the CPU; the CPU for int8, which only a CPU computes."""
+    if decoding.device != hardware.AUTO:
+        return decoding.device
+    if decoding.precision == "int8":
+        return "cpu"
+    weight = next(model.parameters(), None) if model is not None else None
+    return str(weight.device) if weight is not None else hardware.resolve_device(hardware.AUTO)
+
+
 def open_model(path: str | Path, decoding: DecodingConfig, *, language_model: bool) -> nn.Module:
-    """The model of the run (or weights file) at ``path`` on ``decoding.device``; a one-line
-    error when it is a translation model where a language model is wanted, or the reverse."""
-    model, _ = load_model(path, decoding.device)
+    """The model of the run (or weights file) at ``path`` on ``decoding.device``
+    (:func:`decoding_device`); a one-line error when it is a translation model where a
+    language model is wanted, or the reverse."""
+    model, _ = load_model(path, decoding_device(decoding))
     if model.cfg.decoder_only != language_model:
         raise UserError(f"{path}: a translation model; generate needs a language model (use translate)"
                         if language_model else
@@ -116,6 +130,7 @@ class FrontDoor:
 
     def __init__(self, model: nn.Module, decoding: DecodingConfig | None, warn: bool) -> None:
         decoding = decoding or DecodingConfig()
+        decoding = decoding.replace(device=decoding_device(decoding, model))  # auto: where the model is
         self.requested_precision = decoding.precision  # before auto is resolved
         self.model, self.decoding = decoding_model(model, decoding, warn=False)
         # warned here, not by decoding_model, so that the warning points at whoever built the front door
@@ -152,7 +167,9 @@ class FrontDoor:
 
         - ``decoding.compile``: ``on`` builds the step if it is missing; ``off``; ``auto`` runs
           it when it is built already, or a generation's ``max_new_tokens`` are enough to pay
-          for building it (:data:`AUTO_MIN_STEPS`).
+          for building it (:data:`AUTO_MIN_STEPS`); on a GPU ``auto`` is eager (measured
+          there, on an H200, the compiled step was the slower: 17.5 s against 13.5 s for
+          test2016 in bf16, benchmarks/gpu/README.md).
         - Eagerly whatever it says: ``TRANSFORMER_COMPILE=off``; an ensemble; an int8 model
           whose layers multiply with fbgemm's int8 GEMM
           (:func:`~transformer.decode.precision.uses_int8_gemm`, a warning with ``on``); a
@@ -162,6 +179,8 @@ class FrontDoor:
         setting, model = self.decoding.compile, self.model
         if setting == "off" or compiled.switched_off() or not isinstance(model, (Transformer, LanguageModel)):
             return False, False  # (an ensemble, or a stand-in with a model's interface, decodes eagerly)
+        if setting == "auto" and self.device.type != "cpu":
+            return False, False
         if uses_int8_gemm(model):  # faster eagerly: the compiled step would hold float32 weights
             if setting == "on":
                 warnings.warn("int8 on this CPU multiplies with fbgemm's int8 GEMM, which a compiled step cannot "

@@ -24,7 +24,7 @@ import torch
 
 #: the flags that decide speed here, in the order they are reported
 FLAGS_THAT_MATTER = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8", "avx512_vnni", "avx_vnni")
-#: what ``precision: auto`` may become
+#: ``precision: auto`` (bf16 where it is native, else fp32) and ``--device auto`` (a CUDA GPU when there is one)
 AUTO = "auto"
 
 
@@ -69,18 +69,41 @@ def cpu_has_native_bf16() -> bool:
     return cpu_capability().startswith("AVX512") and bool({"avx512_bf16", "amx_bf16"} & flags)
 
 
+def resolve_device(name: str | torch.device) -> str:
+    """``auto`` -> ``cuda`` when torch sees a CUDA GPU (as Hugging Face's Trainer and nanoGPT
+    choose), else ``cpu``; any other name is returned as it is."""
+    if str(name) != AUTO:
+        return str(name)
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def device_line(device: str | torch.device) -> str:
+    """What a command says it runs on: ``cuda:0 (NVIDIA H200)``, or the CPU's name, the
+    vector instructions torch uses and the threads (``cpu (AMD EPYC 9R14, AVX512, 2 threads)``)."""
+    device = torch.device(resolve_device(device))
+    if device.type == "cuda":
+        index = torch.cuda.current_device() if device.index is None else device.index
+        return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+    if device.type == "cpu":
+        return f"cpu ({cpu_name()}, {cpu_capability()}, {torch.get_num_threads()} threads)"
+    return str(device)
+
+
 def device_problem(name: str) -> str | None:
     """Why ``name`` (a ``--device`` value) is not a device this process can compute on, in a
-    few words that end with what to do; None when it is one. Checked by every command before
-    anything big is loaded, so a wrong device is a one-line error, not torch's traceback."""
+    few words that end with what to do; None when it is one (``auto`` always is). Checked by
+    every command before anything big is loaded, so a wrong device is a one-line error, not
+    torch's traceback."""
+    if name == AUTO:
+        return None
     try:
         device = torch.device(name)
     except (RuntimeError, TypeError, ValueError):
-        return "not a device; expected cpu, cuda or cuda:N"
+        return "not a device; expected auto, cpu, cuda or cuda:N"
     if device.type == "cpu":
         return None
     if device.type != "cuda":
-        return f"{device.type} devices are not supported; expected cpu, cuda or cuda:N"
+        return f"{device.type} devices are not supported; expected auto, cpu, cuda or cuda:N"
     if not torch.cuda.is_available():
         return "no CUDA GPU is available here (torch.cuda.is_available() is False); use cpu"
     count = torch.cuda.device_count()
@@ -91,8 +114,8 @@ def device_problem(name: str) -> str | None:
 
 def native_bf16(device: str | torch.device = "cpu") -> bool:
     """Whether ``device`` computes in bfloat16 natively: a CPU by :func:`cpu_has_native_bf16`,
-    a CUDA GPU by torch's own check (Ampere and later)."""
-    device = torch.device(device)
+    a CUDA GPU by torch's own check (Ampere and later); ``auto`` as :func:`resolve_device`."""
+    device = torch.device(resolve_device(device))
     if device.type == "cuda":
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     if device.type == "cpu":
@@ -111,7 +134,7 @@ def resolve(precision: str, device: str | torch.device = "cpu") -> str:
 def slow_precision_warning(precision: str, device: str | torch.device = "cpu") -> str | None:
     """One line for a user who asked for bf16 (or int8, or fp16) where ``device`` emulates
     it, saying what it costs and what ``auto`` picks; None where the choice is sound."""
-    device = torch.device(device)
+    device = torch.device(resolve_device(device))
     if device.type != "cpu" or precision not in ("bf16", "fp16") or native_bf16(device):
         return None
     return (f"precision {precision}: this CPU ({cpu_capability()}, no avx512_bf16/amx_bf16) emulates "

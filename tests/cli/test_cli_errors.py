@@ -181,9 +181,9 @@ DEVICE_COMMANDS = {
 }
 NO_CUDA = "no CUDA GPU is available here (torch.cuda.is_available() is False); use cpu"
 BAD_DEVICES = {  # --device value: the message after "--device VALUE: "
-    "bogus": "not a device; expected cpu, cuda or cuda:N",
-    "cuda:x": "not a device; expected cpu, cuda or cuda:N",
-    "mps": "mps devices are not supported; expected cpu, cuda or cuda:N",
+    "bogus": "not a device; expected auto, cpu, cuda or cuda:N",
+    "cuda:x": "not a device; expected auto, cpu, cuda or cuda:N",
+    "mps": "mps devices are not supported; expected auto, cpu, cuda or cuda:N",
     "cuda": NO_CUDA,
     "cuda:99": NO_CUDA if not torch.cuda.is_available() else
     f"this machine has {torch.cuda.device_count()} CUDA GPU(s), cuda:0 to cuda:{torch.cuda.device_count() - 1}",

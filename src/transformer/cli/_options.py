@@ -22,7 +22,7 @@ _HELP = {
                             "CPU (AVX512-BF16, AMX) or GPU computes it natively, else fp32; bf16 weights, or "
                             "int8 weights (CPU; multiplied in bf16 where that is native, else by an int8 GEMM, "
                             "eagerly); the speed and BLEU cost: benchmarks/decode/README.md"),
-    "device": ("DEVICE", str, "cpu or cuda[:N]"),
+    "device": ("DEVICE", str, "auto (a CUDA GPU when there is one), cpu or cuda[:N]"),
     "max_new_tokens": ("N", int, "tokens to generate after the prompt"),
     "temperature": ("T", float, "sampling temperature; 0 = greedy (always the most probable token)"),
     "top_k": ("K", int, "sample only among the K most probable tokens (0 = all)"),
@@ -153,16 +153,27 @@ def check_device(args: argparse.Namespace) -> None:
         raise UserError(f"{source}: {problem}{remedy}")
 
 
+def say_device(decoder) -> None:
+    """One line on stderr: the device a Translator or Generator runs on (``auto`` resolved)
+    and the precision it computes in."""
+    from ..hardware import device_line
+
+    print(f"device: {device_line(decoder.device)}; precision {decoder.decoding.precision}", file=sys.stderr,
+          flush=True)
+
+
 def prepare_compiled(decoder) -> None:
-    """A Translator's or Generator's compiled step loaded, or built (with one line on stderr
-    first: it takes a while), when its decoding settings use one; and a line on stderr when
-    the precision asked for is one this CPU computes slowly. What goes wrong on the way (a
-    package refused or not built: decoding goes on eagerly) is one ``warning:`` line each."""
+    """The device it runs on (:func:`say_device`), then a Translator's or Generator's
+    compiled step loaded, or built (with one line on stderr first: it takes a while), when
+    its decoding settings use one; and a line on stderr when the precision asked for is one
+    this CPU computes slowly. What goes wrong on the way (a package refused or not built:
+    decoding goes on eagerly) is one ``warning:`` line each."""
     import warnings
 
     from ..compiled import CompiledStepWarning
     from ..hardware import slow_precision_warning  # (here: it loads torch, which --help does not need)
 
+    say_device(decoder)
     if note := slow_precision_warning(decoder.requested_precision, decoder.decoding.device):
         print(f"warning: {note}", file=sys.stderr, flush=True)
 

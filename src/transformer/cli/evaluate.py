@@ -9,7 +9,7 @@ import sys
 import time
 
 from ._options import (SEARCH_OPTIONS, add_decoding_options, decoding_options, prepare_compiled, refuse_options,
-                       refuse_output_over_inputs)
+                       refuse_output_over_inputs, say_device)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -139,6 +139,7 @@ def run_text(args: argparse.Namespace) -> int:
     # the model, its tokenizer and settings as generate opens them (transformer/front_door.py)
     generator = Generator.from_pretrained(path, warn=False, **options)
     decoding = generator.decoding  # precision auto resolved for this machine
+    say_device(generator)
     if note := slow_precision_warning(generator.requested_precision, decoding.device):
         print(f"warning: {note}", file=sys.stderr, flush=True)
     context = generator.model.cfg.max_len

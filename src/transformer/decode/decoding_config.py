@@ -45,7 +45,7 @@ def check_precision(precision: str, device: str = "cpu") -> None:
     (int8 is a CPU decoding option)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-    if precision == "int8" and str(device).split(":")[0] != "cpu":
+    if precision == "int8" and str(device).split(":")[0] not in ("cpu", "auto"):
         raise ValueError(f"precision {precision} is for CPU decoding; use fp32 or bf16 with device {device}")
 
 
@@ -119,7 +119,7 @@ class RuntimeConfig:
     # ---- how the work runs ----
     max_tokens: int = 4000  # source tokens per batch (padded)
     precision: str = "auto"  # auto (bf16 where the device computes it natively, else fp32), fp32, bf16 or int8 (CPU); decode/precision.py
-    device: str = "cpu"  # cpu or cuda[:N]
+    device: str = "auto"  # auto (a CUDA GPU when there is one, else the CPU; the CPU for int8), cpu or cuda[:N]
     compile: str = "auto"  # on, off, auto: a compiled decoding step (on: built if missing; auto: if built); compiled/
 
     def __post_init__(self) -> None:

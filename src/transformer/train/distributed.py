@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import UserError
-from ..hardware import device_problem
+from ..hardware import device_problem, resolve_device
 
 # Collectives of the training loop: long enough for rank 0 to validate (greedy BLEU on a
 # dev set) while the others wait at the next one.
@@ -90,10 +90,11 @@ class Dist:
         return result
 
 
-def from_env(device: str = "cpu") -> Dist:
+def from_env(device: str = "auto") -> Dist:
     """The process group torchrun describes in the environment (RANK, WORLD_SIZE,
     LOCAL_RANK, MASTER_ADDR, MASTER_PORT), joined with NCCL on GPUs (this rank uses
     ``cuda:LOCAL_RANK``) and gloo on CPUs; a single process when those are not set."""
+    device = resolve_device(device)  # auto: a CUDA GPU when there is one
     world = int(os.environ.get("WORLD_SIZE", "1"))
     single = world <= 1 or "RANK" not in os.environ
     # checked before the data is read; under torchrun cuda:N means cuda:LOCAL_RANK (checked below)

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from ..errors import UserError
-from ..hardware import slow_precision_warning
+from ..hardware import device_line, resolve_device, slow_precision_warning
 from ..model.dropout import Dropout
 from ..run import layout
 from ..run.lock import RunLock, lock_run
@@ -57,7 +57,8 @@ class Trainer:
     """Args:
         cfg: the training config.
         run_dir: where the run lives; a directory holding a checkpoint is resumed.
-        device: "cpu" or "cuda[:N]" for a single process (ignored when ``dist`` is given).
+        device: "auto" (a CUDA GPU when there is one), "cpu" or "cuda[:N]" for a single process
+            (ignored when ``dist`` is given).
         log: where progress lines go (rank 0 only).
         dist: this process's place in a torchrun group (:func:`distributed.from_env`).
 
@@ -66,10 +67,10 @@ class Trainer:
     same run, in any process, stops at once with a UserError naming the holder's pid.
     """
 
-    def __init__(self, cfg: TrainConfig, run_dir: str | Path, device: str = "cpu", log=print,
+    def __init__(self, cfg: TrainConfig, run_dir: str | Path, device: str = "auto", log=print,
                  dist: Dist | None = None) -> None:
         self.cfg, self.run_dir = cfg, Path(run_dir)
-        self.dist = dist or Dist(device=torch.device(device))
+        self.dist = dist or Dist(device=torch.device(resolve_device(device)))
         self.device = self.dist.device
         self.log = log if self.dist.is_main else _quiet
         self.stop_signal: str | None = None
@@ -133,6 +134,9 @@ class Trainer:
         self.forward, self.loss_fn = self._compiled(self._wrap())
         self.monitor = Monitor(self.run_dir, active=self.dist.is_main, progress=cfg.progress,
                                tensorboard=cfg.tensorboard, log_every=cfg.log_every, log=self.log)
+        ranks = f" (and {self.dist.world_size - 1} more processes)" if self.dist.world_size > 1 else ""
+        precision = {None: "fp32", torch.bfloat16: "bf16 autocast", torch.float16: "fp16 autocast"}[self.amp_dtype]
+        self.log(f"device: {device_line(self.device)}{ranks}; precision {precision}")
         self.log(self.task.batch_summary(self.dist.world_size, cfg.accum_steps))
 
     # ---- the loop ---------------------------------------------------------------------
