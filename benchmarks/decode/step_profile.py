@@ -2,7 +2,7 @@
 
 A search's step on a GPU costs its kernels plus every read back to the host (each waits for the
 queue of kernels to drain). This counts, per step of greedy and beam search (the eager step,
-``compile="off"``), the operators torch runs, the reads of device values on the host
+the searches' default), the operators torch runs, the reads of device values on the host
 (``.item()``, ``bool()``, ``.tolist()`` ...; tests/host_reads.py), the data-dependent shapes
 (``nonzero``, which also wait) and the dtype copies (``_to_copy``), in fp32 and bf16, on random
 weights of the ``make run`` model's shape (or a run's with ``--run``), every sentence forced to
@@ -37,7 +37,7 @@ WATCH = ("aten::_local_scalar_dense", "aten::nonzero", "aten::_to_copy", "aten::
 
 
 def search(name: str, model, src: torch.Tensor, steps: int):
-    kw = dict(max_len_a=0.0, max_len_b=steps, min_length=steps, compile="off")
+    kw = dict(max_len_a=0.0, max_len_b=steps, min_length=steps)  # the eager step (no step= given)
     if name == "greedy":
         return greedy_search(model, src, **kw)
     return beam_search(model, src, int(name.removeprefix("beam")), 0.6, **kw)

@@ -32,7 +32,7 @@ from torch import nn
 from . import compiled, hardware
 from .decode.decoding_config import DecodingConfig
 from .decode.eager_step import EagerStep, is_translation
-from .decode.precision import decoding_model, uses_int8_gemm
+from .decode.precision import decoding_device, decoding_model, uses_int8_gemm
 from .errors import UserError
 from .model import LanguageModel, Transformer
 from .run import CONFIG, load_model, read_run_config, run_file, run_root
@@ -47,6 +47,13 @@ AUTO_MIN_STEPS = 32768
 # compiled step saves a step's fixed costs, which matter less the larger the batch, and beyond
 # about this many rows the eager step was as fast or faster (benchmarks/decode/README.md).
 MAX_COMPILED_ROWS = 64
+# Source tokens (padded) a decoding batch holds when ``max_tokens`` is not set: MAX_TOKENS, and
+# GPU_MAX_TOKENS for a translation on a GPU, which decodes a larger batch in about the time of
+# a small one (on an H200, test2016 with beam 4 took 8.2 s in batches of 20,000 against 17.5 s
+# in batches of 4,000: bf16, before decoding's GPU work; benchmarks/gpu/README.md). A language
+# model's scoring keeps MAX_TOKENS everywhere: its logits (tokens x vocabulary) are the memory.
+MAX_TOKENS = 4000
+GPU_MAX_TOKENS = 20000
 
 
 def run_decoding(path: str | Path, options: dict | None = None) -> DecodingConfig:
@@ -71,18 +78,6 @@ def run_decoding(path: str | Path, options: dict | None = None) -> DecodingConfi
 def given(options: dict) -> dict:
     """The options a caller set: None stands for "the run's own setting"."""
     return {k: v for k, v in options.items() if v is not None}
-
-
-def decoding_device(decoding: DecodingConfig, model: nn.Module | None = None) -> str:
-    """The device ``decoding.device`` names, ``auto`` resolved: where ``model``'s weights are
-    (a model handed over in memory stays where its owner put it), else a CUDA GPU when torch
-    sees one, else the CPU; the CPU for int8, which only a CPU computes."""
-    if decoding.device != hardware.AUTO:
-        return decoding.device
-    if decoding.precision == "int8":
-        return "cpu"
-    weight = next(model.parameters(), None) if model is not None else None
-    return str(weight.device) if weight is not None else hardware.resolve_device(hardware.AUTO)
 
 
 def open_model(path: str | Path, decoding: DecodingConfig, *, language_model: bool) -> nn.Module:
@@ -120,17 +115,19 @@ class FrontDoor:
     :class:`~transformer.generator.Generator`: the model converted for decoding, its
     settings, the count of inputs cut to fit, and the compiled step.
 
-    A subclass gives :meth:`search_kind` (which step its search runs) and, for
+    A subclass gives :meth:`search_kind` (which step its search runs), ``gpu_max_tokens``
+    (its batches' size on a GPU, when ``max_tokens`` is not set) and, for
     :meth:`fit_length`, ``too_long`` (the warning: ``{n}`` ids, ``{room}`` kept) and ``keep_last``
     (True: an input keeps its last ``max_len - 1`` ids, else its first).
     """
 
     too_long: str
     keep_last: bool
+    gpu_max_tokens = MAX_TOKENS  # a batch's source tokens on a GPU when max_tokens is not set
 
     def __init__(self, model: nn.Module, decoding: DecodingConfig | None, warn: bool) -> None:
         decoding = decoding or DecodingConfig()
-        decoding = decoding.replace(device=decoding_device(decoding, model))  # auto: where the model is
+        decoding = self.sized(decoding.replace(device=decoding_device(decoding, model)))  # auto: where the model is
         self.requested_precision = decoding.precision  # before auto is resolved
         self.model, self.decoding = decoding_model(model, decoding, warn=False)
         # warned here, not by decoding_model, so that the warning points at whoever built the front door
@@ -147,9 +144,18 @@ class FrontDoor:
             name = type(self).__name__
             raise ValueError(f"with_decoding: precision and device need a new {name} (the model is converted)")
         other = copy.copy(self)
-        other.decoding, other.truncated = self.decoding.replace(**changes), 0
+        other.decoding, other.truncated = self.sized(self.decoding.replace(**changes)), 0
         refuse_misfit(other.decoding, self.model.cfg)
         return other
+
+    @classmethod
+    def sized(cls, decoding: DecodingConfig) -> DecodingConfig:
+        """``decoding`` (its device resolved) with its batch size set for that device when it
+        has none (:data:`MAX_TOKENS`)."""
+        if decoding.max_tokens is not None:
+            return decoding
+        gpu = torch.device(decoding.device).type == "cuda"
+        return decoding.replace(max_tokens=cls.gpu_max_tokens if gpu else MAX_TOKENS)
 
     def search_step(self, rows: int):
         """The step the search of a batch of ``rows`` decoder rows (sentences x beam, or

@@ -15,7 +15,7 @@ from .data.marian_tokenizer import SOURCE_SPM, TARGET_SPM, TARGET_VOCAB, VOCAB, 
 from .decode import Ensemble, Hypothesis, beam_search, greedy_search, pad_batch
 from .decode.decoding_config import DecodingConfig
 from .errors import UserError
-from .front_door import FrontDoor, given, open_model, run_decoding, vocabulary_fits
+from .front_door import GPU_MAX_TOKENS, FrontDoor, given, open_model, run_decoding, vocabulary_fits
 from .model import Transformer
 from .run import SUBWORDS, find_subwords, run_file
 
@@ -46,6 +46,7 @@ class Translator(FrontDoor):
         translator.translate(["A dog runs."])
     """
 
+    gpu_max_tokens = GPU_MAX_TOKENS
     too_long = ("a line of {n} subwords is longer than the model's limit ({room}); "
                 "translating its first {room} subwords only")
     keep_last = False

@@ -108,9 +108,9 @@ def test_the_runs_settings_are_used_and_flags_override_them(run_with):
     assert run_decoding(run) == DecodingConfig(beam=1, alpha=1.0)
     assert run_decoding(run, {"beam": 3}) == DecodingConfig(beam=3, alpha=1.0)
     assert load_translator(run).decoding.beam == 1
-    # a translator holds the precision auto resolved to on this CPU
-    assert Translator.from_pretrained(run, beam=2).decoding == DecodingConfig(beam=2, alpha=1.0,
-                                                                              precision=hardware.resolve("auto"))
+    # a translator holds what auto resolved to here: the precision on this CPU, the device, the batch size
+    assert Translator.from_pretrained(run, beam=2).decoding == DecodingConfig(
+        beam=2, alpha=1.0, precision=hardware.resolve("auto"), device="cpu", max_tokens=4000)
 
 
 def test_translate_without_flags_decodes_as_the_run_says(run_with, trained, cli):

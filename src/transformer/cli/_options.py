@@ -17,7 +17,7 @@ _HELP = {
     "length_norm": ("N", str, "how the length penalty grows: gnmt, ((5 + len) / 6) ** alpha; length, len ** alpha "
                               "(as Hugging Face and fairseq)"),
     "n_best": ("N", int, "print the N best translations (tab-separated with scores)"),
-    "max_tokens": ("N", int, "source tokens per batch"),
+    "max_tokens": ("N", int, "source tokens per batch (none given: 4000, or 20000 for a translation on a GPU)"),
     "precision": ("P", str, f"decoding arithmetic, one of {', '.join(PRECISIONS)}: auto is bf16 where the "
                             "CPU (AVX512-BF16, AMX) or GPU computes it natively, else fp32; bf16 weights, or "
                             "int8 weights (CPU; multiplied in bf16 where that is native, else by an int8 GEMM, "
@@ -154,12 +154,16 @@ def check_device(args: argparse.Namespace) -> None:
 
 
 def say_device(decoder) -> None:
-    """One line on stderr: the device a Translator or Generator runs on (``auto`` resolved)
-    and the precision it computes in."""
+    """One line on stderr when it is a terminal: the device a Translator or Generator runs on
+    (``auto`` resolved) and the precision it computes in. A pipe or a log file gets nothing,
+    as with the progress bar: output that scripts read stays what it was, and an error stays
+    the one line on stderr (``evaluate`` and ``serve`` name the device in their reports)."""
     from ..hardware import device_line
+    from ._progress import stderr_is_terminal
 
-    print(f"device: {device_line(decoder.device)}; precision {decoder.decoding.precision}", file=sys.stderr,
-          flush=True)
+    if stderr_is_terminal():
+        print(f"device: {device_line(decoder.device)}; precision {decoder.decoding.precision}", file=sys.stderr,
+              flush=True)
 
 
 def prepare_compiled(decoder) -> None:

@@ -9,7 +9,7 @@ import sys
 import time
 
 from ._options import (SEARCH_OPTIONS, add_decoding_options, decoding_options, prepare_compiled, refuse_options,
-                       refuse_output_over_inputs, say_device)
+                       refuse_output_over_inputs)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     from ..errors import UserError
     from ..evaluate import score
     from ..front_door import run_decoding
+    from ..hardware import device_line
     from ..run import read_model_config
     from ..run.files import write_output
     from ..translator import load_translator
@@ -100,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     lowercase = translator.subwords.lowercases
     if args.json:
         print(json.dumps({**scores.to_dict(), "beam": decoding.beam, "alpha": decoding.alpha,
-                          "precision": decoding.precision, "seconds": seconds,
+                          "precision": decoding.precision, "device": device_line(translator.device), "seconds": seconds,
                           "model": args.model[0] if len(args.model) == 1 else args.model,
                           "lowercase_model": lowercase}))
     else:
@@ -108,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         if lowercase:
             print("this model writes lower-case text (trained with lowercase: true): "
                   "compare its lower-cased figures; the cased BLEU counts every capital as an error")
-        print(f"beam {decoding.beam}, alpha {decoding.alpha}, {decoding.precision}, "
+        print(f"beam {decoding.beam}, alpha {decoding.alpha}, {decoding.precision}, on {device_line(translator.device)}, "
               f"{len(src)} sentences in {seconds:.1f}s")
     return 0
 
@@ -120,7 +121,7 @@ def run_text(args: argparse.Namespace) -> int:
     from ..evaluate_lm import score_text
     from ..front_door import run_decoding
     from ..generator import Generator
-    from ..hardware import slow_precision_warning
+    from ..hardware import device_line, slow_precision_warning
     from ..run import read_model_config
 
     refuse_options(args, ("src", "ref", "split", "data_dir", "tgt_lang", "limit", "output", *SEARCH_OPTIONS),
@@ -139,7 +140,6 @@ def run_text(args: argparse.Namespace) -> int:
     # the model, its tokenizer and settings as generate opens them (transformer/front_door.py)
     generator = Generator.from_pretrained(path, warn=False, **options)
     decoding = generator.decoding  # precision auto resolved for this machine
-    say_device(generator)
     if note := slow_precision_warning(generator.requested_precision, decoding.device):
         print(f"warning: {note}", file=sys.stderr, flush=True)
     context = generator.model.cfg.max_len
@@ -150,11 +150,12 @@ def run_text(args: argparse.Namespace) -> int:
     scores = score_text(generator.model, generator.tokenizer, text, args.stride, decoding.max_tokens, args.text)
     seconds = time.perf_counter() - t0
     if args.json:
-        print(json.dumps({**scores.to_dict(), "precision": decoding.precision, "seconds": seconds,
+        print(json.dumps({**scores.to_dict(), "precision": decoding.precision,
+                          "device": device_line(generator.device), "seconds": seconds,
                           "model": args.model[0], "text": args.text}))
     else:
         print(scores.summary())
-        print(f"{decoding.precision}, {seconds:.1f}s")
+        print(f"{decoding.precision}, on {device_line(generator.device)}, {seconds:.1f}s")
     return 0
 
 

@@ -176,12 +176,11 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..errors import UserError
+    from ..front_door import run_decoding
+    from ..hardware import device_line, slow_precision_warning
     from ..run import read_model_config
     from ..serve import create_app
     from ..serve.serve_config import TOKEN_ENV
-    from ..decode.precision import resolve_precision
-    from ..hardware import slow_precision_warning
-    from ..front_door import run_decoding
 
     # checked before the port is taken
     lm = read_model_config(args.model).decoder_only
@@ -208,7 +207,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"warning: listening on {args.host} without a token: anyone who can reach this address can use the "
               f"model; set {TOKEN_ENV} (or --token) to require one", file=sys.stderr, flush=True)
     try:
-        app = create_app(_load(args.model, decoding, lm), cfg, model_name=str(args.model))
+        loaded = _load(args.model, decoding, lm)
+        app = create_app(loaded, cfg, model_name=str(args.model))
         host, port = sock.getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
         how = (f"language model; up to {decoding.max_new_tokens} new tokens; temperature {decoding.temperature}"
@@ -216,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
         shows_token = args.token is not None  # see _page_url
         fill_in = f"; ${TOKEN_ENV} goes in place of ..." if cfg.token is not None and not shows_token else ""
         print(f"transformer serve: {_page_url(shown, port, cfg.token, shows_token)} (model {args.model}; {how}; "
-              f"{resolve_precision(decoding.precision, decoding.device)}; "
+              f"{loaded.decoding.precision} on {device_line(loaded.device)}; "
               f"{'batching up to ' + str(cfg.max_batch) if cfg.batching else 'no batching'}{fill_in})",
               file=sys.stderr, flush=True)
         # limit_concurrency: uvicorn's own 503 for a flood of connections (above the queue's);

@@ -128,11 +128,10 @@ def decode_beams(step, cache, limits: Tensor, cfg, k: int, alpha: float = 0.6, n
         new_final = is_eos[:, :k] & torch.isfinite(top_scores[:, :k])
         if bool(new_final.any()):
             touched = set()
-            for a, j in new_final.nonzero().tolist():
-                row = a * k + int(top_beam[a, j])
-                raw = float(top_scores[a, j])
-                b = int(alive[a])
-                finished[b].append(Hypothesis(seqs[row].tolist() + [cfg.eos_id], raw / length_penalty(step_i, alpha, length_norm),
+            a, j = new_final.nonzero().unbind(1)  # the new hypotheses, read back together below
+            ended = seqs.index_select(0, a * k + top_beam[a, j])
+            for b, raw, ids in zip(alive[a].tolist(), top_scores[a, j].tolist(), ended.tolist()):
+                finished[b].append(Hypothesis(ids + [cfg.eos_id], raw / length_penalty(step_i, alpha, length_norm),
                                               raw))
                 touched.add(b)
             for b in touched:
@@ -153,17 +152,19 @@ def decode_beams(step, cache, limits: Tensor, cfg, k: int, alpha: float = 0.6, n
 
         # The cache's rows move with their beams: row i of an alive sentence's group takes
         # the contents of the row its beam came from; other groups stay as they are.
+        # (kept as indices, found once: every boolean-mask index would wait for the device again)
+        kept = keep_t.nonzero().squeeze(1)
+        groups = at[kept]
         order = torch.arange(placed.numel() * k, device=device).view(-1, k)
-        order[at[keep_t]] = (at[:, None] * k + beam_of)[keep_t]
-        if step.drops(int(keep_t.sum()), placed.numel()):  # and the finished sentences' rows leave
-            groups = at[keep_t]
+        order[groups] = (at[:, None] * k + beam_of)[kept]
+        if step.drops(kept.numel(), placed.numel()):  # and the finished sentences' rows leave
             cache = step.keep(cache, order[groups].view(-1))
-            placed, every_last = alive[keep_t], every_last[groups]
+            placed, every_last = alive[kept], every_last[groups]
         else:
             cache = step.keep(cache, order.view(-1))
-        rows = (torch.arange(n_alive, device=device)[:, None] * k + beam_of)[keep_t].view(-1)  # (A', K) in seqs
-        tok, scores = tok[keep_t].view(-1, 1), scores[keep_t]
-        alive = alive[keep_t]
+        rows = (torch.arange(n_alive, device=device)[:, None] * k + beam_of)[kept].view(-1)  # (A', K) in seqs
+        tok, scores = tok[kept].view(-1, 1), scores[kept]
+        alive = alive[kept]
         seqs = torch.cat([seqs.index_select(0, rows), tok], dim=1)
         last = tok
 

@@ -117,15 +117,15 @@ class SamplingConfig:
 class RuntimeConfig:
     """How the work runs, for either kind of model."""
     # ---- how the work runs ----
-    max_tokens: int = 4000  # source tokens per batch (padded)
+    max_tokens: int | None = None  # source tokens per batch (padded); None: 4000, a translation's on a GPU 20000 (front_door.py)
     precision: str = "auto"  # auto (bf16 where the device computes it natively, else fp32), fp32, bf16 or int8 (CPU); decode/precision.py
     device: str = "auto"  # auto (a CUDA GPU when there is one, else the CPU; the CPU for int8), cpu or cuda[:N]
     compile: str = "auto"  # on, off, auto: a compiled decoding step (on: built if missing; auto: if built); compiled/
 
     def __post_init__(self) -> None:
         _numbers(self, RuntimeConfig)
-        _need(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", "must be positive",
-              self.max_tokens)
+        _need(self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1), "max_tokens",
+              "must be positive", self.max_tokens)
         _need(isinstance(self.device, str), "device", "must be a device name such as cpu or cuda:0", self.device)
         _need(self.compile in COMPILE_CHOICES, "compile", f"must be one of {', '.join(COMPILE_CHOICES)}",
               self.compile)

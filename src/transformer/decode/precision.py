@@ -27,7 +27,7 @@ from torch.nn import functional as F
 
 from .. import hardware
 from ..model.attention import MultiHeadAttention, split_projections
-from .decoding_config import PRECISIONS, check_precision  # noqa: F401 (PRECISIONS: the choices, named here too)
+from .decoding_config import PRECISIONS, DecodingConfig, check_precision  # noqa: F401 (PRECISIONS: the choices, named here too)
 from .ensemble import Ensemble
 
 
@@ -38,12 +38,26 @@ def resolve_precision(precision: str, device: str | torch.device = "cpu") -> str
     return hardware.resolve(precision, device)
 
 
+def decoding_device(decoding: DecodingConfig, model: nn.Module | None = None) -> str:
+    """The device ``decoding.device`` names, ``auto`` resolved: where ``model``'s weights are
+    (a model handed over in memory stays where its owner put it), else a CUDA GPU when torch
+    sees one, else the CPU; the CPU for int8, which only a CPU computes."""
+    if decoding.device != hardware.AUTO:
+        return decoding.device
+    if decoding.precision == "int8":
+        return "cpu"
+    weight = next(model.parameters(), None) if model is not None else None
+    return str(weight.device) if weight is not None else hardware.resolve_device(hardware.AUTO)
+
+
 def decoding_model(model: nn.Module, decoding, warn: bool = True):
-    """What a Translator or Generator decodes with: ``model`` moved to ``decoding.device`` and
+    """What a Translator or Generator decodes with: ``model`` moved to ``decoding.device``
+    (:func:`decoding_device`: ``auto`` leaves it where it is) and
     converted to its precision (``auto`` resolved), and ``decoding`` with the precision it
     resolved to. An explicit bf16 where the CPU emulates it runs as asked, with one line
     saying what it costs (a warning, unless ``warn`` is False: a command prints
     :func:`transformer.hardware.slow_precision_warning` itself)."""
+    decoding = decoding.replace(device=decoding_device(decoding, model))
     precision = resolve_precision(decoding.precision, decoding.device)
     if warn and (note := hardware.slow_precision_warning(decoding.precision, decoding.device)):
         warnings.warn(note, stacklevel=3)

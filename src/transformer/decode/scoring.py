@@ -86,11 +86,16 @@ def next_token_logprobs(logits: Tensor, cfg: ModelConfig) -> Tensor:
 
 
 def force_eos(lp: Tensor, rows: Tensor, eos_id: int) -> None:
-    """In place: rows (bool, N) may only emit EOS, keeping its real log-probability."""
-    if rows.any():
-        eos_lp = lp[rows, eos_id].clone()
-        lp[rows] = float("-inf")
-        lp[rows, eos_id] = eos_lp
+    """In place: rows (bool, N) may only emit EOS, keeping its real log-probability.
+
+    On a CPU it first asks whether any row is at its limit (most steps none is: the pass over
+    the scores is skipped); elsewhere it does not ask, since on a GPU that read would wait for
+    the queue of kernels every step."""
+    if lp.device.type == "cpu" and not rows.any():
+        return
+    eos_lp = lp[:, eos_id].clone()
+    lp.masked_fill_(rows[:, None], float("-inf"))
+    lp[:, eos_id] = eos_lp
 
 
 def pad_batch(seqs: list[list[int]], pad_id: int, device: torch.device | None = None) -> Tensor:
