@@ -1,11 +1,14 @@
-"""The compiled decoding step of two versions of this code, side by side: the same run, the
-same sentences, one sentence at a time (the compiled step's case), greedy and beam 4, fp32.
+"""Decoding with two versions of this code, side by side: the same run, the same sentences,
+greedy and beam 4. By default the compiled step, one sentence at a time (its case), fp32;
+``--compile off --batched`` the eager searches over the sentences in the translator's own
+batches (``--precision`` as given, default fp32).
 
 Each version is a ``git worktree`` of a revision; the versions take turns, one process per
 turn (a package of generated code is loaded once per process), and only the searches are
 timed. The step is built by a first, untimed turn of each version.
 
     .venv/bin/python benchmarks/decode/ab_versions.py --run runs/demo --old 05ab160 --new HEAD [--n 64] [--rounds 5]
+        [--compile off --batched --precision auto]
 """
 from __future__ import annotations
 
@@ -29,11 +32,12 @@ assert transformer.__file__.startswith(os.getcwd()), transformer.__file__  # thi
 from transformer import Translator
 lines = gzip.open(sys.argv[2], "rt", encoding="utf-8").read().splitlines()[: int(sys.argv[3])]
 out = {}
+compile, precision, batched = sys.argv[5], sys.argv[6], sys.argv[7] == "1"
 for beam in (1, 4):
-    t = Translator.from_pretrained(sys.argv[1], beam=beam, precision="fp32", compile="on")
+    t = Translator.from_pretrained(sys.argv[1], beam=beam, precision=precision, compile=compile)
     t.translate(lines[:1])  # load (or build) the package
     start = time.perf_counter()
-    texts = [t.translate([line])[0] for line in lines]
+    texts = t.translate(lines) if batched else [t.translate([line])[0] for line in lines]
     out[f"beam{beam}"] = [time.perf_counter() - start, texts]
 print(json.dumps(out))
 """
@@ -50,7 +54,8 @@ def turn(tree: Path, args, data: Path) -> dict:
     env = {"PYTHONPATH": str(tree / "src"), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": str(args.threads),
            "HOME": str(Path.home())}
     done = subprocess.run([sys.executable, "-c", TURN, str(Path(args.run).resolve()), str(data), str(args.n),
-                           str(args.threads)], capture_output=True, text=True, env=env, cwd=tree)
+                           str(args.threads), args.compile, args.precision, str(int(args.batched))],
+                          capture_output=True, text=True, env=env, cwd=tree)
     if done.returncode != 0:
         sys.exit(f"{tree}: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -65,6 +70,9 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=64, help="test_2016_flickr sentences")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--compile", default="on", choices=("on", "off"), help="the compiled step or the eager one")
+    ap.add_argument("--precision", default="fp32", help="decoding precision (default fp32)")
+    ap.add_argument("--batched", action="store_true", help="all sentences in one call, in the translator's batches")
     ap.add_argument("--json", help="also write the times here, with the machine (transformer.hardware)")
     args = ap.parse_args()
     import os
@@ -88,7 +96,9 @@ def main() -> None:
             for tree in trees.values():
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
                                capture_output=True)
-    print(f"\n{args.n} sentences one at a time, fp32, compiled step, {args.threads} thread(s), {args.rounds} rounds "
+    how = "in the translator's batches" if args.batched else "one at a time"
+    step = "compiled step" if args.compile == "on" else "eager step"
+    print(f"\n{args.n} sentences {how}, {args.precision}, {step}, {args.threads} thread(s), {args.rounds} rounds "
           f"(medians); old {args.old}, new {args.new}\n")
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": hardware.describe(), "args": vars(args), "times": times},
