@@ -17,9 +17,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--data-dir", help="folder holding the downloaded corpora, multi30k/ and tinyshakespeare/ "
                                       "(default: $TRANSFORMER_DATA, else ~/.cache/transformer/data, where a "
                                       "missing corpus is downloaded once)")
-    p.add_argument("--device", default="auto",
-                   help="auto (a CUDA GPU when there is one, else the CPU), cpu or cuda[:N]; under torchrun, "
-                        "cuda means cuda:LOCAL_RANK for each process (default: auto)")
+    p.add_argument("--device", default="auto", help="auto (the default: a CUDA GPU when there is one, else the CPU), "
+                   "cpu or cuda[:N]; under torchrun, cuda means cuda:LOCAL_RANK for each process")
     p.set_defaults(func=run, memory_remedy="lower max_tokens or, for a language model, batch_size "
                               "(--set max_tokens=N; raise accum_steps to keep the batch)")
 

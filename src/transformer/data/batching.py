@@ -191,8 +191,24 @@ class TokenBatchSampler(Sampler[list[int]]):
         self._cache = None
 
 
+class Movable:
+    """How both kinds of batch (:class:`Batch`, :class:`~transformer.data.text.TextBatch`)
+    move: a copy made by ``_map``, which applies a function to each of its tensors."""
+
+    def _map(self, move: Callable[[torch.Tensor], torch.Tensor]):
+        raise NotImplementedError
+
+    def to(self, device: torch.device | str, non_blocking: bool = False):
+        """A copy with the tensors on ``device``."""
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self):
+        """A copy in pinned memory, from which a copy to a GPU need not wait (``non_blocking``)."""
+        return self._map(torch.Tensor.pin_memory)
+
+
 @dataclass
-class Batch:
+class Batch(Movable):
     """Padded tensors of one batch, batch-first, right-padded with ``pad_id``.
 
     Attributes:
@@ -239,13 +255,6 @@ class Batch:
         return Batch(move(self.src), move(self.tgt_in), move(self.tgt_out), self.n_src_tokens, self.n_tgt_tokens,
                      scored, self.src_padded)
 
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
-        """A copy with the tensors on ``device``."""
-        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
-
-    def pin_memory(self) -> Batch:
-        """A copy in pinned memory, from which a copy to a GPU need not wait (``non_blocking``)."""
-        return self._map(torch.Tensor.pin_memory)
 
 
 def label_positions(labels: torch.Tensor, missing: int) -> tuple[int, torch.Tensor | None]:

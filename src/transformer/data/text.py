@@ -21,7 +21,7 @@ import torch
 
 from ..errors import UserError
 from ..run.layout import SUBWORDS, run_file
-from .batching import label_positions
+from .batching import Movable, label_positions
 from .chars import CHARS_FILE, Chars
 from .corpus import decode_lines, read_bytes
 from .hf_tokenizer import (HF_TOKENIZER, SP_TOKENIZER, PretrainedTokenizer, SentencePieceTokenizer,
@@ -163,7 +163,7 @@ NOT_SCORED = -100
 
 
 @dataclass
-class TextBatch:
+class TextBatch(Movable):
     """Windows of a token stream: ``x`` (B, T) the model reads, ``y`` (B, T) the next
     tokens (the labels; :data:`NOT_SCORED` marks a position not scored). ``labels``: what
     :func:`~transformer.data.batching.label_positions` says of ``y``, found on the host by
@@ -204,12 +204,6 @@ class TextBatch:
         n, scored = self._labels()  # counted where the batch is, before it moves
         return TextBatch(move(self.x), move(self.y), (n, None if scored is None else move(scored)))
 
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> TextBatch:
-        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
-
-    def pin_memory(self) -> TextBatch:
-        """A copy in pinned memory, from which a copy to a GPU need not wait (``non_blocking``)."""
-        return self._map(torch.Tensor.pin_memory)
 
 
 def windows(stream: torch.Tensor, starts: torch.Tensor, context: int) -> TextBatch:
