@@ -37,6 +37,24 @@ def test_select_rows_reorders_repeats_and_drops_rows():
     assert dropped.batch_size == 1 and dropped.cross_kv[0][0].size(0) == 1
 
 
+def test_a_search_that_keeps_its_sentences_says_so_and_nothing_is_read():
+    """Beams reordered within their sentences (every sentence kept, in order): with
+    ``same_sentences`` the cross-attention K/V stay as they are, unchecked (no read from the
+    device), and the rows equal the checked path's; the eager step says so for a full reorder."""
+    from transformer.decode.eager_step import EagerStep
+
+    c = expand_rows(fake_cache(batch=3), 2)
+    order = torch.tensor([1, 1, 2, 3, 5, 4])  # row i takes row order[i], within its sentence
+    checked, told = select_rows(c, order), select_rows(c, order, same_sentences=True)
+    assert told.cross_kv is c.cross_kv and told.memory_mask is c.memory_mask
+    for (k0, v0), (k1, v1) in zip(checked.self_kv, told.self_kv):
+        assert torch.equal(k0, k1) and torch.equal(v0, v1)
+    assert torch.equal(checked.cross_kv[0][0], told.cross_kv[0][0])
+    step = EagerStep(None)
+    assert step.keep(c, order).cross_kv is c.cross_kv
+    assert step.keep(c, torch.tensor([2, 3])).cross_kv[0][0].size(0) == 1  # fewer: whole groups gathered
+
+
 def test_select_rows_keeps_empty_self_kv_and_leaves_the_original_alone():
     c = fake_cache()
     empty = KVCache(c.cross_kv, (None, None), c.memory_mask)

@@ -33,7 +33,7 @@ def syncs(search, model, src, steps: int) -> int:
     return counted.count
 
 
-@pytest.mark.parametrize("search, per_step", [(greedy_search, 3), (lambda *a, **k: beam_search(*a, beam_size=4, **k), 5)],
+@pytest.mark.parametrize("search, per_step", [(greedy_search, 2), (lambda *a, **k: beam_search(*a, beam_size=4, **k), 3)],
                          ids=["greedy", "beam4"])
 def test_a_search_waits_a_few_times_a_step_whatever_the_batch(make_model, rand_tokens, search, per_step):
     model, steps = make_model(seed=2), 8

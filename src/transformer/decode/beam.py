@@ -126,11 +126,12 @@ def decode_beams(step, cache, limits: Tensor, cfg, k: int, alpha: float = 0.6, n
 
         # EOS among the K best candidates: a finished hypothesis.
         new_final = is_eos[:, :k] & torch.isfinite(top_scores[:, :k])
-        if bool(new_final.any()):
+        ended = new_final.nonzero()  # (F, 2), one wait for the device: the new hypotheses
+        if ended.numel():
             touched = set()
-            a, j = new_final.nonzero().unbind(1)  # the new hypotheses, read back together below
-            ended = seqs.index_select(0, a * k + top_beam[a, j])
-            for b, raw, ids in zip(alive[a].tolist(), top_scores[a, j].tolist(), ended.tolist()):
+            a, j = ended.unbind(1)  # (read back together below)
+            their_ids = seqs.index_select(0, a * k + top_beam[a, j])
+            for b, raw, ids in zip(alive[a].tolist(), top_scores[a, j].tolist(), their_ids.tolist()):
                 finished[b].append(Hypothesis(ids + [cfg.eos_id], raw / length_penalty(step_i, alpha, length_norm),
                                               raw))
                 touched.add(b)

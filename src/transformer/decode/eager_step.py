@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ..model import KVCache
 from .rows import select_rows
 from .scoring import next_token_logprobs
 
@@ -66,7 +67,10 @@ class EagerStep:
         return (next_token_logprobs(logits, self.model.cfg) if self.logprobs else logits), cache
 
     def keep(self, cache, rows: Tensor):
-        return select_rows(cache, rows)
+        """As many rows as the cache holds: a search's beams, reordered within their sentences
+        (every sentence stays, in order, as the compiled step assumes too); fewer: whole groups."""
+        same = isinstance(cache, KVCache) and rows.numel() == cache.batch_size
+        return select_rows(cache, rows, same_sentences=same)
 
     def drops(self, live: int, rows: int) -> bool:
         """Finished rows leave as soon as there are any: they would cost a step each."""

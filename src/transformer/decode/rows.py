@@ -30,14 +30,16 @@ def expand_rows(cache, group: int):
     return replace(cache, self_kv=self_kv, group=group)
 
 
-def select_rows(cache, index: Tensor):
+def select_rows(cache, index: Tensor, same_sentences: bool = False):
     """Keep / reorder / repeat decoder rows (beam reordering, pruning finished sentences).
 
     With ``group`` > 1, ``index`` must keep rows in groups of ``group``, each group taken from
     one sentence (as beam search does); the sentences' cross-attention K/V are gathered only
-    when the set of sentences changes.
+    when the set of sentences changes. ``same_sentences``: the caller knows that ``index``
+    keeps every sentence, in order (beams reordered within their sentences), so that it need
+    not be checked (a read from the device).
     """
-    if not isinstance(cache, KVCache):
+    if not isinstance(cache, KVCache):  # an ensemble's caches: each checks for itself
         return cache.index_select(index)
 
     def pick(kv, idx):
@@ -49,7 +51,8 @@ def select_rows(cache, index: Tensor):
                        key_mask=None if cache.key_mask is None else cache.key_mask.index_select(0, index))
     sources = sentences(index, cache.group)
     n_src = cache.memory_mask.size(0)
-    if sources.numel() == n_src and bool((sources == torch.arange(n_src, device=index.device)).all()):
+    if same_sentences or (sources.numel() == n_src
+                          and bool((sources == torch.arange(n_src, device=index.device)).all())):
         return replace(cache, self_kv=self_kv)  # same sentences, same order: nothing to copy
     return replace(cache, cross_kv=tuple(pick(kv, sources) for kv in cache.cross_kv), self_kv=self_kv,
                    memory_mask=cache.memory_mask.index_select(0, sources))
