@@ -5,6 +5,8 @@
 #   tests     pytest tests/gpu (skipped without a GPU elsewhere; here they must pass)
 #   demo      configs/demo.yaml, its 1,500 updates on the GPU: training minutes; test BLEU, beam 4
 #   evaluate  evaluate --split test_2016_flickr (beam 4) at the default precision and in fp32: seconds
+#   profile   benchmarks/decode/step_profile.py: a decoding step in fp32 and bf16, greedy and beam 4, with
+#             each attention backend alone (device ms, host reads, kernels): where bf16 decoding's time goes
 #   base      benchmarks/gpu_base.py at the paper's batch (1,000 x 25 tokens a side, 37k vocabulary):
 #             MFU against the matmul rate measured in the same run, and torch.nn.Transformer's tokens/s
 #   lm        the language model against nanoGPT's own train.py on its GPU Shakespeare recipe
@@ -24,15 +26,17 @@
 # is carried as a wheel in .whl (see the device tool's README) and installed here when present.
 # DRY=1 runs every step on the CPU with tiny settings (a few minutes): try it there first.
 P=${P:-$PWD}; S=$(cd "${S:-$P/../shared}" && pwd); W=$(mktemp -d); OUT=${OUT:-$W/out}; mkdir -p "$OUT"
-STEPS=${STEPS:-"tests demo evaluate base lm full seed"}
+STEPS=${STEPS:-"tests demo evaluate profile base lm full seed"}
 DEV=cuda; T=1; LM_STEPS=${LM_STEPS:-1000}; DEMO=(); FULL=(); BASE=(--batch 1000 --length 25 --vocab 37000 --steps 40 --decode 0 --peer)
 NG_TOKENS=16384; CTX=256; LOG=10; SEED=(--tokens 16384 --reps 2 --rounds 1)
+PROFILE=(--batch 64 --steps 16 --sdpa default,cudnn,flash,efficient,math)
 if [[ ${DRY:-0} == 1 ]]; then
   DEV=cpu; T=4; LM_STEPS=4; NG_TOKENS=128; CTX=32; LOG=1
   DEMO=(--set max_steps=4 --set vocab_size=1000 --set eval_every=4 --set save_every=4)
   FULL=(--set max_steps=4 --set lr_decay_steps=4 --set eval_every=4 --set save_every=4)
   BASE=(--device cpu --batch 8 --length 8 --vocab 1000 --steps 2 --decode 0 --precision fp32 --peer)
   SEED=(--tokens 64 --lengths 8,16 --reps 1 --rounds 1)
+  PROFILE=(--batch 4 --steps 4 --sdpa default,math)
 fi
 SMALL_LM=(); SMALL_NG=()  # DRY: nanoGPT's recipe shrunk to seconds on a CPU, both sides alike
 [[ $DEV == cpu ]] && SMALL_LM=(--set model.d_model=64 --set model.n_heads=2 --set model.d_ff=256 --set model.n_layers=2
@@ -76,6 +80,12 @@ if want evaluate && [[ -d $W/demo ]]; then
     echo "rc=$?"; $PY -c "print(round($(secs) - $t0, 2))" > "$OUT/eval_$prec.wall"
     cat "$OUT/eval_$prec.json"; echo " wall $(cat $OUT/eval_$prec.wall) s"; tail -2 "$OUT/eval_$prec.err"
   done
+fi
+
+if want profile; then
+  log "profile: a decoding step, fp32 and bf16, each attention backend alone"
+  timeout $((180*T)) $PY benchmarks/decode/step_profile.py --device $DEV "${PROFILE[@]}" > "$OUT/step_profile.txt" 2>&1
+  echo "rc=$?"; grep -E "^\| |with .* attention:" "$OUT/step_profile.txt"
 fi
 
 if want base; then
