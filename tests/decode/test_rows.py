@@ -7,21 +7,9 @@ import dataclasses
 import pytest
 import torch
 
+from fake_caches import fake_cache
 from transformer import KVCache
 from transformer.decode.rows import expand_rows, select_rows
-
-
-
-def fake_cache(batch=3, layers=2, t=4):
-    def kv(tag, length):
-        k = torch.arange(batch, dtype=torch.float32)[:, None, None, None].expand(batch, 2, length, 5) + tag
-        return k.clone(), -k.clone()
-
-    return KVCache(
-        cross_kv=tuple(kv(10 * i, 6) for i in range(layers)),
-        self_kv=tuple(kv(100 * i, t) for i in range(layers)),
-        memory_mask=torch.arange(batch)[:, None, None, None].expand(batch, 1, 1, 6) > 0,
-    )
 
 
 def test_select_rows_reorders_repeats_and_drops_rows():

@@ -6,19 +6,8 @@ import dataclasses
 import pytest
 import torch
 
+from fake_caches import fake_cache
 from transformer import KVCache
-
-
-def fake_cache(batch=3, layers=2, t=4):
-    def kv(tag, length):
-        k = torch.arange(batch, dtype=torch.float32)[:, None, None, None].expand(batch, 2, length, 5) + tag
-        return k.clone(), -k.clone()
-
-    return KVCache(
-        cross_kv=tuple(kv(10 * i, 6) for i in range(layers)),
-        self_kv=tuple(kv(100 * i, t) for i in range(layers)),
-        memory_mask=torch.arange(batch)[:, None, None, None].expand(batch, 1, 1, 6) > 0,
-    )
 
 
 def test_length_and_batch_size():
