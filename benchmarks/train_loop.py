@@ -7,8 +7,8 @@ from the run's own metrics.jsonl (``train_minutes`` between the first record and
 start-up, data preparation and the first updates are left out). The table gives each tree's
 median over the rounds and its ratio to the first tree.
 
-    git archive OLD_COMMIT src | tar -x -C /tmp/old
-    TRANSFORMER_DATA=DATA_DIR .venv/bin/python benchmarks/train_loop.py --tree before=/tmp/old/src --tree after=src \
+    mkdir OLD && git archive OLD_COMMIT src | tar -x -C OLD      # OLD: a new, empty folder
+    TRANSFORMER_DATA=DATA_DIR .venv/bin/python benchmarks/train_loop.py --tree before=OLD/src --tree after=src \
         [--recipe lm --recipe mt] [--rounds 3] [--steps 60] [--set precision=fp32]
 
 Recipes: ``lm`` is configs/shakespeare-char.yaml (nanoGPT's CPU recipe), ``mt`` configs/demo.yaml

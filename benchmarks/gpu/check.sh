@@ -17,15 +17,17 @@
 #             one shape against eager: whether bucketing translation batches for torch.compile can pay
 # STEPS picks some (default: all but compile, in that order); about 8 minutes on an H200.
 #
-# The data and nanoGPT live outside the checkout (../shared), which does not travel to a device
-# machine: copy them into an ignored folder of the checkout and name it in the run's carry:
+# S (required) names a folder holding data/ (multi30k/ and tinyshakespeare/, as TRANSFORMER_DATA
+# holds them) and peers/nanoGPT/ (nanoGPT's own checkout). For a remote GPU machine that gets
+# only the checkout, copy them into an ignored folder of it and carry that:
 #   echo /.device-carry/ >> .git/info/exclude
-#   mkdir -p .device-carry && cp -r ../shared/data ../shared/peers .device-carry/
+#   mkdir -p .device-carry/peers && cp -r DATA_DIR .device-carry/data && cp -r NANOGPT_DIR .device-carry/peers/nanoGPT
 #   device run: S=.device-carry bash benchmarks/gpu/check.sh 2>&1 | tee $OUT/check.log   (carry: .device-carry)
 # The device image has torch, pytest, sacrebleu, sentencepiece, safetensors and yaml; sacremoses
 # is carried as a wheel in .whl (see the device tool's README) and installed here when present.
 # DRY=1 runs every step on the CPU with tiny settings (a few minutes): try it there first.
-P=${P:-$PWD}; S=$(cd "${S:-$P/../shared}" && pwd); W=$(mktemp -d); OUT=${OUT:-$W/out}; mkdir -p "$OUT"
+[[ -n ${S:-} && -d $S/data ]] || { echo "check.sh: set S to a folder holding data/ and peers/nanoGPT/ (see the header)" >&2; exit 2; }
+P=${P:-$PWD}; S=$(cd "$S" && pwd); W=$(mktemp -d); OUT=${OUT:-$W/out}; mkdir -p "$OUT"
 STEPS=${STEPS:-"tests demo evaluate profile base lm full seed"}
 DEV=cuda; T=1; LM_STEPS=${LM_STEPS:-1000}; DEMO=(); FULL=(); BASE=(--batch 1000 --length 25 --vocab 37000 --steps 40 --decode 0 --peer)
 NG_TOKENS=16384; CTX=256; LOG=10; SEED=(--tokens 16384 --reps 2 --rounds 1)
