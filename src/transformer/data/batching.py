@@ -256,7 +256,6 @@ class Batch(Movable):
                      scored, self.src_padded)
 
 
-
 def label_positions(labels: torch.Tensor, missing: int) -> tuple[int, torch.Tensor | None]:
     """How many positions of ``labels`` (B, T) hold a label (are not ``missing``), and their
     (N,) indices in ``labels.flatten()``, or None when every position does. Made on the host,

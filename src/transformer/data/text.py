@@ -205,7 +205,6 @@ class TextBatch(Movable):
         return TextBatch(move(self.x), move(self.y), (n, None if scored is None else move(scored)))
 
 
-
 def windows(stream: torch.Tensor, starts: torch.Tensor, context: int) -> TextBatch:
     """The windows of ``stream`` (N,) starting at ``starts`` (B,): x (B, T), y (B, T)."""
     idx = starts[:, None] + torch.arange(context + 1)  # (B, T + 1)

@@ -191,7 +191,8 @@ class Transformer(OutputHead, nn.Module):
 
 
 def at_positions(h: Tensor, select: Tensor | None) -> Tensor:
-    """``h`` (B, T, C) at the positions ``select`` names, as (N, C) in row-major order: ``select``
+    """``h`` (B, T, ...) at the positions ``select`` names, as (N, ...) in row-major order (the
+    hidden states, or training's labels): ``select``
     is a (B, T) bool mask, True where wanted, or the (N,) indices of its True entries in
     ``h.flatten(0, 1)`` (found before the batch reached a GPU, which then need not stop to
     count them). None: ``h`` as it is."""

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ..hardware import native_bf16
+from ..model.transformer import at_positions
 from .loss import LossKernels, fused_loss_of_every_row, smoothed_loss_of_every_row
 from .schedule import paper_adam_kwargs
 
@@ -174,7 +175,7 @@ def train_step(
         select = scored_positions(b, model.cfg.pad_id)
         last = i == len(micro_batches) - 1
         with wrapper.no_sync() if ddp and not last else contextlib.nullcontext():
-            gold = b.tgt_out.reshape(-1) if select is None else labels_at(b.tgt_out, select)
+            gold = b.tgt_out.reshape(-1) if select is None else at_positions(b.tgt_out, select)
             loss, nll = loss_fn(forward, b.inputs, getattr(b, "options", {}), select, gold, epsilon, amp_dtype, loss_kernels)
             scaled = loss * world / (denom.to(loss.dtype) if isinstance(denom, Tensor) else denom)
             (grad_scaler.scale(scaled) if grad_scaler is not None else scaled).backward()
@@ -207,13 +208,6 @@ def scored_positions(batch, pad_id: int) -> Tensor | None:
     if hasattr(batch, "scored"):
         return batch.scored
     return batch.tgt_out != getattr(batch, "not_scored", pad_id)
-
-
-def labels_at(tgt_out: Tensor, select: Tensor) -> Tensor:
-    """The (N,) labels at ``select`` (a (B, T) bool mask or (N,) flat indices), row-major."""
-    if select.dtype == torch.bool:
-        return tgt_out[select]
-    return tgt_out.reshape(-1).index_select(0, select)
 
 
 def step_unless(optimizer: torch.optim.Optimizer, bad: Tensor) -> None:
