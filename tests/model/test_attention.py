@@ -305,3 +305,18 @@ def test_off_the_cpu_every_call_without_weights_is_the_fused_kernel(sdpa_calls, 
     attention(q, k, v, padding([7, 3, 1], 7))
     assert sdpa_calls == [{"mask": False, "is_causal": True, "device": "meta"},
                           {"mask": True, "is_causal": False, "device": "meta"}]
+
+
+def test_a_compiled_graph_takes_causal_as_the_eager_attention_does(sdpa_calls):
+    """Training's graph form (compiled.graph.graph_attention): off the CPU the fused kernel with
+    is_causal for CAUSAL; on the CPU the matmul-softmax-matmul with the causal mask built."""
+    from transformer.compiled.graph import graph_attention
+
+    q, k, v = (torch.empty(B, H, 7, D, device="meta") for _ in range(3))
+    graph_attention(q, k, v, masks.CAUSAL)
+    graph_attention(q, k, v, padding([7, 3, 1], 7))
+    assert sdpa_calls == [{"mask": False, "is_causal": True, "device": "meta"},
+                          {"mask": True, "is_causal": False, "device": "meta"}]
+    q, k, v = (torch.randn(B, H, 7, D) for _ in range(3))
+    torch.testing.assert_close(graph_attention(q, k, v, masks.CAUSAL),
+                               graph_attention(q, k, v, masks.causal_mask(7, 7)))

@@ -23,11 +23,9 @@ validation, checkpoints and decoding see the model as it always was):
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..compiled.graph import graph_attention
-from ..model import masks
 from ..model.attention import MultiHeadAttention
 from ..model.dropout import Dropout
 from ..model.embedding import LearnedPositions, TokenEmbedding
@@ -101,12 +99,7 @@ class GraphAttention(MultiHeadAttention):
         if not torch.compiler.is_compiling() or need_weights:
             return super().attend(q, k, v, mask, need_weights)
         k, v = self.expand_kv(k, v)  # (B, H, T_k, D)
-        p = self.attn_dropout if self.training else 0.0
-        if mask is masks.CAUSAL and q.device.type != "cpu":  # the flash kernel: no mask tensor
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-        else:
-            causal = mask is masks.CAUSAL
-            out = graph_attention(q, k, v, masks.CAUSAL.tensor(q.size(-2), k.size(-2), q.device) if causal else mask, p)
+        out = graph_attention(q, k, v, mask, self.attn_dropout if self.training else 0.0)
         return self.out_proj(self.merge_heads(out)), None
 
 
