@@ -18,6 +18,7 @@ if ! command -v apt-get >/dev/null; then
     exit 0
 fi
 export DEBIAN_FRONTEND=noninteractive
+echo "install-browser: installing Debian's chromium and fonts-dejavu-core with apt-get, once, for the explorer page's browser tests" >&2
 for attempt in 1 2 3; do  # a registry hiccup should not fail the whole test run
     if apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >/dev/null; then
         break

@@ -26,7 +26,7 @@ from transformer.model.attention import attention
 
 SHAPES = {  # name: (B, H, T, D)
     "nanoGPT CPU recipe (shakespeare-char)": (12, 4, 64, 32),
-    "10-minute recipe (shakespeare-char-10min)": (16, 8, 128, 32),
+    "10-minute recipe (shakespeare-char-llama)": (16, 8, 128, 32),
     "make run decoder (4,096 tokens, length 30)": (136, 4, 30, 32),
 }
 

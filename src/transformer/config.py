@@ -162,7 +162,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "toy": dict(d_model=64, n_heads=4, d_ff=128, n_layers=2, dropout=0.0, max_len=128),
 }
 
-# Decoder-only language models: the two families of the seed's opening note.
+# Decoder-only language models: the two families of the article's opening note.
 _GPT = dict(kind="decoder-only", norm="layer", norm_first=True, final_norm=True, positions="learned",
             embed_scale=False, tie_embeddings=True)
 _LLAMA = dict(kind="decoder-only", norm="rms", norm_first=True, final_norm=True, positions="rope", bias=False,

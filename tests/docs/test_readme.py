@@ -27,5 +27,6 @@ def test_the_torch_builds_are_the_makefiles():
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
     accepted = re.search(r"\$\(filter \$\(TORCH\),([^)]*)\)", makefile)[1].split()
     listed = re.findall(r"^\| `(\w+)`(?: \(unset\))? \|", README, re.M)
-    assert sorted(listed) == sorted(accepted) == ["cpu", "cuda", "default"]
-    assert "https://download.pytorch.org/whl/cpu" in makefile and "https://download.pytorch.org/whl/cpu" in README
+    assert sorted(listed) == sorted(accepted) == ["auto", "cpu", "cuda"]
+    usage = (ROOT / "docs" / "usage.md").read_text(encoding="utf-8")  # installing without make
+    assert "https://download.pytorch.org/whl/cpu" in makefile and "https://download.pytorch.org/whl/cpu" in usage

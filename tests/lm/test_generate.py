@@ -1,5 +1,5 @@
 """Generation from a language-model run, from Python (two lines) and the command line:
-streaming, seeds, greedy, prompts longer than the context, the seed's matrices listed, and
+streaming, seeds, greedy, prompts longer than the context, the article's matrices listed, and
 bad values as one-line errors."""
 from __future__ import annotations
 

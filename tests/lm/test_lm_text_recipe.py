@@ -24,8 +24,8 @@ def test_the_recipe_is_a_llama_style_character_model_of_your_files():
     model = cfg.model_config(vocab_size=100)
     assert (cfg.dataset, cfg.tokenizer, cfg.init_from) == ("text", "chars", None)  # from scratch
     assert (model.kind, model.norm, model.positions, model.ffn_activation) == ("decoder-only", "rms", "rope", "swiglu")
-    # the model and updates of configs/shakespeare-char-10min.yaml, whose training time it quotes
-    ten = load_config(RECIPE.with_name("shakespeare-char-10min.yaml"))
+    # the model and updates of configs/shakespeare-char-llama.yaml, whose training time it quotes
+    ten = load_config(RECIPE.with_name("shakespeare-char-llama.yaml"))
     assert cfg.model_config(vocab_size=100) == ten.model_config(vocab_size=100)
     assert (cfg.max_steps, cfg.batch_size, cfg.peak_lr, cfg.max_minutes) == (ten.max_steps, ten.batch_size,
                                                                             ten.peak_lr, ten.max_minutes)

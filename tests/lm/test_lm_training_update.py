@@ -1,4 +1,4 @@
-"""``transformer explain --training``: one update in the seed's formulas. The printed loss is
+"""``transformer explain --training``: one update in the article's formulas. The printed loss is
 the cross-entropy of the run's own first batch, the printed Adam entries are what
 torch.optim.AdamW does, the loss falls for a small learning rate, and the run's files are
 never touched."""

@@ -227,3 +227,20 @@ def test_compile_loss_falls_back_to_eager_with_a_warning(monkeypatch):
     monkeypatch.setattr(torch, "compile", broken)
     with pytest.warns(UserWarning, match=r"compile_loss: .*RuntimeError: no C\+\+ compiler found\); the loss stays eager"):
         assert compile_loss() is None
+
+
+def test_a_graph_break_in_the_loss_is_not_compiled_in_pieces(monkeypatch):
+    """compile_loss compiles each pass as one graph (fullgraph=True): a pass that breaks the
+    graph is an error, so the loss stays eager with a warning instead of running as pieces."""
+    from transformer.train import loss
+
+    def breaking_forward(logits, target):
+        torch._dynamo.graph_break()
+        return loss._reference_forward_pass(logits, target)
+
+    monkeypatch.setattr(loss, "_reference_forward_pass", loss._forward_pass, raising=False)
+    monkeypatch.setattr(loss, "_forward_pass", breaking_forward)
+    torch._dynamo.reset()
+    with pytest.warns(UserWarning, match=r"compile_loss: the compiled loss is not usable here .*the loss stays eager"):
+        assert loss.compile_loss(dtype=torch.float32) is None
+    torch._dynamo.reset()

@@ -1,4 +1,4 @@
-"""The seed's names of a language model's matrices (what ``transformer info`` lists): We and
+"""The article's names of a language model's matrices (what ``transformer info`` lists): We and
 Whead around the layers' WQ, WK, WV, WO, W_gate, W_up, W_down, each with its parameter."""
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``transformer attention``: heatmaps of every attention weight for one sentence (or, for a
 language model, the causal self-attention of a prompt), and the heads that link one word to
-another (the seed's "it" -> "animal"). ``--beam`` and ``--compile`` choose how the translation
+another (the article's "it" -> "animal"). ``--beam`` and ``--compile`` choose how the translation
 is searched for; an option the command, as asked, does not use (``--beam`` with ``--target`` or
 for a language model, whose prompt is one forward pass; ``--layer`` without a PNG to draw) is a
 one-line error."""

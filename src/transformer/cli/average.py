@@ -21,7 +21,7 @@ from pathlib import Path
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("average", help="average the last K checkpoints of a run")
     p.add_argument("--model", required=True, help="run directory")
-    p.add_argument("--last", type=int, default=10, help="how many of the newest checkpoints")
+    p.add_argument("--last", type=int, default=10, help="how many of the newest checkpoints (default: %(default)s)")
     p.add_argument("--out", help="output file, or a folder for averaged.safetensors (a name ending in / is "
                                  "made as one; default: "
                                  "RUN_DIR/averaged.safetensors); outside the run, the run's config.yaml and "

@@ -1,7 +1,7 @@
-"""``transformer explain``: one sentence through the real model, in the seed's steps (formula,
+"""``transformer explain``: one sentence through the real model, in the article's steps (formula,
 tensor shapes with their dimension names, and telling numbers for each): the translation
 model's ten steps, or a language model's prompt from We to the next token; with
-``--training``, one training update in the seed's formulas (-log p, dLoss/dW, the step).
+``--training``, one training update in the article's formulas (-log p, dLoss/dW, the step).
 ``--beam`` and ``--compile`` choose how the translation is searched for; an option the walk,
 as asked, does not use (``--beam`` with ``--target`` or for a language model, whose walk is one
 forward pass over the prompt; a sampling option for a translation model) is a one-line error."""

@@ -1,4 +1,4 @@
-"""``transformer info``: what a trained model is made of. For a language model, the seed's
+"""``transformer info``: what a trained model is made of. For a language model, the article's
 list of matrices: We and Whead, and per layer WQ, WK, WV, WO, W_gate, W_up, W_down, with
 their shapes and parameter counts; for a translation model, every parameter tensor."""
 from __future__ import annotations

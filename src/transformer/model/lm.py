@@ -6,7 +6,7 @@ the one mask convention, the one KV cache).
     cache = model.start_cache(batch_size)
     logits, cache = model.decode(tokens, cache)        # the next T positions; cache grows by T
 
-As the seed's opening note puts it, the model is a stack of trained matrices: two global ones,
+As the article's opening note puts it, the model is a stack of trained matrices: two global ones,
 the embedding ``We`` (``embed.weight``) and the output head ``Whead`` (``out_proj.weight``, or
 ``We`` itself when tied), and in each layer ``WQ, WK, WV, WO`` (``self_attn.q_proj`` ...
 ``out_proj``) and the FFN's ``W_up, W_down`` (``ffn.fc1, ffn.fc2``) and, gated (SwiGLU),

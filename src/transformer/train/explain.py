@@ -1,4 +1,4 @@
-"""One training update in the seed's formulas, on a copy of a run's model in memory (the
+"""One training update in the article's formulas, on a copy of a run's model in memory (the
 run's files are only read):
 
     forward:          p = softmax(model(batch))[right token];   Loss = mean of -log p
@@ -280,7 +280,7 @@ def _loss_step(n: dict) -> Step:
                 f"(guessing uniformly among the V tokens would give ln V = {n['ln_V']:.4f}; a perfect model 0)"]
     if n["label_smoothing"]:
         st.lines.append(f"(the run trains on a label-smoothed loss, epsilon {n['label_smoothing']}; "
-                        "here the seed's plain -log p)")
+                        "here the article's plain -log p)")
     st.numbers = {k: n[k] for k in ("token", "p", "minus_log_p", "loss", "scored_tokens")}
     return st
 

@@ -155,7 +155,8 @@ def compile_loss(dtype: torch.dtype = torch.bfloat16) -> LossKernels | None:
         from ..run.private import use_private_build_folder
 
         use_private_build_folder()  # the code inductor generates and loads: never a shared folder
-        kernels = LossKernels(torch.compile(_forward_pass, dynamic=True), torch.compile(_backward_pass, dynamic=True))
+        kernels = LossKernels(torch.compile(_forward_pass, dynamic=True, fullgraph=True),
+                              torch.compile(_backward_pass, dynamic=True, fullgraph=True))
         got = run(kernels)
         tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1e-2, "atol": 1e-2}
         for a, b in zip(expected, got):

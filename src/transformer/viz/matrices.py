@@ -1,4 +1,4 @@
-"""A model's weight matrices under the seed article's names: the embedding ``We``, the
+"""A model's weight matrices under the article's names: the embedding ``We``, the
 output head ``Whead`` and, per layer, ``WQ, WK, WV, WO, W_gate, W_up, W_down`` (what
 ``transformer info`` prints and ``transformer explain --training`` follows)."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ from ..model.lm import LanguageModel
 
 
 def weight_matrices(model: LanguageModel) -> list[tuple[str, str, tuple[int, ...], int]]:
-    """The model's matrices in the seed's names: (seed name, parameter name, shape, count),
+    """The model's matrices in the article's names: (article's name, parameter name, shape, count),
     We and Whead first, then per layer WQ, WK, WV, WO, W_gate, W_up, W_down."""
     rows = [("We", "embed.weight", tuple(model.embed.weight.shape), model.embed.weight.numel())]
     if model.positions is not None and isinstance(model.positions, LearnedPositions):

@@ -24,7 +24,7 @@ from torch import Tensor
 
 @dataclass
 class Step:
-    number: str  # the seed's step: "1" .. "10", sub-steps "3a" .. "3c"
+    number: str  # the article's step: "1" .. "10", sub-steps "3a" .. "3c"
     title: str
     title_zh: str
     formula: str

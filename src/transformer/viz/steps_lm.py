@@ -1,5 +1,5 @@
 """The decoder-only language model's steps as records (formula, code, named shapes, telling
-numbers), in the seed's terms: We, positions (or the rotation of q and k), masked
+numbers), in the article's terms: We, positions (or the rotation of q and k), masked
 self-attention, Add & Norm, the gated FFN's W_gate / W_up / W_down, the final norm, Whead,
 softmax and the choice of the next token. Their words stand in ``step_texts.toml`` beside the
 translation model's (:func:`~transformer.viz.steps.record`).

@@ -1,4 +1,4 @@
-"""The forward pass of one sentence pair, step by step, in the seed article's ten steps.
+"""The forward pass of one sentence pair, step by step, in the article's ten steps.
 
 Every step calls the model's own sub-modules (embedding table, positional table, the
 projections and the pure ``attention()`` asked for its weights, LayerNorms, the FFN, the

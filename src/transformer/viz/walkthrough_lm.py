@@ -1,4 +1,4 @@
-"""A prompt through a decoder-only language model, step by step, in the seed's terms: the
+"""A prompt through a decoder-only language model, step by step, in the article's terms: the
 embedding We, positions (learned, sinusoidal, or the rotation of q and k), masked
 self-attention (Q, K, V, scores, causal mask, softmax, WO), Add & Norm, the FFN (gated:
 W_gate, W_up, W_down), the final norm, Whead, softmax and the next token.
