@@ -45,7 +45,7 @@ def test_batched_head_ablation_equals_one_run_per_head(ablate):
     model = build_model(norm_first=True)
     inputs = (SRC[:1], TGT[:1])
     score = score_for(model, inputs)
-    found = head_effects(model, inputs, score, ablate=ablate, rows=5)  # chunks that cut through layers and kinds
+    found = head_effects(model, inputs, score, ablate=ablate, rows=3)  # passes that cut through a layer's kinds
     assert set(found.effects) == {"enc.attn", "dec.attn", "dec.cross"}
     assert torch.allclose(torch.tensor(found.clean), score(model(*inputs)))
     for kind, table in found.effects.items():
@@ -82,3 +82,14 @@ def test_patching_skips_the_encoder_when_the_sources_differ_in_length():
     assert "6 positions" in found.skipped["enc.attn"] or "4 positions" in found.skipped["enc.attn"]
     with pytest.raises(ValueError, match="needs corrupt inputs"):
         head_effects(model, (SRC[:1], TGT[:1]), score, ablate="patch")
+
+
+def test_heads_of_one_layer_only():
+    model = build_model()
+    inputs = (SRC[:1], TGT[:1])
+    score = score_for(model, inputs)
+    every = head_effects(model, inputs, score)
+    one = head_effects(model, inputs, score, layers=[1])
+    for kind, table in one.effects.items():
+        assert torch.isnan(table[0]).all()
+        assert torch.allclose(table[1], every.effects[kind][1], atol=1e-6)

@@ -157,3 +157,21 @@ def test_bad_names_and_indices_are_refused():
         trace(model, SRC, TGT, replace={"enc.0.resid_pre": torch.zeros(3, 3)})
     with pytest.raises(ValueError, match="longer than the model's max_len"):
         trace(tiny_lm(), torch.ones(1, 40, dtype=torch.long))
+
+
+def test_resuming_at_a_layer_gives_the_full_runs_values():
+    from transformer.inspect.trace import Resume
+
+    model = build_model(norm_first=True)
+    src, tgt = SRC[:1], TGT[:1]
+    full = trace(model, src, tgt)
+    for stack in ("enc", "dec"):
+        resumed = trace(model, src.expand(3, -1), tgt.expand(3, -1), resume=Resume(stack, 1, full))
+        assert torch.allclose(resumed["logits"], full["logits"].expand(3, -1, -1), atol=1e-6)
+        assert "dec.0.resid_post" not in resumed or stack == "enc"
+        with pytest.raises(ValueError, match=f"no value named {stack}.0.attn.out"):
+            trace(model, src, tgt, resume=Resume(stack, 1, full), replace={f"{stack}.0.attn.out": zero})
+    lm = tiny_lm(preset="llama-300m", n_kv_heads=2)
+    full = trace(lm, TOKENS[:1])
+    resumed = trace(lm, TOKENS[:1].expand(2, -1), resume=Resume("dec", 1, full))
+    assert torch.allclose(resumed["logits"], full["logits"].expand(2, -1, -1), atol=1e-6)

@@ -19,7 +19,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from .trace import trace
+from .trace import Resume, trace
 
 __all__ = ["Score", "HeadEffects", "head_effects", "head_kinds", "KIND_LABELS", "MODES"]
 
@@ -76,7 +76,7 @@ def _per_kind(model, kind: str) -> int:
 @torch.no_grad()
 def head_effects(model, inputs: Sequence[Tensor], score: Score, *, ablate: str = "zero",
                  corrupt: Sequence[Tensor] | None = None, kinds: Sequence[str] | None = None,
-                 rows: int = 48) -> HeadEffects:
+                 layers: Sequence[int] | None = None, rows: int = 48) -> HeadEffects:
     """For every head of ``kinds`` (default: all of the model's), the change of ``score`` when
     that head's output is changed (``ablate``):
 
@@ -87,7 +87,10 @@ def head_effects(model, inputs: Sequence[Tensor], score: Score, *, ablate: str =
                  length, is skipped and named in ``skipped``)
 
     ``inputs``: one sequence as :func:`~transformer.inspect.trace.trace` takes it (each tensor
-    of one row); ``rows``: heads measured per pass (the batch size).
+    of one row); ``layers``: measure only these layers' heads (from 0; the others are NaN in
+    ``effects``); ``rows``: at most this many heads per pass (the batch size). Each pass holds the
+    heads of one layer of one stack and starts at that layer from the clean run's residual stream
+    (:class:`~transformer.inspect.trace.Resume`): the layers before it are not run again.
     """
     if ablate not in MODES:
         raise ValueError(f"ablate={ablate!r}: choose one of {', '.join(MODES)}")
@@ -98,7 +101,9 @@ def head_effects(model, inputs: Sequence[Tensor], score: Score, *, ablate: str =
     kinds = head_kinds(model) if kinds is None else tuple(kinds)
     names = [head_out_name(k, i) for k in kinds for i in range(_per_kind(model, k))]
     at = list(score.positions)
-    clean_values = trace(model, *inputs, keep={*names, "logits"} if ablate != "zero" else {"logits"}, logits_at=at)
+    starts = {f"{k.split('.')[0]}.{i}.resid_pre" for k in kinds for i in range(_per_kind(model, k))}
+    keep = {*starts, *(["memory"] if not model.cfg.decoder_only else []), "logits"}
+    clean_values = trace(model, *inputs, keep=keep if ablate == "zero" else {*keep, *names}, logits_at=at)
     found = HeadEffects(ablate, float(score(clean_values["logits"])[0]), None)
     if ablate == "zero":
         sources = dict.fromkeys(names, torch.zeros((), dtype=clean_values["logits"].dtype))
@@ -114,12 +119,21 @@ def head_effects(model, inputs: Sequence[Tensor], score: Score, *, ablate: str =
                 found.skipped[kind] = (f"the corrupted input has {sources[first].size(1)} positions here, "
                                        f"the input {clean_values[first].size(1)}")
     kinds = [k for k in kinds if k not in found.skipped]
-    units = [(k, i, h) for k in kinds for i in range(_per_kind(model, k)) for h in range(model.cfg.n_heads)]
-    changes = torch.empty(len(units))
-    for start in range(0, len(units), rows):
-        chunk = units[start:start + rows]
-        changes[start:start + len(chunk)] = _measure(model, inputs, score, chunk, sources) - found.clean
     n_heads = model.cfg.n_heads
+    units = [(k, i, h) for k in kinds for i in range(_per_kind(model, k)) for h in range(n_heads)]
+    wanted = [u for u, (_, i, _) in enumerate(units) if layers is None or i in layers]
+    # one pass per layer of a stack (its heads of every kind), started at that layer from the
+    # clean run: a head changes nothing before its own layer
+    groups: dict[tuple[str, int], list[int]] = {}
+    for u in wanted:
+        kind, layer, _ = units[u]
+        groups.setdefault((kind.split(".")[0], layer), []).append(u)
+    changes = torch.full((len(units),), float("nan"))
+    for (stack, layer), members in groups.items():
+        for start in range(0, len(members), rows):
+            part = members[start:start + rows]
+            resume = Resume(stack, layer, clean_values)
+            changes[part] = _measure(model, inputs, score, [units[u] for u in part], sources, resume) - found.clean
     done = 0
     for kind in kinds:
         n = _per_kind(model, kind) * n_heads
@@ -128,7 +142,8 @@ def head_effects(model, inputs: Sequence[Tensor], score: Score, *, ablate: str =
     return found
 
 
-def _measure(model, inputs, score: Score, chunk: list[tuple[str, int, int]], sources: dict[str, Tensor]) -> Tensor:
+def _measure(model, inputs, score: Score, chunk: list[tuple[str, int, int]], sources: dict[str, Tensor],
+             resume: Resume) -> Tensor:
     """The score of ``len(chunk)`` rows, row r with head ``chunk[r]``'s output replaced by its source."""
     n_rows, n_heads = len(chunk), model.cfg.n_heads
     chosen: dict[str, Tensor] = {}
@@ -140,7 +155,7 @@ def _measure(model, inputs, score: Score, chunk: list[tuple[str, int, int]], sou
     device = inputs[0].device
     replace = {name: _swap(m.to(device)[:, None, :, None], sources[name].to(device)) for name, m in chosen.items()}
     batch = [x.expand(n_rows, *x.shape[1:]).contiguous() for x in inputs]
-    values = trace(model, *batch, replace=replace, keep={"logits"}, logits_at=list(score.positions))
+    values = trace(model, *batch, replace=replace, keep={"logits"}, logits_at=list(score.positions), resume=resume)
     return score(values["logits"]).cpu()
 
 

@@ -48,6 +48,7 @@ positions and heads. What follows the value in the pass reads the replacement.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
@@ -58,7 +59,7 @@ from ..model import masks
 from ..model.attention import attention, attention_weights
 from ..model.rotary import apply_rotary
 
-__all__ = ["Patch", "trace_translation", "trace_lm", "trace", "value_names", "zero", "batch_mean",
+__all__ = ["Patch", "Resume", "trace_translation", "trace_lm", "trace", "value_names", "zero", "batch_mean",
            "position_mean"]
 
 SUBLAYER_VALUES = ("in", "q", "k", "v", "weights", "head_out", "out", "sum")
@@ -78,6 +79,27 @@ class Patch:
 
 
 Replacement = Tensor | Callable[[Tensor], Tensor] | Patch
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Start a trace at layer ``layer`` of stack ``stack`` ("enc", "dec") from ``values``, a
+    trace of the same inputs with one row that kept ``{stack}.{layer}.resid_pre`` (and, to
+    resume a translation model's decoder, ``memory``): what comes before is not computed again
+    (it is the same in every row), and each row starts from those values. Replacements must
+    name values from that point on. (Head analysis: a head of layer 4 changes nothing before it.)"""
+
+    stack: str
+    layer: int
+    values: dict[str, Tensor]
+
+    def names(self, names: list[str]) -> list[str]:
+        """The names of ``names`` (a model's, in order) from this point on."""
+        return names[names.index(f"{self.stack}.{self.layer}.resid_pre"):]
+
+    def take(self, name: str, rows: int) -> Tensor:
+        value = self.values[name]
+        return value.expand(rows, *value.shape[1:])
 
 
 def zero(value: Tensor) -> Tensor:
@@ -249,9 +271,12 @@ def run_layer(rec: Recorder, p: str, layer, x: Tensor, self_mask, rotary=None, c
 
 
 def run_stack(rec: Recorder, s: str, stack, x: Tensor, self_mask, rotary=None, cross_kv=None, memory_mask=None,
-              explicit: bool = False) -> Tensor:
-    """Encoder.forward / Decoder.forward's loop and final norm, named ``s`` ("enc", "dec")."""
+              explicit: bool = False, start: int = 0) -> Tensor:
+    """Encoder.forward / Decoder.forward's loop and final norm, named ``s`` ("enc", "dec");
+    ``x`` is layer ``start``'s input."""
     for i, layer in enumerate(stack.layers):
+        if i < start:
+            continue
         x = run_layer(rec, f"{s}.{i}", layer, x, self_mask, rotary, None if cross_kv is None else cross_kv[i],
                       memory_mask, explicit)
     if stack.norm is not None:
@@ -275,7 +300,7 @@ def _check_eval(model) -> None:
 @torch.no_grad()
 def trace_translation(model, src: Tensor, tgt: Tensor, *, replace: dict[str, Replacement] | None = None,
                       keep: Callable[[str], bool] | Iterable[str] | None = None, logits_at: Sequence[int] | None = None,
-                      attention: str = "model") -> dict[str, Tensor]:
+                      attention: str = "model", resume: Resume | None = None) -> dict[str, Tensor]:
     """``Transformer.forward(src, tgt)`` (teacher forcing), every value kept.
 
     Args:
@@ -286,24 +311,39 @@ def trace_translation(model, src: Tensor, tgt: Tensor, *, replace: dict[str, Rep
         logits_at: the target positions to project to logits (None: all).
         attention: "model" (the model's kernel, bit-exact with the forward pass) or "explicit"
             (softmax weights times V, as ``return_weights=True`` computes it).
+        resume: start partway, from a one-row trace of the same inputs (:class:`Resume`).
 
     Returns:
         {name: tensor} in the order of the forward pass (module docstring).
     """
     _check_eval(model)
-    rec = Recorder(value_names(model), replace, keep)
+    names = value_names(model)
+    rec = Recorder(names if resume is None else resume.names(names), replace, keep)
     explicit = _explicit(attention)
-    x = rec("enc.embed", model.src_embed(src))
-    x = model.dropout(x + rec("enc.pos", _sinusoids(model, x)))
+    rows = src.size(0)
     mask = model.src_mask(src)
     padded = not bool(mask.all())
-    memory = rec("memory", run_stack(rec, "enc", model.encoder, x, mask if padded else None, explicit=explicit))
-    cache = model.start_cache(memory, src, padded)
-    y = rec("dec.embed", model.tgt_embed(tgt))
-    y = model.dropout(y + rec("dec.pos", _sinusoids(model, y)))
+    if resume is not None and resume.stack == "dec":
+        one = model.start_cache(resume.values["memory"], src[:1], padded)  # cross K, V projected once, for every row
+        cross = tuple((k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in one.cross_kv)
+        cache = dataclasses.replace(one, cross_kv=cross, memory_mask=mask)
+    else:
+        if resume is None:
+            x = rec("enc.embed", model.src_embed(src))
+            x = model.dropout(x + rec("enc.pos", _sinusoids(model, x)))
+        else:
+            x = resume.take(f"enc.{resume.layer}.resid_pre", rows)
+        memory = rec("memory", run_stack(rec, "enc", model.encoder, x, mask if padded else None, explicit=explicit,
+                                         start=0 if resume is None else resume.layer))
+        cache = model.start_cache(memory, src, padded)
+    if resume is not None and resume.stack == "dec":
+        y = resume.take(f"dec.{resume.layer}.resid_pre", rows)
+    else:
+        y = rec("dec.embed", model.tgt_embed(tgt))
+        y = model.dropout(y + rec("dec.pos", _sinusoids(model, y)))
     self_mask = cache.self_mask(y.size(1), None, y.device)
     h = run_stack(rec, "dec", model.decoder, y, self_mask, cross_kv=cache.cross_kv, memory_mask=cache.attend_mask,
-                  explicit=explicit)
+                  explicit=explicit, start=resume.layer if resume is not None and resume.stack == "dec" else 0)
     _logits(rec, model, h, logits_at)
     return rec.values
 
@@ -311,7 +351,7 @@ def trace_translation(model, src: Tensor, tgt: Tensor, *, replace: dict[str, Rep
 @torch.no_grad()
 def trace_lm(model, tokens: Tensor, *, real: Tensor | None = None, replace: dict[str, Replacement] | None = None,
              keep: Callable[[str], bool] | Iterable[str] | None = None, logits_at: Sequence[int] | None = None,
-             attention: str = "model") -> dict[str, Tensor]:
+             attention: str = "model", resume: Resume | None = None) -> dict[str, Tensor]:
     """``LanguageModel.forward(tokens)``, every value kept (arguments as in
     :func:`trace_translation`; ``tokens`` (B, T) left-padded, ``real`` as in the model's
     ``decode``). ValueError when the tokens do not fit the model's ``max_len``."""
@@ -319,21 +359,26 @@ def trace_lm(model, tokens: Tensor, *, real: Tensor | None = None, replace: dict
     from ..model.lm import next_positions
 
     _check_eval(model)
-    rec = Recorder(value_names(model), replace, keep)
+    names = value_names(model)
+    rec = Recorder(names if resume is None else resume.names(names), replace, keep)
     explicit = _explicit(attention)
     real = tokens != model.cfg.pad_id if real is None else real
     key_mask = None if bool(real.all()) else masks.extend_real_keys(None, real, 0)
     positions = next_positions(torch.zeros(tokens.size(0), dtype=torch.long, device=tokens.device), real)
     check_length(int(positions.max()) + 1 if positions.numel() else 0, model.cfg.max_len)
-    x = rec("dec.embed", model.embed(tokens))
-    if model.positions is not None:  # LearnedPositions.at / PositionalEncoding.at, the vectors kept
-        table = model.positions.weight if hasattr(model.positions, "weight") else model.positions.pe
-        x = x + rec("dec.pos", torch.nn.functional.embedding(positions, table).to(x.dtype))
+    if resume is None:
+        x = rec("dec.embed", model.embed(tokens))
+        if model.positions is not None:  # LearnedPositions.at / PositionalEncoding.at, the vectors kept
+            table = model.positions.weight if hasattr(model.positions, "weight") else model.positions.pe
+            x = x + rec("dec.pos", torch.nn.functional.embedding(positions, table).to(x.dtype))
+        x = model.dropout(x)
+    else:
+        x = resume.take(f"dec.{resume.layer}.resid_pre", tokens.size(0))
     rotary = model.rotary(positions) if model.rotary is not None else None
-    x = model.dropout(x)
     cache = model.start_cache(tokens.size(0), tokens.device)
     self_mask = cache.self_mask(tokens.size(1), key_mask, tokens.device)
-    h = run_stack(rec, "dec", model.decoder, x, self_mask, rotary, explicit=explicit)
+    h = run_stack(rec, "dec", model.decoder, x, self_mask, rotary, explicit=explicit,
+                  start=0 if resume is None else resume.layer)
     _logits(rec, model, h, logits_at)
     return rec.values
 
