@@ -110,7 +110,7 @@ def test_lens_and_heads_on_an_imported_gpt2(gpt2_run, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["heads", "--token", "Zebrafish"], "--token Zebrafish is "),
+    (["heads", "--token", "你"], "--token 你 is not in the model's vocabulary"),
     (["heads", "--token", "Tier"], "--token Tier is 3 tokens (▁T i er), not one; give a single token"),
     (["heads", "--vs", "es"], "--vs needs --token"),
     (["heads", "--layer", "3"], "--layer 3 is out of range: the model has 2 layers (1..2)"),

@@ -88,7 +88,7 @@ def token_id(subject: Subject, word: str, option: str) -> int:
     exact = [i for i in range(_vocab_size(subject)) if subject.show(i) == word]
     if exact:
         return exact[0]
-    if len(first) > 1:
+    if len(first) > 1 and subject.unk_id not in first:
         pieces = [subject.show(i) for i in first]
         raise UserError(f"{option} {word} is {len(first)} tokens ({' '.join(pieces)}), not one; give a single "
                         f"token, e.g. {option} {pieces[0]}")

@@ -48,13 +48,11 @@ def run(args: argparse.Namespace) -> int:
     show = subject.show
     chosen = [show(int(i)) for i in lens.chosen]
     if args.json:
-        print(json.dumps({"sentence": subject.sentence, "translation": subject.translation,
-                          "positions": subject.pieces, "final_choice": chosen,
-                          "layers": [{"layer": lens.layers[r], "final_choice_prob": [round(float(p), 5)
-                                                                                       for p in chosen_prob[r]],
-                                      "top": [[[show(int(i)), round(float(q), 5)] for i, q in zip(ids[r, t], probs[r, t])]
-                                              for t in range(len(subject.pieces))]} for r in rows]},
-                         ensure_ascii=False, indent=1))
+        layers = [{"layer": lens.layers[r], "final_choice_prob": [round(float(p), 5) for p in chosen_prob[r]],
+                   "top": [[[show(int(i)), round(float(q), 5)] for i, q in zip(ids[r, t], probs[r, t])]
+                           for t in range(len(subject.pieces))]} for r in rows]
+        print(json.dumps({"sentence": subject.sentence, "translation": subject.translation, "positions": subject.pieces,
+                          "final_choice": chosen, "layers": layers}, ensure_ascii=False, indent=1))
     else:
         print(subject.header())
         print(_table(lens.layers, rows, subject.pieces, chosen, chosen_prob, ids, probs, show))
