@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import time
 
 import torch
 
-from transformer import ModelConfig, Transformer
+from transformer import ModelConfig, Transformer, hardware
 from transformer.inspect import Score, head_effects, logit_lens
 
 SIZES = {
@@ -78,9 +77,8 @@ def main() -> None:
     parser.add_argument("--run", help="a trained translation run instead of the random sizes")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    load = os.getloadavg()[0]
-    print(f"torch {torch.__version__}, {args.threads} threads, {platform.processor() or platform.machine()}, "
-          f"load average {load:.1f} on {os.cpu_count()} cores")
+    print(hardware.describe_line())
+    print(f"{args.threads} threads; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print("| model | heads | tokens (source, target) | heads, ablation | heads, patching | lens | forward |")
     print("|---|---|---|---|---|---|---|")
     if args.run:
