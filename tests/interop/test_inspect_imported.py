@@ -81,3 +81,17 @@ def test_marian_trace_and_lens_are_hf_marian():
     expected = torch.stack([(hf.lm_head(h) + hf.final_logits_bias)[0].log_softmax(-1)
                             for h in out.decoder_hidden_states])  # post-norm: no final norm
     assert (logit_lens(model, src, tgt).log_probs - expected).abs().max() < 1e-5
+
+
+@torch.no_grad()
+def test_a_padding_id_inside_a_prompt_is_read_as_a_token_when_asked(imported):
+    """An imported GPT-2's padding id is a real token's: with ``real`` all True the lens and the
+    head map read it as HF does (the commands pass it so)."""
+    family, hf, model, ids = imported
+    ids = torch.cat([ids[:, :3], torch.tensor([[model.cfg.pad_id]]), ids[:, 3:]], 1)
+    real = torch.ones_like(ids, dtype=torch.bool)
+    out = hf(ids, output_hidden_states=True)
+    assert (logit_lens(model, ids, real=real).log_probs[-1] - out.logits[0].log_softmax(-1)).abs().max() < 1e-5
+    chosen = int(out.logits[0, -1].argmax())
+    found = head_effects(model, (ids,), Score([ids.size(1) - 1], [chosen]), real=real)
+    assert found.clean == pytest.approx(float(out.logits[0, -1].log_softmax(-1)[chosen]), abs=1e-5)

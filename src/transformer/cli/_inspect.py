@@ -35,6 +35,13 @@ class Subject:
     encode_source: Callable[[str], list[int]] | None = None  # a translation model's source side
     tokenizer: object = None  # a language model's
 
+    def options(self) -> dict:
+        """The trace's options: a language model's every token is real (an imported GPT-2's
+        padding id is a real token's)."""
+        if not self.decoder_only:
+            return {}
+        return {"real": torch.ones_like(self.inputs[0], dtype=torch.bool)}
+
     def header(self) -> str:
         if self.decoder_only:
             return f"prompt: {self.sentence!r} ({self.inputs[0].size(1)} tokens)"
@@ -166,7 +173,7 @@ def _language_model(path, sentence: str, target: str | None, options: dict) -> S
     subject.scored = scored
     if target is None:
         with torch.no_grad():
-            subject.outputs = [int(model(tokens)[0, -1].argmax())]
+            subject.outputs = [int(model(tokens, **subject.options())[0, -1].argmax())]
     else:
         subject.outputs = ids[n:]
     return subject

@@ -97,7 +97,7 @@ def _measure(subject, score, mode: str, corrupt, layer: int | None):
     from ..inspect import head_effects
 
     found = head_effects(subject.model, subject.inputs, score, ablate=mode, corrupt=corrupt,
-                         layers=None if layer is None else [layer])
+                         layers=None if layer is None else [layer], **subject.options())
     if layer is not None:  # the one layer measured
         found.effects = {k: t[layer:layer + 1] for k, t in found.effects.items() if layer < t.size(0)}
     return found

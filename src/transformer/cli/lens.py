@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     rows = None
     if args.layer is not None:
         rows = [0] if args.layer == 0 else [check_layer(args.layer, n_layers) + 1]
-    lens = logit_lens(subject.model, *subject.inputs)
+    lens = logit_lens(subject.model, *subject.inputs, **subject.options())
     rows = list(range(len(lens.layers))) if rows is None else rows
     probs, ids = lens.top(args.top)
     chosen_prob = lens.chosen_prob

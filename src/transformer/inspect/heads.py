@@ -76,7 +76,7 @@ def _per_kind(model, kind: str) -> int:
 @torch.no_grad()
 def head_effects(model, inputs: Sequence[Tensor], score: Score, *, ablate: str = "zero",
                  corrupt: Sequence[Tensor] | None = None, kinds: Sequence[str] | None = None,
-                 layers: Sequence[int] | None = None, rows: int = 48) -> HeadEffects:
+                 layers: Sequence[int] | None = None, rows: int = 48, real: Tensor | None = None) -> HeadEffects:
     """For every head of ``kinds`` (default: all of the model's), the change of ``score`` when
     that head's output is changed (``ablate``):
 
@@ -88,7 +88,8 @@ def head_effects(model, inputs: Sequence[Tensor], score: Score, *, ablate: str =
 
     ``inputs``: one sequence as :func:`~transformer.inspect.trace.trace` takes it (each tensor
     of one row); ``layers``: measure only these layers' heads (from 0; the others are NaN in
-    ``effects``); ``rows``: at most this many heads per pass (the batch size). Each pass holds the
+    ``effects``); ``real``: a language model's (1, T) real tokens (as its ``decode`` takes them;
+    an imported GPT-2's padding id is a real token); ``rows``: at most this many heads per pass (the batch size). Each pass holds the
     heads of one layer of one stack and starts at that layer from the clean run's residual stream
     (:class:`~transformer.inspect.trace.Resume`): the layers before it are not run again.
     """
@@ -101,16 +102,17 @@ def head_effects(model, inputs: Sequence[Tensor], score: Score, *, ablate: str =
     kinds = head_kinds(model) if kinds is None else tuple(kinds)
     names = [head_out_name(k, i) for k in kinds for i in range(_per_kind(model, k))]
     at = list(score.positions)
+    options = {} if real is None else {"real": real}
     starts = {f"{k.split('.')[0]}.{i}.resid_pre" for k in kinds for i in range(_per_kind(model, k))}
     keep = {*starts, *(["memory"] if not model.cfg.decoder_only else []), "logits"}
-    clean_values = trace(model, *inputs, keep=keep if ablate == "zero" else {*keep, *names}, logits_at=at)
+    clean_values = trace(model, *inputs, keep=keep if ablate == "zero" else {*keep, *names}, logits_at=at, **options)
     found = HeadEffects(ablate, float(score(clean_values["logits"])[0]), None)
     if ablate == "zero":
         sources = dict.fromkeys(names, torch.zeros((), dtype=clean_values["logits"].dtype))
     elif ablate == "mean":
         sources = {n: clean_values[n].mean(1, keepdim=True) for n in names}  # (1, 1, H, D)
     else:
-        corrupt_values = trace(model, *corrupt, keep={*names, "logits"}, logits_at=at)
+        corrupt_values = trace(model, *corrupt, keep={*names, "logits"}, logits_at=at, **options)
         found.corrupt = float(score(corrupt_values["logits"])[0])
         sources = {n: corrupt_values[n] for n in names}
         for kind in kinds:
@@ -133,7 +135,8 @@ def head_effects(model, inputs: Sequence[Tensor], score: Score, *, ablate: str =
         for start in range(0, len(members), rows):
             part = members[start:start + rows]
             resume = Resume(stack, layer, clean_values)
-            changes[part] = _measure(model, inputs, score, [units[u] for u in part], sources, resume) - found.clean
+            changes[part] = _measure(model, inputs, score, [units[u] for u in part], sources, resume, real) \
+                - found.clean
     done = 0
     for kind in kinds:
         n = _per_kind(model, kind) * n_heads
@@ -143,7 +146,7 @@ def head_effects(model, inputs: Sequence[Tensor], score: Score, *, ablate: str =
 
 
 def _measure(model, inputs, score: Score, chunk: list[tuple[str, int, int]], sources: dict[str, Tensor],
-             resume: Resume) -> Tensor:
+             resume: Resume, real: Tensor | None) -> Tensor:
     """The score of ``len(chunk)`` rows, row r with head ``chunk[r]``'s output replaced by its source."""
     n_rows, n_heads = len(chunk), model.cfg.n_heads
     chosen: dict[str, Tensor] = {}
@@ -155,7 +158,9 @@ def _measure(model, inputs, score: Score, chunk: list[tuple[str, int, int]], sou
     device = inputs[0].device
     replace = {name: _swap(m.to(device)[:, None, :, None], sources[name].to(device)) for name, m in chosen.items()}
     batch = [x.expand(n_rows, *x.shape[1:]).contiguous() for x in inputs]
-    values = trace(model, *batch, replace=replace, keep={"logits"}, logits_at=list(score.positions), resume=resume)
+    options = {} if real is None else {"real": real.expand(n_rows, -1)}
+    values = trace(model, *batch, replace=replace, keep={"logits"}, logits_at=list(score.positions), resume=resume,
+                   **options)
     return score(values["logits"]).cpu()
 
 

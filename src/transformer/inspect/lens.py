@@ -56,12 +56,13 @@ class Lens:
 
 
 @torch.no_grad()
-def logit_lens(model, *inputs: Tensor) -> Lens:
+def logit_lens(model, *inputs: Tensor, **options) -> Lens:
     """The lens of one sequence: ``inputs`` as :func:`~transformer.inspect.trace.trace` takes
-    them, each with one row (translation: src (1, S), tgt_in (1, T); language model: (1, T))."""
+    them, each with one row (translation: src (1, S), tgt_in (1, T); language model: (1, T));
+    ``options``: the trace's others (a language model's ``real``, ``replace``)."""
     if inputs[0].size(0) != 1:
         raise ValueError("logit_lens reads one sequence: inputs of one row")
-    values = trace(model, *inputs, keep=stream_names(model), logits_at=[])  # the lens projects itself
+    values = trace(model, *inputs, keep=stream_names(model), logits_at=[], **options)  # the lens projects itself
     logits = lens_logits(model, values)[:, 0].float()  # (L + 1, T, V)
     log_probs = logits.log_softmax(-1).cpu()
     layers = ["embed", *(str(i + 1) for i in range(logits.size(0) - 1))]
