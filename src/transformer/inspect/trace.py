@@ -113,7 +113,8 @@ def batch_mean(value: Tensor) -> Tensor:
 
 
 def position_mean(value: Tensor) -> Tensor:
-    """The value's mean over the positions (dim 1 of a (B, T, ...) value), at every position."""
+    """The value's mean over the positions, at every position: dim 1 of a (B, T, ...) value
+    (``head_out`` and the (B, T, C) values; not ``q``, ``k``, ``v``, ``weights``)."""
     return value.mean(1, keepdim=True).expand_as(value)
 
 
@@ -139,9 +140,9 @@ def value_names(model) -> list[str]:
             names.append(f"{s}.final_norm")
 
     if cfg.decoder_only:
-        stack("dec", cfg.n_layers, model.positions is not None, model.decoder.norm, cross=False)
+        stack("dec", len(model.decoder.layers), model.positions is not None, model.decoder.norm, cross=False)
     else:
-        stack("enc", cfg.n_layers, True, model.encoder.norm, cross=False)
+        stack("enc", len(model.encoder.layers), True, model.encoder.norm, cross=False)
         names.append("memory")
         stack("dec", len(model.decoder.layers), True, model.decoder.norm, cross=True)
     return [*names, "logits"]
