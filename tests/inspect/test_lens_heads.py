@@ -3,8 +3,7 @@ the model's own output distribution; a batched measure of every head equals one 
 patching from the corrupted input moves the score towards the corrupted one."""
 import pytest
 import torch
-from conftest import build_model
-from test_trace import SRC, TGT, TOKENS, tiny_lm
+from tiny_models import SRC, TGT, TOKENS, build_model, tiny_lm
 
 from transformer.inspect import Patch, Score, head_effects, logit_lens, trace, zero
 from transformer.inspect.heads import head_out_name

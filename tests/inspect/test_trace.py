@@ -3,33 +3,9 @@ bit, for every model kind; replacements change what they name and what follows, 
 else; patching every value from one run into another reproduces that run."""
 import pytest
 import torch
-from conftest import VARIANTS, build_model
+from tiny_models import LM_VARIANTS, SRC, TGT, TOKENS, VARIANTS, build_model, tiny_lm
 
-from transformer import ModelConfig
 from transformer.inspect import Patch, position_mean, trace, trace_lm, trace_translation, value_names, zero
-from transformer.model.lm import LanguageModel
-
-SRC = torch.tensor([[3, 4, 5, 6, 7, 2], [8, 9, 10, 2, 0, 0]])  # the second row padded
-TGT = torch.tensor([[1, 5, 6, 7, 8], [1, 9, 10, 3, 0]])
-TOKENS = torch.tensor([[3, 4, 5, 6, 7, 8], [0, 0, 9, 10, 11, 12]])  # the second row left-padded
-
-LM_VARIANTS = {
-    "gpt2": dict(preset="gpt2-small"),
-    "llama-gqa": dict(preset="llama-300m", n_kv_heads=2),
-    "qwen2-bias": dict(preset="llama-300m", n_kv_heads=4, qkv_bias=True),
-    "sinusoidal-post-norm": dict(preset="tiny", kind="decoder-only"),
-}
-
-
-def tiny_lm(seed: int = 0, preset: str = "gpt2-small", **overrides) -> LanguageModel:
-    torch.manual_seed(seed)
-    sizes = dict(vocab_size=17, d_model=16, n_heads=4, d_ff=32, n_layers=2, max_len=32, dropout=0.0, bos_id=1, eos_id=2)
-    model = LanguageModel(ModelConfig.preset(preset, **{**sizes, **overrides})).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 1:
-                p.add_(0.1 * torch.randn_like(p))
-    return model
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
