@@ -89,9 +89,10 @@ def head_effects(model, inputs: Sequence[Tensor], score: Score, *, ablate: str =
     ``inputs``: one sequence as :func:`~transformer.inspect.trace.trace` takes it (each tensor
     of one row); ``layers``: measure only these layers' heads (from 0; the others are NaN in
     ``effects``); ``real``: a language model's (1, T) real tokens (as its ``decode`` takes them;
-    an imported GPT-2's padding id is a real token); ``rows``: at most this many heads per pass (the batch size). Each pass holds the
-    heads of one layer of one stack and starts at that layer from the clean run's residual stream
-    (:class:`~transformer.inspect.trace.Resume`): the layers before it are not run again.
+    an imported GPT-2's padding id is a real token); ``rows``: at most this many heads per pass
+    (the batch size). Each pass holds the heads of one layer of one stack and starts at that
+    layer from the clean run's residual stream (:class:`~transformer.inspect.trace.Resume`): the
+    layers before it are not run again.
     """
     if ablate not in MODES:
         raise ValueError(f"ablate={ablate!r}: choose one of {', '.join(MODES)}")
