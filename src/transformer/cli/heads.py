@@ -53,11 +53,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print_table(subject, found, what, layer)
     if args.out is not None:
-        from ..inspect.heads import KIND_LABELS
         from ..viz.causal_maps import draw_heads
         from ..viz.heatmap import save_png
 
-        labels = {k: ("self-attention" if subject.decoder_only else KIND_LABELS[k]) for k in found.effects}
+        labels = _labels(subject)
         how = {"zero": "ablated (0)", "mean": "ablated (mean)", "patch": f"patched from {args.corrupt!r}"}[found.mode]
         save_png(draw_heads(found.effects, labels, f"{what}: change when a head is {how}"), args.out)
         print(f"wrote {args.out}")
