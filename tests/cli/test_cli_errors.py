@@ -296,8 +296,8 @@ def _not_runs(folder: Path) -> dict[str, tuple[Path, str]]:
 
 
 NOT_RUN_COMMANDS = {"info": [], "attention": ["red dog", "--focus", "red", "--to", "dog"], "explain": ["red dog"],
-                    "export": ["--format", "ctranslate2"], "translate": [], "generate": ["--prompt", "red"],
-                    "average": []}
+                    "lens": ["red dog"], "heads": ["red dog"], "export": ["--format", "ctranslate2"], "translate": [],
+                    "generate": ["--prompt", "red"], "average": []}
 
 
 @pytest.mark.parametrize("command", list(NOT_RUN_COMMANDS))

@@ -98,8 +98,8 @@ def test_the_rule_sees_every_kind_of_import():
 
 
 # the layers above the model: it knows no corpus, search, optimizer, file layout or screen
-ABOVE_MODEL = ("decode", "train", "data", "run", "serve", "viz", "cli", "interop", "compiled", "translator",
-               "generator", "front_door")
+ABOVE_MODEL = ("decode", "train", "data", "run", "serve", "viz", "inspect", "cli", "interop", "compiled",
+               "translator", "generator", "front_door")
 
 
 def test_the_model_imports_nothing_above_it():
@@ -196,7 +196,7 @@ def test_no_search_imports_compiled_decoding():
 # what compiled decoding may not reach: the searches (it serves them a step, as the eager one
 # does), training, the service, the commands, the front doors
 ABOVE_COMPILED = ("decode.greedy", "decode.beam", "decode.sample", "decode.ensemble", "train", "serve", "cli", "viz",
-                  "translator", "generator", "front_door")
+                  "inspect", "translator", "generator", "front_door")
 
 
 def test_compiled_decoding_imports_nothing_above_it():

@@ -22,8 +22,8 @@ PATH_OPTIONS = ("model", "out", "output", "input", "text", "src", "ref", "config
 
 # The order in `transformer --help` (by module: demo.py is the `toy` command); any other
 # command module follows alphabetically.
-ORDER = ["train", "translate", "generate", "evaluate", "average", "attention", "explain", "serve", "export",
-         "import_", "info", "demo"]
+ORDER = ["train", "translate", "generate", "evaluate", "average", "attention", "explain", "lens", "heads", "serve",
+         "export", "import_", "info", "demo"]
 
 
 def command_modules() -> list[str]:

@@ -2,12 +2,11 @@
 computed, for both model kinds (the translation model's encoder and decoder, a language
 model's decoder-only stack).
 
-Every piece calls the model's own parts: ``project_qkv`` / ``q_proj``, the
-pure :func:`~transformer.model.attention.attention` asked for its weights, ``expand_kv``,
-``merge_heads`` and ``out_proj``, the norms and the FFN's linear layers. Only the glue between
-them is repeated here, in the order of :class:`~transformer.model.layers.SublayerConnection`,
-``EncoderLayer`` and ``DecoderLayer``, so a walkthrough's outputs equal the model's
-explicit-attention path bit for bit (each walkthrough records that check).
+The layers run through the trace (:mod:`transformer.inspect.trace`), which calls the model's own
+parts in the order of :class:`~transformer.model.layers.SublayerConnection`, ``EncoderLayer``
+and ``DecoderLayer``; here its named values are gathered into what the steps read, with the
+attention weights times V computed as the model's explicit-attention path computes them, so a
+walkthrough's outputs equal that path bit for bit (each walkthrough records that check).
 
 Shape legend: T_q / T_k query / key positions, H heads, H_kv key/value heads, D = d_k head
 dim, C = d_model, d_ff the FFN's inner width.
@@ -15,13 +14,11 @@ dim, C = d_model, d_ff the FFN's inner width.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
-import torch.nn.functional as F
 from torch import Tensor
 
-from ..model.attention import attention
-from ..model.rotary import apply_rotary
+from ..inspect.trace import Recorder
+from ..inspect.trace import run_layer as trace_layer
 
 
 @dataclass
@@ -38,47 +35,23 @@ class AttentionParts:
     unrotated: tuple[Tensor, Tensor] | None = None  # RoPE only: q (1, H, T, D), k (1, H_kv, T, D) before turning
 
 
-def open_attention(mha, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> AttentionParts:
-    """MultiHeadAttention.attend on projected q (1, H, T_q, D), k, v (1, H_kv, T_k, D),
-    keeping the weights and the concatenated heads. ``mask``: bool, True = may attend."""
-    k, v = mha.expand_kv(k, v)  # (1, H, T_k, D)
-    heads, weights = attention(q, k, v, mask, need_weights=True)  # (1, H, T_q, D), (1, H, T_q, T_k)
-    concat = mha.merge_heads(heads)  # (1, T_q, H * D)
+def opened(mha, values: dict[str, Tensor], p: str) -> AttentionParts:
+    """The attention ``p`` ("layer.attn", "layer.cross") of a trace's ``values``, opened up."""
+    q = values[f"{p}.q"]
+    k, v = mha.expand_kv(values[f"{p}.k"], values[f"{p}.v"])  # (1, H, T_k, D)
+    concat = mha.merge_heads(values[f"{p}.head_out"].transpose(1, 2))  # (1, T_q, H * D), what W_O read
     raw = q @ k.transpose(-2, -1)  # (1, H, T_q, T_k): only for step 3a's numbers
-    return AttentionParts(q, k, v, raw, weights, concat, mha.out_proj(concat))
+    return AttentionParts(q, k, v, raw, values[f"{p}.weights"], concat, values[f"{p}.out"])
 
 
-def self_attention(mha, h: Tensor, mask: Tensor | None, rotary: tuple[Tensor, Tensor] | None = None) -> AttentionParts:
-    """Self-attention of ``h`` (1, T, C) as the layers run it: Q, K, V in one matmul, then
-    (RoPE) q and k turned by ``rotary``'s cos, sin."""
-    q, k, v = mha.project_qkv(h)  # (1, H, T, D), K and V (1, H_kv, T, D)
-    if rotary is None:
-        return open_attention(mha, q, k, v, mask)
-    parts = open_attention(mha, apply_rotary(q, *rotary), apply_rotary(k, *rotary), v, mask)
-    parts.unrotated = (q, k)
-    return parts
-
-
-def sublayer(block, x: Tensor, run: Callable[[Tensor], Tensor]) -> tuple[Tensor, Tensor, Tensor]:
-    """SublayerConnection.forward: returns (new x, the residual sum, the sub-layer output)."""
-    if block.norm_first:
-        y = run(block.norm(x))
-        s = x + y
-        return s, s, y
-    y = run(x)
-    s = x + y
-    return block.norm(s), s, y
-
-
-def ffn_parts(ffn, x: Tensor) -> dict[str, Tensor]:
-    """FeedForward.forward on x (1, T, C), keeping "up" (x W_up) and "gate" (x W_gate) of a
-    gated FFN, "hidden" (1, T, d_ff) after the activation, and "out" (1, T, C)."""
+def ffn_parts(ffn, values: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The FFN of a trace's layer ``values``: "hidden" (1, T, d_ff) after the activation and
+    "out" (1, T, C); a gated FFN also "up" (x W_up) and "gate" (x W_gate)."""
+    parts = {"hidden": values["layer.ffn.hidden"], "out": values["layer.ffn.out"]}
     if ffn.gate is not None:
-        up, gate = ffn.fc1(x), ffn.gate(x)
-        hidden = up * F.silu(gate)  # FeedForward.hidden's order of operations
-        return {"up": up, "gate": gate, "hidden": hidden, "out": ffn.fc2(hidden)}
-    hidden = ffn.hidden(x)
-    return {"hidden": hidden, "out": ffn.fc2(hidden)}
+        x = values["layer.ffn.in"]
+        parts.update(up=ffn.fc1(x), gate=ffn.gate(x))
+    return parts
 
 
 def run_layer(layer, x: Tensor, self_mask: Tensor | None, rotary=None, cross_kv=None, memory_mask=None):
@@ -95,26 +68,16 @@ def run_layer(layer, x: Tensor, self_mask: Tensor | None, rotary=None, cross_kv=
         (x + attention output), "self_out" (the attention output), "cross" (translation decoder),
         "ffn" (:func:`ffn_parts`), "ffn_sum".
     """
-    parts = {"x_in": x}
-
-    def attend_self(h: Tensor) -> Tensor:
-        parts["self"] = self_attention(layer.self_attn, h, self_mask, rotary)
-        return parts["self"].out
-
-    def attend_memory(h: Tensor) -> Tensor:
-        mha = layer.cross_attn
-        parts["cross"] = open_attention(mha, mha.split_heads(mha.q_proj(h)), *cross_kv, memory_mask)
-        return parts["cross"].out
-
-    def feed_forward(h: Tensor) -> Tensor:
-        parts["ffn"] = ffn_parts(layer.ffn, h)
-        return parts["ffn"]["out"]
-
-    self_block = layer.attn_block if hasattr(layer, "attn_block") else layer.self_block  # encoder / decoder
-    x, parts["self_sum"], parts["self_out"] = sublayer(self_block, x, attend_self)
+    rec = Recorder([], None, None)
+    x = trace_layer(rec, "layer", layer, x, self_mask, rotary, cross_kv, memory_mask, explicit=True)
+    v = rec.values
+    parts = {"x_in": v["layer.resid_pre"], "self": opened(layer.self_attn, v, "layer.attn"),
+             "self_sum": v["layer.attn.sum"], "self_out": v["layer.attn.out"], "ffn": ffn_parts(layer.ffn, v),
+             "ffn_sum": v["layer.ffn.sum"]}
+    if rotary is not None:  # q and k before they were turned, as project_qkv gave them
+        parts["self"].unrotated = tuple(layer.self_attn.project_qkv(v["layer.attn.in"])[:2])
     if cross_kv is not None:
-        x, _, _ = sublayer(layer.cross_block, x, attend_memory)
-    x, parts["ffn_sum"], _ = sublayer(layer.ffn_block, x, feed_forward)
+        parts["cross"] = opened(layer.cross_attn, v, "layer.cross")
     return x, parts
 
 
