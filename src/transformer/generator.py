@@ -9,7 +9,6 @@ service (``LMService``) all read it.
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -20,7 +19,8 @@ from .decode.sample import generate_stream, until_stop
 from .errors import UserError
 from .front_door import FrontDoor, given, open_model, run_decoding, vocabulary_fits
 from .model import LanguageModel
-from .run import run_file, run_root
+from .run import run_file
+from .run.layout import read_stop_ids
 
 
 def load_tokenizer(path: str | Path):
@@ -106,14 +106,8 @@ class Generator(FrontDoor):
                             f"{model.cfg.vocab_size}; these files belong to different runs")
         generator = cls(model, tokenizer, decoding, warn=warn)
         generator.keep_compiled_steps(path)
-        record = run_root(path) / "import.json"  # an imported model may end its text with any of several ids
-        if generator.stop_id is not None and record.is_file():
-            try:
-                stops = json.loads(record.read_text(encoding="utf-8")).get("stop_ids")
-            except (OSError, ValueError, AttributeError):
-                stops = None
-            if isinstance(stops, list) and stops and all(isinstance(i, int) for i in stops):
-                generator.stop_id = stops
+        if generator.stop_id is not None:  # an imported model may end its text with any of several ids
+            generator.stop_id = read_stop_ids(path, model.cfg.vocab_size) or generator.stop_id
         return generator
 
     def search_kind(self) -> tuple[int, bool, int]:

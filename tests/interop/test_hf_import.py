@@ -224,9 +224,9 @@ def test_out_naming_a_file_is_refused(gpt2_folder, tmp_path, capsys):
 
 @pytest.mark.parametrize("family, changes, says", [
     ("gpt2", {"eos_token_id": 99999}, "eos_id=99999 is outside the vocabulary of 374"),
-    ("gpt2", {"n_embd": "big"}, "'n_embd' expected int, got str"),
+    ("gpt2", {"layer_norm_epsilon": "big"}, "'layer_norm_epsilon' expected float, got str"),
     ("llama3", {"num_attention_heads": 3}, "is not a multiple of the number of attention heads (3)"),
-    ("llama3", {"max_position_embeddings": 0}, "max_len must be > 1"),
+    ("llama3", {"max_position_embeddings": 0}, "max_position_embeddings must be a positive whole number, got 0"),
 ])
 def test_a_config_json_transformers_refuses_is_one_line_naming_it(family, changes, says, tmp_path, capsys):
     """One stderr line naming config.json: transformers' own log lines ("eos_token_id must be
@@ -237,16 +237,18 @@ def test_a_config_json_transformers_refuses_is_one_line_naming_it(family, change
 
 
 @pytest.mark.parametrize("family, changes, says", [
-    ("gpt2", {"n_positions": 32}, "the checkpoint's transformer.wpe.weight gives positions.weight the shape (64, 32), "
-                                  "where config.json asks for (32, 32)"),
+    ("gpt2", {"n_positions": 32}, "config.json: n_positions is 32, but the checkpoint's transformer.wpe.weight has "
+                                  "the shape (64, 32)"),
     ("llama3", {"num_key_value_heads": 4}, "the checkpoint's model.layers.0.self_attn.k_proj.weight gives "
                                            "decoder.layers.0.self_attn.k_proj.weight the shape (16, 32), where "
                                            "config.json asks for (32, 32)"),
 ])
 def test_weights_config_json_does_not_describe_name_the_checkpoints_tensor(family, changes, says, tmp_path, capsys):
-    """(the line named only our tensor, positions.weight, which is in no file the user has)"""
+    """(the line named only our tensor, positions.weight, which is in no file the user has; now
+    config.json's key and the checkpoint's tensor, or the checkpoint's tensor)"""
     folder = _with_config(build_checkpoint(family, tmp_path / "hf")[0], **changes)
-    _refused(folder, tmp_path / "run", capsys, f"{folder}: {says}; the weights and config.json do not belong together")
+    _refused(folder, tmp_path / "run", capsys, f"error: {folder}", f"{says}; the weights and config.json do not belong "
+             "together")
 
 
 def test_truncated_safetensors(gpt2_folder, tmp_path, capsys):

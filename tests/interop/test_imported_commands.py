@@ -76,7 +76,8 @@ def test_service_stops_at_the_models_eos(runs, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(imported, run)
     record = json.loads((run / "import.json").read_text())
-    (run / "import.json").write_text(json.dumps({**record, "stop_ids": [stop, 10**6]}))
+    never = next(i for i in range(free.model.cfg.vocab_size) if i not in produced)
+    (run / "import.json").write_text(json.dumps({**record, "stop_ids": [stop, never]}))
     expected = greedy(run).generate([PROMPT])[0]
     assert expected == free.tokenizer.decode(produced[:end])
 

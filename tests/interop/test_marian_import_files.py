@@ -133,10 +133,11 @@ def test_a_tensor_missing_from_the_checkpoint_is_named(folder, tmp_path):
 
 
 def test_a_tensor_of_the_wrong_shape_is_one_line(folder, tmp_path):
+    """(a later layer's: the first layer's sizes are config.json's, checked before: test_import_hostile.py)"""
     wrong = tmp_path / "wrong"
     shutil.copytree(folder, wrong)
     state = load_file(wrong / "model.safetensors")
-    state["model.encoder.layers.0.fc1.weight"] = state["model.encoder.layers.0.fc1.weight"][:-1].contiguous()
+    state["model.encoder.layers.1.fc1.weight"] = state["model.encoder.layers.1.fc1.weight"][:-1].contiguous()
     save_file(state, str(wrong / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(UserError, match="does not fit") as e:
         import_marian_run(wrong, tmp_path / "run")

@@ -148,23 +148,12 @@ def _language_model(args, model, meta) -> int:
     """A language model to CTranslate2 (the spec and ``vocabulary.json``, one string per id)
     or ONNX (``lm_step.onnx``, checked with onnxruntime), with a copy of the tokenizer file
     and a README.txt."""
-    import json
-
     from ..data.text import load_tokenizer
-    from ..run import run_root
+    from ..run.layout import read_stop_ids
 
     tokenizer = load_tokenizer(args.model)
     vocab = lm_vocabulary(tokenizer, model.cfg.vocab_size)
-    stops = [model.cfg.eos_id]
-    root = run_root(args.model)
-    record = root / "import.json" if root is not None else None
-    if record is not None and record.is_file():  # an imported model may end its text with any of several ids
-        try:
-            listed = json.loads(record.read_text(encoding="utf-8")).get("stop_ids")
-        except (OSError, ValueError, AttributeError):  # unreadable: the model's EOS, as generate takes it then
-            listed = None
-        if isinstance(listed, list) and listed and all(isinstance(i, int) and 0 <= i < len(vocab) for i in listed):
-            stops = listed
+    stops = read_stop_ids(args.model, len(vocab)) or [model.cfg.eos_id]  # as generate ends its text
 
     def export(tmp: Path) -> tuple[str, str]:
         if args.format == "ctranslate2":

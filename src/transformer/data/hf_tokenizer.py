@@ -50,7 +50,7 @@ def read_json(path: Path, unreadable: str = "not readable JSON"):
     cannot be read or parsed."""
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:  # ValueError: bad UTF-8, bad JSON, a number of over 4,300 digits
         raise UserError(f"{path}: {unreadable} ({e})") from None
 
 

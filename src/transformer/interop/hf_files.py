@@ -7,13 +7,15 @@ file written one tensor at a time: an import holds little more than its largest 
     write_safetensors(path, shapes, tensors, metadata)   # shapes first (the header), then the data
 
 ``pytorch_model.bin`` is read with ``torch.load(weights_only=True)``: a file that asks to
-run code when unpickled is refused, not run.
+run code when unpickled is refused, not run. Only files inside the folder are opened (a shard
+index naming ``../x`` or ``/etc/passwd`` is refused: :func:`~.hf_folder.folder_file`).
 """
 from __future__ import annotations
 
 import json
 import math
 import pickle
+import re
 import struct
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -22,6 +24,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from ..errors import UserError
+from .hf_folder import create, folder_file
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 BIN_INDEX = "pytorch_model.bin.index.json"
@@ -48,21 +51,25 @@ class HFWeights:
         self.folder = Path(folder)
         self.files: dict[str, Path] = {}  # tensor name -> file
         self._bin: dict[str, torch.Tensor] = {}
-        if (self.folder / SAFETENSORS_INDEX).is_file():
-            index = _read_index(self.folder / SAFETENSORS_INDEX)
-            self.files = {name: self.folder / f for name, f in index.items()}
+        index_file, bin_index = self._file(SAFETENSORS_INDEX), self._file(BIN_INDEX)
+        if index_file.is_file():
+            index = _read_index(index_file)
+            self.files = {name: folder_file(self.folder, f, index_file) for name, f in index.items()}
             for f in set(self.files.values()):
                 self._keys(f)  # every shard readable, before anything is written
         elif sorted(self.folder.glob("*.safetensors")):
             for f in sorted(self.folder.glob("*.safetensors")):
-                self.files.update({name: f for name in self._keys(f)})
-        elif (self.folder / "pytorch_model.bin").is_file() or (self.folder / BIN_INDEX).is_file():
-            shards = ([self.folder / "pytorch_model.bin"] if (self.folder / "pytorch_model.bin").is_file()
-                      else sorted({self.folder / f for f in _read_index(self.folder / BIN_INDEX).values()}))
+                self.files.update({name: f for name in self._keys(self._file(f.name))})
+        elif self._file("pytorch_model.bin").is_file() or bin_index.is_file():
+            shards = ([self._file("pytorch_model.bin")] if self._file("pytorch_model.bin").is_file()
+                      else sorted({folder_file(self.folder, f, bin_index) for f in _read_index(bin_index).values()}))
             for f in shards:
                 self._bin.update(_load_bin(f))
         else:
             raise UserError(f"{self.folder}: no weights (model.safetensors, its shards, or pytorch_model.bin)")
+
+    def _file(self, name: str) -> Path:
+        return folder_file(self.folder, name, self.folder)
 
     def _keys(self, path: Path) -> list[str]:
         if not path.is_file():
@@ -91,6 +98,22 @@ class HFWeights:
 
     def __contains__(self, name: str) -> bool:
         return self._name(name) is not None
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The shape of a tensor, read from the file's header (no data loaded)."""
+        found = self._found(name)
+        if found in self._bin:
+            return tuple(self._bin[found].shape)
+        with safe_open(str(self.files[found]), framework="pt") as f:
+            return tuple(f.get_slice(found).get_shape())
+
+    def numbers(self) -> int:
+        """How many numbers the checkpoint's tensors hold, from the headers."""
+        held = sum(t.numel() for t in self._bin.values())
+        for path in set(self.files.values()):
+            with safe_open(str(path), framework="pt") as f:
+                held += sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+        return held
 
     def dtype(self, name: str) -> torch.dtype:
         """The dtype of a tensor, read from the file's header (no data loaded)."""
@@ -145,28 +168,56 @@ def _load_bin(path: Path) -> dict[str, torch.Tensor]:
     except RuntimeError:  # an old (non-zip) file cannot be mapped
         state = _load_bin_unmapped(path)
     except pickle.UnpicklingError as e:
-        raise UserError(f"{path}: refused: the file asks to run code or build objects when unpickled, which "
-                        f"weights_only loading does not do ({str(e).splitlines()[0]})") from None
+        raise _refused(path, e) from None
     except (OSError, EOFError, ValueError) as e:
-        raise UserError(f"{path}: not a readable PyTorch weights file ({e})") from None
+        raise _unreadable(path, e) from None
     if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
         raise UserError(f"{path}: not a state dict of tensors")
     return state
+
+
+def _refused(path: Path, e: pickle.UnpicklingError) -> UserError:
+    """The one line for a pickle that asks for more than tensors. torch's own message is not
+    passed on: it advises loading the file again with ``weights_only=False``, which runs the
+    code the file names; only what the file asked for is kept (``GLOBAL posix.system``,
+    ``Unsupported operand 110``)."""
+    if "Weights only load failed" not in str(e):  # a damaged pickle, not one weights-only loading refused
+        return _unreadable(path, e)
+    asked = re.search(r"GLOBAL ([\w.]+)", str(e))
+    if asked:
+        what = f"unpickling this file would run code or build objects (it asks for {asked.group(1)})"
+    else:
+        lines = [line.strip() for line in str(e).splitlines()]
+        said = next((line for line in lines if line and not line.startswith(_TORCH_ADVICE)
+                     and "weights_only" not in line and "\x1b" not in line), "")
+        what = f"not a file of tensors only ({said or 'refused by weights-only loading'})"
+    return UserError(f"{path}: refused: {what}, so it is not loaded; use the model's safetensors weights "
+                     "(model.safetensors) from a source you trust, or have whoever made this file convert it to "
+                     "safetensors with the tool that made it")
+
+
+# the lines of torch's refusal that are its advice, not what the file holds
+_TORCH_ADVICE = ("Weights only load failed", "Please file an issue", "Check the documentation", "(1)", "(2)")
+
+
+def _unreadable(path: Path, e: Exception) -> UserError:
+    said = next((line for line in str(e).splitlines() if line.strip() and "weights_only" not in line),
+                type(e).__name__)
+    return UserError(f"{path}: not a readable PyTorch weights file ({said})")
 
 
 def _load_bin_unmapped(path: Path) -> dict:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        raise UserError(f"{path}: refused: the file asks to run code or build objects when unpickled, which "
-                        f"weights_only loading does not do ({str(e).splitlines()[0]})") from None
-    except (OSError, EOFError, ValueError, RuntimeError) as e:
-        raise UserError(f"{path}: not a readable PyTorch weights file ({e})") from None
+        raise _refused(path, e) from None
+    except Exception as e:  # noqa: BLE001 (text or random bytes: the unpickler's KeyError, EOFError, ...)
+        raise _unreadable(path, e) from None
 
 
 def write_safetensors(path: str | Path, shapes: list[tuple[str, tuple[int, ...], torch.dtype]],
                       tensors: Iterable[tuple[str, torch.Tensor]], metadata: dict[str, str]) -> None:
-    """Write a safetensors file from ``shapes`` (name, shape, dtype), in that order, and
+    """Write the new safetensors file ``path`` from ``shapes`` (name, shape, dtype), in that order, and
     ``tensors``, which yields the same names in the same order: the header goes first, then
     each tensor's bytes as it comes, so only one tensor is in memory at a time. A tensor may
     come in consecutive blocks of its rows under its name (:meth:`HFWeights.row_blocks`)."""
@@ -180,7 +231,7 @@ def write_safetensors(path: str | Path, shapes: list[tuple[str, tuple[int, ...],
     raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
     expected: Iterator[tuple[str, tuple[int, ...], torch.dtype]] = iter(shapes)
     want, shape, left = None, (), 0  # the tensor being written, and how many of its rows are still to come
-    with open(path, "wb") as f:
+    with create(Path(path)) as f:  # a new file: never written through a link
         f.write(struct.pack("<Q", len(raw)))
         f.write(raw)
         for name, t in tensors:

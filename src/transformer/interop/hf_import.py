@@ -13,6 +13,8 @@ Qwen2 / Qwen2.5 (:mod:`.hf_lm`); ``model_type: marian`` becomes a translation ru
 The weights are converted one tensor at a time and streamed into the new file, so an import
 holds about one tensor in memory, not the model; they keep the checkpoint's dtype. The run is
 built in a folder beside RUN and renamed at the end: an import that fails leaves no RUN.
+Nothing outside the folder is read (a link out of it is refused: :mod:`.hf_folder`), and
+config.json's sizes are checked against the tensors before anything is built (:mod:`.hf_sizes`).
 
 Padding: our model reads the id ``pad_id`` as padding wherever it occurs (generation marks
 its padding itself, so there any id works). The import chooses an id that text does not
@@ -26,7 +28,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,12 +40,13 @@ from ..errors import UserError
 from ..extras import require
 from ..model.lm import LanguageModel
 from ..run.files import atomic_dir
-from ..run.layout import BEST, CONFIG
+from ..run.layout import BEST, CONFIG, IMPORT_RECORD
 from ..run.weights import FORMAT
 from .hf_files import HFWeights, write_safetensors
+from .hf_folder import copy_in, refuse_outside_links, write_new
+from .hf_sizes import check_sizes
 from .hf_lm import FAMILIES, LLAMA_SHAPED, name_map, tensors_from_hf
 
-IMPORT_RECORD = "import.json"
 # what a hub download fetches: configs, safetensors weights, tokenizers (Marian's *.spm too);
 # pytorch_model.bin only for a repository without safetensors weights (HUB_FALLBACK)
 HUB_FILES = ["*.json", "*.safetensors", "tokenizer.model", "*.spm", "*.txt"]
@@ -204,7 +206,7 @@ def _save_tokenizer(folder: Path, into: Path) -> str:
     up (its post-processor adds what the tokenizer config asks, e.g. Llama's BOS), else the
     sentencepiece tokenizer.model; with tokenizer_config.json. Returns the file's name."""
     if (folder / TOKENIZER_CONFIG).is_file():
-        shutil.copyfile(folder / TOKENIZER_CONFIG, into / TOKENIZER_CONFIG)
+        copy_in(folder / TOKENIZER_CONFIG, into / TOKENIZER_CONFIG)
     if (folder / HF_TOKENIZER).is_file():
         backend = None
         try:
@@ -216,12 +218,12 @@ def _save_tokenizer(folder: Path, into: Path) -> str:
         except Exception:  # noqa: BLE001 (any failure there: the file as it is is the tokenizer)
             backend = None
         if backend is not None:
-            backend.save(str(into / HF_TOKENIZER))
+            write_new(into / HF_TOKENIZER, backend.to_str(pretty=True))  # as backend.save writes it
         else:
-            shutil.copyfile(folder / HF_TOKENIZER, into / HF_TOKENIZER)
+            copy_in(folder / HF_TOKENIZER, into / HF_TOKENIZER)
         return HF_TOKENIZER
     if (folder / SP_TOKENIZER).is_file():
-        shutil.copyfile(folder / SP_TOKENIZER, into / SP_TOKENIZER)
+        copy_in(folder / SP_TOKENIZER, into / SP_TOKENIZER)
         return SP_TOKENIZER
     raise UserError(f"{folder}: no tokenizer ({HF_TOKENIZER} or {SP_TOKENIZER}); the model cannot be used without "
                     "the tokenizer it was trained with")
@@ -281,7 +283,7 @@ def _write_config(run: Path, cfg: ModelConfig, decoding: dict, source: str, fami
     head = (f"# A {family} model imported from {source} by `transformer import`: the model's config, and\n"
             "# decoding defaults from its generation_config.json (greedy unless it samples).\n")
     body = yaml.safe_dump({"model": cfg.to_dict(), "decoding": decoding}, sort_keys=False, allow_unicode=True)
-    (run / CONFIG).write_text(head + body, encoding="utf-8")
+    write_new(run / CONFIG, head + body)
 
 
 def import_pretrained(source: str, out: str | Path) -> Imported:
@@ -297,14 +299,16 @@ def import_pretrained(source: str, out: str | Path) -> Imported:
     if out.exists() and any(out.iterdir()):
         raise UserError(f"{out}: already exists and is not empty; give a new run directory")
     folder, where = fetch(source)
+    refuse_outside_links(folder)
     family = _model_type(folder)
     if family == "marian":
         from .marian_run import import_marian_run
 
         import_marian_run(folder, out)
         return Imported(out, family, None, "", 0)
-    hf_config = _hf_config(folder)
     weights = HFWeights(folder)
+    check_sizes(family, folder, weights)  # before transformers builds its config (Qwen2 lists each layer)
+    hf_config = _hf_config(folder)
     tie = _tied(hf_config, weights)
     decoding, notes = decoding_defaults(folder)
     load_pretrained_tokenizer(folder)  # a bad tokenizer file named where it is, not in the temporary folder
@@ -335,7 +339,7 @@ def import_pretrained(source: str, out: str | Path) -> Imported:
                   "weights": sorted({p.name for p in weights.files.values()}) or ["pytorch_model.bin"],
                   "pad_id": cfg.pad_id, "tie_embeddings": cfg.tie_embeddings,
                   "stop_ids": stop_ids(folder, hf_config, cfg.eos_id, cfg.vocab_size)}
-        (tmp / IMPORT_RECORD).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        write_new(tmp / IMPORT_RECORD, json.dumps(record, indent=1) + "\n")
         nonlocal result
         result = Imported(out, family, cfg, tokenizer_file, sum(math.prod(s) for s in shapes.values()),
                           tuple(notes))

@@ -193,6 +193,9 @@ def check_positions(cfg: ModelConfig, tables: Iterable[Tensor], where: str) -> f
     """HF keeps its own sinusoid table for each stack (``tables``); it must be ours for
     ``cfg`` (it is, bit for bit, in transformers 5.x), or one model would compute something
     the other cannot. Returns the max abs diff; ValueError beyond the tolerance."""
+    tables = list(tables)
+    if not tables:  # nothing to compare: no table of max_len rows is computed
+        return 0.0
     ours = sinusoid_table(cfg.max_len, cfg.d_model, cfg.sinusoid_layout).float()
     diff = 0.0
     for table in tables:

@@ -33,7 +33,9 @@ shards, or a ``pytorch_model.bin`` under ``torch.load(weights_only=True, mmap=Tr
 of rows, so the import holds a few MB of a safetensors checkpoint's weights at a time; it builds
 no ``MarianMTModel`` and no model of ours. ``config.json`` and ``generation_config.json`` are
 read as ``from_pretrained`` reads them (``MarianConfig``, ``GenerationConfig``, local files
-only); no code from the folder is run. The embeddings are those HF's tying makes of the
+only); no code from the folder is run, and nothing outside it is read (:mod:`.hf_folder`). The
+sizes of config.json are checked against the tensors' shapes before any name is listed
+(:mod:`.hf_sizes`). The embeddings are those HF's tying makes of the
 checkpoint (:func:`embedding_names`); a missing ``final_logits_bias`` is zeros, as in HF. HF
 builds its sinusoid tables itself unless the checkpoint stores them (older OPUS-MT conversions
 do): a stored one must be ours.
@@ -41,7 +43,6 @@ do): a stored one must be ours.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import torch
@@ -49,7 +50,7 @@ import torch
 from ..data.marian_tokenizer import (MARIAN_FILES, TARGET_VOCAB, TOKENIZER_CONFIG, MarianSubwords)
 from ..errors import UserError
 from ..extras import require
-from ..run.layout import BEST, CONFIG
+from ..run.layout import BEST, CONFIG, IMPORT_RECORD
 
 __all__ = ["import_marian_run", "decoding_from_generation", "output_limit", "generation_differences", "embedding_names"]
 
@@ -69,14 +70,18 @@ def import_marian_run(source: Path, out: Path) -> None:
     complete Marian model or holds one our model cannot express."""
     from ..run.weights import FORMAT
     from .hf_files import HFWeights, write_safetensors
-    from .hf_import import IMPORT_RECORD, write_run
+    from .hf_folder import copy_in, refuse_outside_links, write_new
+    from .hf_import import write_run
+    from .hf_sizes import check_sizes
     from .marian import check_positions, config_from_marian, name_map, tensor_shapes
 
     source, out = Path(source), Path(out)
     _check_folder(source)
+    refuse_outside_links(source)
     tokenizer = MarianSubwords.load(source)
-    hf_config, gen = _read_configs(source)
     weights = HFWeights(source)
+    check_sizes("marian", source, weights)
+    hf_config, gen = _read_configs(source)
     embeddings = embedding_names(hf_config, weights)
     try:
         cfg = config_from_marian(hf_config, _tied(hf_config, weights, embeddings), hf_config.vocab_size,
@@ -111,9 +116,9 @@ def import_marian_run(source: Path, out: Path) -> None:
     def fill(tmp: Path) -> None:
         write_safetensors(tmp / BEST, header, tensors(), meta)
         for name in files:
-            shutil.copyfile(source / name, tmp / name)
-        (tmp / CONFIG).write_text(_run_config(source, gen, cfg), encoding="utf-8")
-        (tmp / IMPORT_RECORD).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+            copy_in(source / name, tmp / name)
+        write_new(tmp / CONFIG, _run_config(source, gen, cfg))
+        write_new(tmp / IMPORT_RECORD, json.dumps(record, indent=1) + "\n")
 
     write_run(out, fill)
 

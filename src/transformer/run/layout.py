@@ -8,6 +8,7 @@
     RUN_DIR/best.safetensors          the weights with the best validation BLEU
     RUN_DIR/averaged.safetensors      the average of the last K checkpoints (``transformer average``)
     RUN_DIR/learning_curve.png        training and validation loss by update
+    RUN_DIR/import.json               an imported model's record: where it came from, its stop ids
     RUN_DIR/compiled/                 never read: earlier versions kept compiled decoding steps here, and a
                                       run from elsewhere may hold one (they live in the user's cache:
                                       ``transformer.compiled.packages``)
@@ -36,6 +37,7 @@ STATE = "state.pt"  # inside a checkpoint directory
 BEST = "best.safetensors"
 AVERAGED = "averaged.safetensors"
 COMPILED = "compiled"  # a folder earlier versions kept compiled decoding steps in: never read (see above)
+IMPORT_RECORD = "import.json"  # written by transformer import (interop/hf_import.py, interop/marian_run.py)
 PREFERRED = (AVERAGED, BEST)  # the weights a run directory is read from, in this order
 # The files beside the weights that decoding reads (:func:`run_file` finds them): the config and
 # every kind of vocabulary, ours, a Hugging Face import's and a Marian import's (the data
@@ -71,6 +73,34 @@ def run_root(path: str | Path) -> Path | None:
     there is none."""
     found = run_file(path, CONFIG)
     return None if found is None else found.parent
+
+
+def read_stop_ids(path: str | Path, vocab_size: int) -> list[int] | None:
+    """The ``stop_ids`` of the import.json of the run that ``path`` belongs to: the ids that
+    end an imported model's generation (``generate`` and ``export`` read them here). None when
+    there is no import.json, or it is unreadable or lists none (the model's EOS ends it then);
+    a one-line UserError naming the file when the list holds anything but ids of the
+    vocabulary (an id of 10**30 was an overflow deep in sampling)."""
+    import json
+
+    root = run_root(path)
+    record = None if root is None else root / IMPORT_RECORD
+    if record is None or not record.is_file():
+        return None
+    try:
+        stops = json.loads(record.read_text(encoding="utf-8")).get("stop_ids")
+    except (OSError, ValueError, AttributeError):  # damaged: generation ends at the model's EOS, as without it
+        return None
+    if stops is None or stops == []:
+        return None
+    wrong = [i for i in stops if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab_size] \
+        if isinstance(stops, list) else [stops]
+    if not wrong:
+        return stops
+    bad = wrong[0]
+    shown = repr(bad) if len(repr(bad)) <= 40 else repr(bad)[:37] + "..."
+    raise UserError(f"{record}: stop_ids must list token ids of the model (whole numbers from 0 to {vocab_size - 1}), "
+                    f"got {shown}; correct the list, or remove it to stop at the model's EOS")
 
 
 def find_subwords(path: str | Path) -> Path:
