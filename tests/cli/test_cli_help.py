@@ -25,6 +25,8 @@ def test_serve_shows_the_defaults_of_its_limits(cli):
         shown = re.search(rf"{flag} [A-Z_]+ [^\[]*?\(default: ([^);]+)", text)  # its line, not the usage's
         assert shown and float(shown[1]) == defaults[option], (flag, shown)
     assert "(default: 8000;" in text
+    assert f"summed, times the beam); a larger one is a 413 (translation; default: {defaults['max_work']})" in text
+    assert f"(or of its last answer) is closed (default: {defaults['header_timeout']:g})" in text
     assert "pip install '.[serve]'" in text
 
 
@@ -35,7 +37,8 @@ def test_serve_defaults_are_what_the_server_gets(cli, monkeypatch):
     from transformer.serve.serve_config import ServeConfig
 
     args = build_parser().parse_args(["serve", "--model", "m"])
-    for field in ("max_batch", "max_wait_ms", "max_chars", "max_texts", "max_queue", "timeout"):
+    for field in ("max_batch", "max_wait_ms", "max_chars", "max_texts", "max_queue", "timeout", "header_timeout",
+                  "docs"):
         assert getattr(args, field) == getattr(ServeConfig, field), field
 
 

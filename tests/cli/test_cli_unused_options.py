@@ -165,7 +165,7 @@ def test_translate_at_a_terminal_without_them_translates(cli, trained, monkeypat
 
 ONE_KIND = {*SEARCH_OPTIONS, *SAMPLING_OPTIONS, "compile", "src", "ref", "split", "data_dir", "tgt_lang", "limit",
             "output", "stride", "target", "matrix", "lr", "from_init", "step", "layer", "head", "kind", "n_best",
-            "chunk_lines", "max_tokens", "max_beam", "new_tokens_limit", "device"}
+            "chunk_lines", "max_tokens", "max_beam", "max_work", "new_tokens_limit", "device"}
 
 
 @pytest.mark.parametrize("argv", [

@@ -176,7 +176,7 @@ def test_a_full_queue_refuses_a_stream_before_it_starts(lm_run):
     assert r.status_code == 503 and "Retry-After" in r.headers
 
 
-# ---- the command: a warning when anyone may connect ------------------------------------
+# ---- the command: a token wherever anyone may connect ----------------------------------
 
 class FakeSocket:
     """What ``_listen`` returns, without opening anything: the tests never listen beyond loopback."""
@@ -191,17 +191,23 @@ class FakeSocket:
         pass
 
 
-@pytest.mark.parametrize("host, token, env, warned", [
+@pytest.mark.parametrize("host, token, env, made", [
     ("0.0.0.0", None, None, True),
     ("::", None, None, True),
     ("0.0.0.0", "s3cret", None, False),
     ("0.0.0.0", None, "from-env", False),
     ("127.0.0.1", None, None, False),
 ], ids=["any-v4", "any-v6", "token", "token-from-env", "loopback"])
-def test_warns_when_listening_beyond_loopback_without_a_token(run_dir, monkeypatch, capsys, host, token, env, warned):
+def test_beyond_loopback_a_token_is_made_when_none_is_given(run_dir, monkeypatch, capsys, host, token, env, made):
+    """``serve --host 0.0.0.0`` without a token only warned, and answered anyone. It now makes
+    a token and prints it in the page's address (as Jupyter does); the API wants it, and the
+    Host check still refuses names it was not given (an IP address passes: a page that
+    reaches the server through DNS rebinding names its own domain)."""
     import uvicorn
+    from starlette.testclient import TestClient
 
     from transformer.cli import main
+    from transformer.serve.connections import HeaderDeadline
 
     serve_cli = importlib.import_module("transformer.cli.serve")
     seen = {}
@@ -217,12 +223,27 @@ def test_warns_when_listening_beyond_loopback_without_a_token(run_dir, monkeypat
         monkeypatch.setenv(TOKEN_ENV, env)
     assert main(["serve", "--model", str(run_dir), "--host", host, "--max-queue", "7",
                  *(["--token", token] if token else [])]) == 0
-    err = capsys.readouterr().err
-    assert ("warning: listening on" in err and "without a token" in err and TOKEN_ENV in err) == warned, err
+    line = [line for line in capsys.readouterr().err.splitlines() if line.startswith("transformer serve:")]
+    assert len(line) == 1, line
     config = seen["config"]
     assert config.limit_concurrency == ServeConfig(max_queue=7).connection_limit
     assert config.timeout_keep_alive == 5
-    assert config.app.state.service.cfg.token == (token or env)
+    assert issubclass(config.http, HeaderDeadline) and config.http.header_timeout == ServeConfig.header_timeout
+    given = config.app.state.service.cfg.token
+    if not made:
+        assert given == (token or env) and "a token made" not in line[0]
+        return
+    assert given is not None and len(given) >= 32 and given not in ("s3cret", "from-env")
+    assert line[0].split()[2].endswith(f":8000/#token={given}")  # printed whole: nobody knows it otherwise
+    assert f"a token made for this run, as {host} is not a loopback address" in line[0]
+    with TestClient(config.app, base_url="http://192.168.1.5:8000") as http:
+        assert http.post("/translate", json={"text": S[0]}).status_code == 401
+        bearer = {"Authorization": f"Bearer {given}"}
+        assert http.post("/translate", json={"text": S[0]}, headers=bearer).status_code == 200
+        assert http.get("/health", headers={"Host": "localhost:8000"}).status_code == 200
+        r = http.post("/translate", json={"text": S[0]}, headers={**bearer, "Host": "rebound.example"})
+        assert r.status_code == 403
+        assert "or an IP address); start it with --allow-host rebound.example" in r.json()["error"]
 
 
 # ---- the real server: a client that hangs up ---------------------------------------------
@@ -233,7 +254,7 @@ def test_the_real_server_drops_a_request_whose_client_hung_up(start_another):
     import socket
     from urllib.parse import urlsplit
 
-    server = start_another("--max-batch", "1", "--max-texts", "64")
+    server = start_another("--max-batch", "1", "--max-texts", "64", "--max-work", "1000000")
     heavy = {"texts": [" ".join(["the big red dog runs near the house"] * 12)] * 64, "beam": 16}
     body = json.dumps({"text": "green bird"}).encode()
     before = server.get("/stats")[1]
@@ -334,3 +355,41 @@ def test_streams_arriving_together_at_a_full_queue_get_503_not_an_error_event(lm
             assert "event: done" in r.text and "event: error" not in r.text
         else:
             assert "busy" in r.json()["error"] and "Retry-After" in r.headers
+
+
+def test_a_stream_still_queued_at_its_deadline_gets_504_and_is_never_decoded(lm_run):
+    """Streams got their 200 when they were queued, so --timeout never applied to them: five
+    1,024-token streams with --timeout 3 all got a 200, the last its first token 16 s later. A
+    stream's answer now starts with its first token: one still queued at the deadline gets
+    the 504 a request for JSON gets, leaves the queue and is never decoded."""
+    from transformer.generator import Generator
+
+    app = create_app(Generator.from_pretrained(lm_run, warn=False), ServeConfig(timeout=2, max_batch=1,
+                                                                                  max_wait_ms=0))
+    batcher = app.state.service.batcher
+    gate = batcher.decode = Gate(batcher.decode)
+    body = {"prompt": "the cat", "max_new_tokens": 5, "seed": 1, "stream": True}
+
+    async def go():
+        async with app.router.lifespan_context(app):
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test") as http:
+                try:
+                    busy = asyncio.ensure_future(http.post("/generate", json={**body, "stream": False}))
+                    await until(gate.entered.is_set)  # the model is busy with it
+                    streams = [asyncio.ensure_future(http.post("/generate", json=body)) for _ in range(3)]
+                    done, _ = await asyncio.wait(streams, timeout=10)  # answered while the model is still busy
+                    gate.open.set()
+                    answers = await asyncio.gather(*streams)
+                    await busy
+                    later = await http.post("/generate", json=body)  # one that starts in time streams whole
+                    return len(done), answers, later, list(gate.seen), (await http.get("/stats")).json()
+                finally:
+                    gate.open.set()
+
+    done, answers, later, seen, stats = asyncio.run(go())
+    assert done == 3, "the queued streams were not answered before the model was free"
+    for r in answers:
+        assert r.status_code == 504 and "no answer within 2 s" in r.json()["error"], r.text[-200:]
+    assert len(seen) == 2  # the busy request's row and the later stream's: the three never reached the model
+    assert stats["abandoned"] == 3 and stats["waiting"] == 0
+    assert later.status_code == 200 and later.text.rstrip().splitlines()[-2] == "event: done"

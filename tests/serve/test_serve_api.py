@@ -3,6 +3,7 @@ translations as ``transformer translate`` and the in-process Translator, n-best,
 order, empty and blank input, beams grouped apart, attention maps, health, stats and OpenAPI."""
 from __future__ import annotations
 
+import json
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
@@ -146,6 +147,30 @@ def test_health_stats_and_openapi(server):
     assert code == 200
     assert {"/translate", "/attention", "/health", "/stats"} <= set(spec["paths"])
     assert "TranslateRequest" in spec["components"]["schemas"]
+
+
+def test_the_api_pages_that_load_from_a_cdn_are_off_unless_asked_for(server, translator):
+    """/docs loaded Swagger's script and styles from a CDN: it failed offline and told that
+    site who used it. Off by default (/openapi.json stays); --docs serves it, as it is."""
+    import urllib.error
+    import urllib.request
+
+    from starlette.testclient import TestClient
+
+    from transformer.cli import build_parser
+    from transformer.serve import ServeConfig, create_app
+
+    for path in ("/docs", "/redoc", "/docs/oauth2-redirect"):
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(server.url + path, timeout=10)
+        assert e.value.code == 404 and "error" in json.loads(e.value.read()), path
+    assert server.get("/openapi.json")[0] == 200
+    assert build_parser().parse_args(["serve", "--model", "m"]).docs is False
+    assert build_parser().parse_args(["serve", "--model", "m", "--docs"]).docs is True
+    with TestClient(create_app(translator, ServeConfig(docs=True))) as http:
+        page = http.get("/docs")
+        assert page.status_code == 200 and "cdn.jsdelivr.net" in page.text  # what --docs's help says
+        assert http.get("/redoc").status_code == 404
 
 
 def test_the_explorer_page_and_its_files_are_served_without_external_urls(server):

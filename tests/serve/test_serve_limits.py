@@ -7,13 +7,18 @@ over either is a 413 that says what to do, refused before any map is computed. O
 from 324 MB to 2 GB. A request may ask for some layers and heads only. The answer's JSON is
 built in the batcher's thread, a row at a time, and equals the maps computed in-process.
 
+/translate: a request asks for at most ``max_work`` source tokens x beam; one of 64
+texts x 1,000 characters at beam 16 (46 s of the model, every request behind it waiting) is a
+413 naming --max-work and what to lower, never decoded.
+
 Host: a server on a loopback address answers only requests naming it (or localhost), so a web
 page reaching it through DNS rebinding gets 403; --allow-host adds names; a server on every
-address (0.0.0.0) cannot know its names and checks none.
+address (0.0.0.0) answers its loopback names, the machine's name and any IP address.
 """
 from __future__ import annotations
 
 import json
+import socket
 import string
 import threading
 
@@ -173,12 +178,28 @@ def test_health_is_answered_while_the_largest_allowed_attention_is_built(tmp_pat
     ("localhost", [], ("localhost", "127.0.0.1", "::1")),
     ("::1", ["Box.local"], ("::1", "localhost", "127.0.0.1", "box.local")),
     ("192.168.1.5", [], ("192.168.1.5",)),
-    ("0.0.0.0", [], None),
-    ("::", [], None),
-    ("0.0.0.0", ["example.org"], ("0.0.0.0", "localhost", "127.0.0.1", "::1", "example.org")),
+    ("0.0.0.0", [], ("0.0.0.0", "localhost", "127.0.0.1", "::1", "box")),
+    ("::", [], ("::", "localhost", "127.0.0.1", "::1", "box")),
+    ("0.0.0.0", ["example.org"], ("0.0.0.0", "localhost", "127.0.0.1", "::1", "box", "example.org")),
 ])
-def test_the_names_a_server_answers_to(host, extra, names):
+def test_the_names_a_server_answers_to(host, extra, names, monkeypatch):
+    """A server on every address checked no Host at all; it answers the loopback names, the
+    machine's name, --allow-host's and (in the guard) any IP address."""
+    monkeypatch.setattr(socket, "gethostname", lambda: "Box")
     assert allowed_hosts(host, extra) == names
+
+
+def test_a_server_on_every_address_answers_ip_addresses_and_its_names_only(lm_run):
+    generator = Generator.from_pretrained(lm_run, warn=False)
+    with client(generator, allowed_hosts=allowed_hosts("0.0.0.0", ["example.org"])) as http:
+        for host in ("192.168.1.5:8000", "10.0.0.1", "[fe80::1]:8000", "localhost:8000", "example.org",
+                     socket.gethostname()):
+            assert http.get("/health", headers={"Host": host}).status_code == 200, host
+        for host in ("rebound.example", "192.168.1.5.rebound.example:8000", "example.org.evil"):
+            r = http.post("/generate", json={"prompt": "the"}, headers={"Host": host})
+            assert r.status_code == 403, host
+            assert "or an IP address); start it with --allow-host" in r.json()["error"]
+            assert "0.0.0.0" not in r.json()["error"]
 
 
 def test_a_request_naming_another_host_is_refused(lm_run):
@@ -198,3 +219,53 @@ def test_the_real_server_answers_its_address_and_refuses_another_name(server):
     assert request(server.url + "/health")[0] == 200  # urllib sends Host: 127.0.0.1:PORT
     code, body = request(server.url + "/health", headers={"Host": "rebound.example"})
     assert code == 403 and "--allow-host rebound.example" in body["error"]
+
+
+# ---- the work of one translation request -------------------------------------------------
+
+LONG = ("the big red dog runs near the house with a small cat " * 20)[:1000]
+
+
+def test_64_long_texts_at_beam_16_are_refused_before_they_are_decoded(translator, sentences):
+    """64 texts x 1,000 characters at beam 16 with n_best 16: within every other limit, it held
+    the model 46 s. Now a 413 naming the limit; the model never sees it, and a few sentences
+    at beam 5 pass."""
+    app = create_app(translator, ServeConfig())
+    service = app.state.service
+    tokens = sum(service.source_tokens(LONG) for _ in range(64))
+    decoded = []
+    decode = service.batcher.decode
+    service.batcher.decode = lambda key, texts: decoded.append(texts) or decode(key, texts)
+    with TestClient(app) as http:
+        r = http.post("/translate", json={"texts": [LONG] * 64, "beam": 16, "n_best": 16})
+        assert r.status_code == 413
+        assert r.json() == {"error": f"this request asks for {tokens * 16:,} source tokens x beam ({tokens:,} tokens x "
+                                     "beam 16); the limit is 20,000 (the server's --max-work): send fewer or shorter "
+                                     "texts, or a smaller beam"}
+        assert decoded == []
+        r = http.post("/translate", json={"texts": sentences[:5], "beam": 5})
+        assert r.status_code == 200 and r.json()["translations"] == translator.with_decoding(beam=5).translate(
+            sentences[:5])
+
+
+def test_a_request_at_the_work_limit_is_decoded_and_one_token_more_is_refused(translator, sentences):
+    texts = sentences[:3]
+    app = create_app(translator, ServeConfig())
+    work = sum(app.state.service.source_tokens(t) for t in texts) * 4
+    with TestClient(create_app(translator, ServeConfig(max_work=work))) as http:
+        assert http.post("/translate", json={"texts": texts, "beam": 4}).status_code == 200
+        r = http.post("/translate", json={"texts": texts, "beam": 4, "n_best": 4})
+        assert r.status_code == 200 and len(r.json()["n_best"][0]) == 4
+        assert http.post("/attention", json={"text": texts[0], "beam": 4}).status_code == 200
+    with TestClient(create_app(translator, ServeConfig(max_work=work - 1))) as http:
+        r = http.post("/translate", json={"texts": texts, "beam": 4})
+        assert r.status_code == 413 and f"asks for {work:,} source tokens x beam" in r.json()["error"]
+        assert http.post("/translate", json={"texts": texts, "beam": 3}).status_code == 200
+
+
+def test_a_text_longer_than_the_model_counts_what_the_model_reads(translator):
+    """A text is cut to the model's length before it is decoded: its work is that length, so
+    a long text at a small beam is not refused for characters the model never reads."""
+    service = create_app(translator, ServeConfig()).state.service
+    assert service.source_tokens(LONG) == translator.model.cfg.max_len
+    assert service.source_tokens("the dog runs") == len(translator.subwords.encode("the dog runs")) + 1

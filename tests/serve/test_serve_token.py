@@ -56,7 +56,7 @@ async def token_app(request, kind: str, token: str = TOKEN):
         from transformer.generator import Generator
 
         model = Generator.from_pretrained(request.getfixturevalue("lm_run"), warn=False)
-    app = create_app(model, ServeConfig(token=token))
+    app = create_app(model, ServeConfig(token=token, docs=True))  # /docs too: its routes want the token as well
     async with app.router.lifespan_context(app):
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://test") as http:
             yield app, http

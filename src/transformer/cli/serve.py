@@ -3,8 +3,10 @@ explorer page; the run's config says which kind of model it is."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import ipaddress
 import os
+import secrets
 import socket
 import sys
 
@@ -29,20 +31,31 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-texts", type=int, default=64, help="most texts in one request (default: %(default)s)")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     p.add_argument("--max-beam", type=int, help="the largest beam a request may ask for (translation; default: 16)")
+    p.add_argument("--max-work", type=int, metavar="N",
+                   help="the most work one request may ask for, in source tokens x beam (its texts' subword tokens, "
+                        "summed, times the beam); a larger one is a 413 (translation; default: 20000)")
     p.add_argument("--new-tokens-limit", type=int, metavar="N",
                    help="the most tokens a /generate request may ask for (language model; default: 1024)")
     p.add_argument("--max-queue", type=int, default=128, metavar="N",
                    help="the most requests waiting for the model; beyond it 503 with Retry-After (default: 128)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
                    help="a request not answered within this many seconds gets 504 and is dropped (default: 60)")
+    p.add_argument("--header-timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="a connection that has not sent a request's headers within this many seconds of opening "
+                        "(or of its last answer) is closed (default: 10)")
     p.add_argument("--token", default=None,
                    help="require 'Authorization: Bearer TOKEN' on every route but /health and the page "
                         "(which takes it from #token= in its address) (default: "
-                        "$TRANSFORMER_SERVE_TOKEN, else none; the variable keeps it out of the process list)")
+                        "$TRANSFORMER_SERVE_TOKEN; the variable keeps it out of the process list; else none on "
+                        "loopback, and a fresh one, printed, on any other address)")
     p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
-                   help="also answer requests whose Host header names NAME (repeatable); others get 403 unless "
-                        "the server listens on every address (0.0.0.0, ::) (default: the --host address, "
-                        "and localhost for a loopback one)")
+                   help="also answer requests whose Host header names NAME (repeatable); others get 403 (default: "
+                        "the --host address, and localhost for a loopback one; on every address (0.0.0.0, ::): "
+                        "localhost, this machine's name and any IP address)")
+    p.add_argument("--docs", action="store_true",
+                   help="serve FastAPI's API page at /docs; it loads its script and styles from a CDN "
+                        "(cdn.jsdelivr.net), so the browser that opens it needs the network and tells that site "
+                        "(default: off; /openapi.json describes the API either way)")
     p.add_argument("--max-attention", type=int, default=2_000_000, metavar="N",
                    help="the most attention weights one /attention answer may hold (layers x heads x the maps' "
                         "cells); a larger one is a 413 (default: 2000000)")
@@ -55,10 +68,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 DESCRIPTION = """\
 Serve the model of a run over HTTP: POST /translate for a translation model, POST /generate
 for a language model (the run's config says which; GET /health tells clients), POST
-/attention for the explorer page at /. --beam, --alpha, --max-tokens and --max-beam apply to
-a translation model; --max-new-tokens, --temperature, --top-k, --top-p, --seed and
---new-tokens-limit to a language model (the defaults of requests that do not give them, and
-their limits); one given for the other kind is a one-line error.
+/attention for the explorer page at /. --beam, --alpha, --max-tokens, --max-beam and
+--max-work apply to a translation model; --max-new-tokens, --temperature, --top-k, --top-p,
+--seed and --new-tokens-limit to a language model (the defaults of requests that do not give
+them, and their limits); one given for the other kind is a one-line error.
 
 POST /generate takes {"prompt": "...", "max_new_tokens": N, "temperature": T, "top_k": K,
 "top_p": P, "seed": S} (all but the prompt optional) and answers {"text": ..., "tokens": N,
@@ -70,14 +83,20 @@ they are made, "data: {"text": ..., "token": id}" each, then "event: done" with 
          -d '{"prompt": "ROMEO:", "seed": 1}' http://127.0.0.1:8000/generate
 
 Under load it says no rather than drowning: more than --max-queue waiting requests get 503
-with Retry-After, a request not answered within --timeout seconds gets 504 and is dropped,
-and a request whose client went away is not decoded. It listens on 127.0.0.1 unless --host
-says otherwise; elsewhere, set a token (TRANSFORMER_SERVE_TOKEN=... or --token) and clients
-send "Authorization: Bearer TOKEN" (GET /health and the page stay open; the page takes the
-token from #token=... in its address, which the start-up line prints). A request whose Host
-header names another host than the one it listens on gets 403 (a page elsewhere reaching a
-local server through DNS rebinding); --allow-host NAME adds a name. One /attention answer
-holds at most --max-attention weights; a request may ask for some "layers" and "heads" only.
+with Retry-After, a request not answered within --timeout seconds gets 504 and is dropped (a
+stream too, while it waits for its first token), and a request whose client went away is not
+decoded. A translation request asks for at most --max-work source tokens x beam (413
+beyond). A connection that has not sent a request's headers within --header-timeout seconds
+is closed; such connections do not count against the connection limit.
+
+It listens on 127.0.0.1 unless --host says otherwise. Elsewhere it wants a token: give one
+(TRANSFORMER_SERVE_TOKEN=... or --token), or it makes one and prints it; clients send
+"Authorization: Bearer TOKEN" (GET /health and the page stay open; the page takes the token
+from #token=... in its address, which the start-up line prints). A request whose Host header
+names another host than the one it listens on gets 403 (a page elsewhere reaching a local
+server through DNS rebinding); --allow-host NAME adds a name. One /attention answer holds at
+most --max-attention weights; a request may ask for some "layers" and "heads" only. /docs
+(Swagger's page, from a CDN) is served with --docs only.
 
 Needs the serve extra (fastapi, uvicorn): pip install '.[serve]' (in the project's folder).
 """
@@ -107,12 +126,14 @@ def _settings(args: argparse.Namespace):
     if args.threads < 0:
         raise UserError(f"--threads must be at least 0, got {args.threads}")
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
-    limits = {name: getattr(args, name) for name in ("max_beam", "new_tokens_limit") if getattr(args, name) is not None}
+    limits = {name: getattr(args, name) for name in ("max_beam", "max_work", "new_tokens_limit")
+              if getattr(args, name) is not None}
     try:
         return ServeConfig(**limits, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
                            batching=not args.no_batching, max_chars=args.max_chars, max_texts=args.max_texts,
-                           max_queue=args.max_queue, timeout=args.timeout, token=token,
-                           max_attention=args.max_attention, allowed_hosts=allowed_hosts(args.host, args.allow_host))
+                           max_queue=args.max_queue, timeout=args.timeout,
+                           header_timeout=args.header_timeout, token=token, max_attention=args.max_attention,
+                           allowed_hosts=allowed_hosts(args.host, args.allow_host), docs=args.docs)
     except ValueError as e:  # the message names the setting; give it its option's spelling
         raise UserError("--" + str(e).replace("_", "-")) from None
 
@@ -120,21 +141,21 @@ def _settings(args: argparse.Namespace):
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
-def allowed_hosts(host: str, extra: list[str]) -> tuple[str, ...] | None:
+def allowed_hosts(host: str, extra: list[str]) -> tuple[str, ...]:
     """The names a request's Host header may give a server listening on ``host`` (see
     serve.guard): that address, the loopback names for a loopback one, and ``extra``
-    (--allow-host). None (any) for a server on every address (0.0.0.0, ::) given no
-    --allow-host: it cannot know the names it is reached by."""
+    (--allow-host). A server on every address (0.0.0.0, ::) cannot know all the names it is
+    reached by: it answers the loopback names, this machine's name and, because its own
+    address is among its names, any IP address (serve.guard)."""
     try:
         address = ipaddress.ip_address(host.strip("[]"))
     except ValueError:
         address = None
-    if address is not None and address.is_unspecified and not extra:
-        return None
+    everywhere = address is not None and address.is_unspecified
     loopback = host == "localhost" or (address is not None and address.is_loopback)
-    names = [host.strip("[]"), *(LOOPBACK_NAMES if loopback or (address is not None and address.is_unspecified)
-                                 else ()), *extra]
-    return tuple(dict.fromkeys(n.lower() for n in names))
+    names = [host.strip("[]"), *(LOOPBACK_NAMES if loopback or everywhere else ()),
+             *((socket.gethostname(),) if everywhere else ()), *extra]
+    return tuple(dict.fromkeys(n.lower() for n in names if n))
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -180,12 +201,13 @@ def run(args: argparse.Namespace) -> int:
     from ..hardware import device_line, slow_precision_warning
     from ..run import read_model_config
     from ..serve import create_app
+    from ..serve.connections import protocol
     from ..serve.serve_config import TOKEN_ENV
 
     # checked before the port is taken
     lm = read_model_config(args.model).decoder_only
     if lm:
-        refuse_options(args, (*SEARCH_OPTIONS, "max_tokens", "max_beam"), "for a translation model",
+        refuse_options(args, (*SEARCH_OPTIONS, "max_tokens", "max_beam", "max_work"), "for a translation model",
                        f"{args.model} is a language model, served on /generate")
     else:
         refuse_options(args, (*SAMPLING_OPTIONS, "new_tokens_limit"), "for a language model",
@@ -203,9 +225,9 @@ def run(args: argparse.Namespace) -> int:
     if note := slow_precision_warning(decoding.precision, decoding.device):
         print(f"warning: {note}", file=sys.stderr, flush=True)
     sock = _listen(args.host, args.port)
-    if cfg.token is None and not _loopback(sock):
-        print(f"warning: listening on {args.host} without a token: anyone who can reach this address can use the "
-              f"model; set {TOKEN_ENV} (or --token) to require one", file=sys.stderr, flush=True)
+    made = cfg.token is None and not _loopback(sock)
+    if made:  # anyone who can reach the address could use the model: a token for this run, printed, as Jupyter does
+        cfg = dataclasses.replace(cfg, token=secrets.token_urlsafe(24))
     try:
         loaded = _load(args.model, decoding, lm)
         app = create_app(loaded, cfg, model_name=str(args.model))
@@ -213,17 +235,23 @@ def run(args: argparse.Namespace) -> int:
         shown = f"[{host}]" if ":" in host else host
         how = (f"language model; up to {decoding.max_new_tokens} new tokens; temperature {decoding.temperature}"
                if lm else f"beam {decoding.beam}")
-        shows_token = args.token is not None  # see _page_url
-        fill_in = f"; ${TOKEN_ENV} goes in place of ..." if cfg.token is not None and not shows_token else ""
+        shows_token = args.token is not None or made  # see _page_url
+        note = ""
+        if made:
+            note = (f"; a token made for this run, as {args.host} is not a loopback address: clients send "
+                    f"'Authorization: Bearer TOKEN'; set {TOKEN_ENV} to choose it")
+        elif cfg.token is not None and not shows_token:
+            note = f"; ${TOKEN_ENV} goes in place of ..."
         print(f"transformer serve: {_page_url(shown, port, cfg.token, shows_token)} (model {args.model}; {how}; "
               f"{loaded.decoding.precision} on {device_line(loaded.device)}; "
-              f"{'batching up to ' + str(cfg.max_batch) if cfg.batching else 'no batching'}{fill_in})",
+              f"{'batching up to ' + str(cfg.max_batch) if cfg.batching else 'no batching'}{note})",
               file=sys.stderr, flush=True)
-        # limit_concurrency: uvicorn's own 503 for a flood of connections (above the queue's);
-        # timeout_keep_alive: idle connections close, so they do not hold that budget
-        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=args.access_log,
-                                               limit_concurrency=cfg.connection_limit, timeout_keep_alive=5,
-                                               timeout_graceful_shutdown=5))
+        # limit_concurrency: uvicorn's own 503 for a flood of requests (above the queue's); the
+        # protocol keeps connections waiting for their headers out of it and closes them at
+        # --header-timeout (serve.connections); timeout_keep_alive: idle ones close sooner
+        server = uvicorn.Server(uvicorn.Config(app, http=protocol(cfg), log_level="warning",
+                                               access_log=args.access_log, limit_concurrency=cfg.connection_limit,
+                                               timeout_keep_alive=5, timeout_graceful_shutdown=5))
         server.run(sockets=[sock])
     finally:
         sock.close()
@@ -236,7 +264,8 @@ def _page_url(host: str, port: int, token: str | None, show_token: bool) -> str:
     fragment, which browsers never send, and drops it from the address bar).
 
     A token given with --token is shown: it is on the command line already (the process
-    list, the shell's history). One from TRANSFORMER_SERVE_TOKEN is not (``#token=...``, to
+    list, the shell's history); so is one made for the run (nobody would know it otherwise,
+    and it lives as long as the process). One from TRANSFORMER_SERVE_TOKEN is not (``#token=...``, to
     fill in, as Jupyter prints a token it did not make itself): the variable is how a user
     keeps it out of sight, and this line often lands in a log more people read (a service
     manager's, a container's).

@@ -14,7 +14,7 @@ run's config says which (``transformer serve`` reads it), and ``/health`` tells 
     GET  /health      liveness, the kind of model ("translation" or "language-model") and its shape
     GET  /stats       batching counters (requests, decode calls, largest batch)
     GET  /            the explorer (static/: plain HTML, JS and CSS, no external URLs)
-    GET  /openapi.json, /docs
+    GET  /openapi.json   the API's description (and /docs, Swagger's page from a CDN, with ServeConfig.docs)
 
 Every error is JSON ``{"error": "..."}``: 400 for a body that is not UTF-8, 401 without the
 token (when the server has one; ``/health`` and the page's files never want it), 404 for the other kind of model's

@@ -79,7 +79,9 @@ def core_app(service: ServiceCore, model_name: str) -> FastAPI:
         yield
         await service.batcher.stop()
 
-    app = FastAPI(title="transformer", summary=service.summary, lifespan=lifespan, redoc_url=None)
+    # /docs loads Swagger's script and styles from a CDN: served only when asked for (cfg.docs)
+    app = FastAPI(title="transformer", summary=service.summary, lifespan=lifespan,
+                  docs_url="/docs" if cfg.docs else None, redoc_url=None)
     app.state.service = service
     add_error_handlers(app)
     app.add_middleware(Guard, max_bytes=cfg.max_body_bytes, timeout=cfg.timeout, token=cfg.token,

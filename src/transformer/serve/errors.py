@@ -65,16 +65,27 @@ def _is_json(content_type: str) -> bool:
     return kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
 
 
+MAX_SHOWN = 5  # errors a 422 spells out; the rest are counted
+
+
 def validation_message(errors: list[dict], example: str = '{"text": "..."}') -> str:
-    """Pydantic's error list as one readable line, e.g. ``texts[1]: Input should be a valid string``."""
+    """Pydantic's error list as one readable line, e.g. ``texts[1]: Input should be a valid string``:
+    the first MAX_SHOWN errors and how many more there are, each place named in at most 40
+    characters a part (the answer stays short whatever the body held)."""
     parts = []
-    for err in errors:
+    for err in errors[:MAX_SHOWN]:
         if err.get("type") == "json_invalid":
             return f"malformed JSON: {err.get('ctx', {}).get('error', 'cannot parse the body')}"
-        loc = [p for p in err.get("loc", ()) if p != "body"]
+        loc = [p if isinstance(p, int) else _short(str(p)) for p in err.get("loc", ()) if p != "body"]
         where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
         msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
         if not where and err.get("type") in ("missing", "model_attributes_type", "dict_type"):
             msg = f"the body must be a JSON object, e.g. {example}"
         parts.append(f"{where}: {msg}" if where else msg)
+    if len(errors) > MAX_SHOWN:
+        parts.append(f"and {len(errors) - MAX_SHOWN:,} more ({len(errors):,} errors)")
     return "; ".join(parts) or "invalid request"
+
+
+def _short(name: str, most: int = 40) -> str:
+    return name if len(name) <= most else name[:most - 3] + "..."

@@ -122,11 +122,14 @@ class LMService(ServiceCore):
             row.cancelled = True  # done, or the handler was cancelled: nobody waits for more
         return self.answer(row, result)
 
-    def events(self, key: Sampling, row: Row) -> AsyncIterator[str]:
+    async def events(self, key: Sampling, row: Row) -> AsyncIterator[str]:
         """Server-sent events: ``data: {"text": ..., "token": id}`` per token as it comes, then
-        ``event: done`` with the answer (or ``event: error``). The row is queued now, before
-        the stream begins, so a full queue raises :class:`~.batching.QueueFull` here (a 503),
-        not in a stream already answered 200."""
+        ``event: done`` with the answer (or ``event: error``). The row is queued at once, so a
+        full queue raises :class:`~.batching.QueueFull` here (a 503); and this returns when the
+        first token has come, so the answer (its 200) starts then: a row still waiting at the
+        server's deadline gets the guard's 504 and leaves the queue, never decoded, as a
+        request for JSON does (five long streams queued behind each other all got a 200 at
+        once, and the last its first token 16 s past a 3 s --timeout)."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[dict | None] = asyncio.Queue()
 
@@ -140,12 +143,20 @@ class LMService(ServiceCore):
         job = self.batcher.enqueue(key, [row])
         # The tokens' events were queued before the job could finish, so None comes last.
         job.add_done_callback(lambda _: queue.put_nowait(None))
-        return self._stream(row, queue, job)
-
-    async def _stream(self, row: Row, queue: asyncio.Queue, job: asyncio.Future) -> AsyncIterator[str]:
         try:
-            while (event := await queue.get()) is not None:
+            first = await queue.get()
+        except BaseException:  # cancelled: past the deadline, or the client left
+            row.cancelled = True
+            job.cancel()
+            raise
+        return self._stream(row, first, queue, job)
+
+    async def _stream(self, row: Row, event: dict | None, queue: asyncio.Queue,
+                      job: asyncio.Future) -> AsyncIterator[str]:
+        try:
+            while event is not None:
                 yield sse(event)
+                event = await queue.get()
             try:
                 result = job.result()[0]
             except Exception as e:  # a bug in generation: the stream says so and ends
@@ -224,8 +235,8 @@ def add_generation_routes(app: FastAPI, service: LMService) -> None:
         "Accept: text/event-stream" (or "stream": true) the tokens come as server-sent events."""
         key, row = service.request(req)
         streaming = req.stream if req.stream is not None else EVENT_STREAM in request.headers.get("accept", "")
-        if streaming:  # queued now: a full queue is a 503, not an error event in a 200 stream
-            return StreamingResponse(service.events(key, row), media_type=EVENT_STREAM,
+        if streaming:  # answered at its first token: a full queue is a 503, a deadline passed in the queue a 504
+            return StreamingResponse(await service.events(key, row), media_type=EVENT_STREAM,
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         return JSONResponse(await service.complete(key, row))
 

@@ -4,7 +4,8 @@ In order:
   0. the host: with ``ServeConfig.allowed_hosts`` set, a request whose ``Host`` header names
      another host gets 403. A web page elsewhere can reach a server on 127.0.0.1 through
      DNS rebinding (its own name made to resolve to 127.0.0.1), but its requests still carry
-     that name;
+     that name. A server on every address (an unspecified one among the names) also answers
+     any IP address: a rebound page names its own domain, never an address;
   1. the token: with ``ServeConfig.token`` set, every route wants ``Authorization: Bearer
      TOKEN`` (compared in constant time), 401 without it, but for reading what holds no
      data: ``/health``, and the explorer page with its scripts and styles (a browser opening
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import json
 
 STATIC_URL = "/static"  # where core mounts the page's scripts and styles
@@ -54,14 +56,16 @@ class Guard:
         self.app, self.max_bytes, self.timeout = app, max_bytes, timeout
         self.expected = None if token is None else token.encode()
         self.hosts = None if allowed_hosts is None else {h.lower().strip("[]") for h in allowed_hosts}
+        self.any_address = self.hosts is not None and any(_unspecified(h) for h in self.hosts)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        if self.hosts is not None and (host := host_name(scope)) is not None and host not in self.hosts:
+        if (host := host_name(scope)) is not None and not self._answers(host):
+            names = sorted(h for h in self.hosts if not _unspecified(h))
             return await refuse(send, 403, f"Host {host!r} is not a name this server answers to "
-                                           f"({', '.join(sorted(self.hosts))}); start it with --allow-host "
-                                           f"{host} to serve that name")
+                                           f"({', '.join(names)}{', or an IP address' if self.any_address else ''}); "
+                                           f"start it with --allow-host {host} to serve that name")
         if not self._authorized(scope):
             return await refuse(send, 401, "this server wants a token: send \"Authorization: Bearer TOKEN\"",
                                 [(b"www-authenticate", b'Bearer realm="transformer"')])
@@ -86,6 +90,10 @@ class Guard:
                                            f"at offset {e.start}); send JSON encoded as UTF-8")
         replay, gone = _replay(bytes(body), receive)
         return await self._answer(scope, replay, send, deadline, gone)
+
+    def _answers(self, host: str) -> bool:
+        return (self.hosts is None or host in self.hosts
+                or (self.any_address and _address(host) is not None))
 
     def _authorized(self, scope) -> bool:
         if self.expected is None or is_open(scope["method"], scope["path"]):
@@ -169,6 +177,19 @@ def host_name(scope) -> str | None:
     if host.startswith("["):  # [IPv6]:port
         return host[1:].partition("]")[0]
     return host.rpartition(":")[0] if host.count(":") == 1 else host
+
+
+def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None
+
+
+def _unspecified(host: str) -> bool:
+    """Whether ``host`` is 0.0.0.0 or ::, the address of a server listening on every address."""
+    address = _address(host)
+    return address is not None and address.is_unspecified
 
 
 def is_open(method: str, path: str) -> bool:

@@ -38,8 +38,27 @@ def _given(what: str):
     return AfterValidator(check)
 
 
+MAX_UNKNOWN = 3  # more unknown fields than this are one error, not one each
+
+
 class _Strict(BaseModel):
+    """Strict types, unknown fields refused; a list stops at its first bad item (``fail_fast``),
+    and many unknown fields are one error: a 1 MB body of 90,000 unknown keys was 90,000
+    errors, built on the event loop (0.7 s), into a 3.6 MB answer."""
+
     model_config = ConfigDict(strict=True, extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _few_unknown_fields(cls, data):
+        if isinstance(data, dict):
+            fields = cls.model_fields  # a property: read once
+            unknown = [key for key in data if key not in fields]
+            if len(unknown) > MAX_UNKNOWN:
+                shown = ", ".join(repr(key[:40]) for key in unknown[:MAX_UNKNOWN])
+                raise ValueError(f"{len(unknown):,} unknown fields ({shown}, ...); the fields are "
+                                 f"{', '.join(fields)}")
+        return data
 
 
 class TranslateRequest(_Strict):
@@ -47,8 +66,9 @@ class TranslateRequest(_Strict):
 
     text: Annotated[Text, _given("a sentence to translate")] | None = Field(
         None, description="one sentence (not blank)", examples=["A dog runs in the park."])
-    texts: list[Text] | None = Field(None, description="several sentences, translated in order (a blank one as a "
-                                                      "blank line, as the translate command does)")
+    texts: list[Text] | None = Field(None, fail_fast=True,
+                                     description="several sentences, translated in order (a blank one as a "
+                                                 "blank line, as the translate command does)")
     beam: int | None = Field(None, ge=1, description="beam size (1 = greedy); default: the server's")
     n_best: int = Field(1, ge=1, description="translations per sentence, best first (at most the beam size)")
 
@@ -83,7 +103,7 @@ def _indices(values: list[int] | None) -> list[int] | None:
 
 
 # Layers or heads of an /attention answer: 0-based, none twice (the model's range is checked by the service).
-Indices = Annotated[list[Annotated[int, Field(ge=0)]] | None, AfterValidator(_indices)]
+Indices = Annotated[list[Annotated[int, Field(ge=0)]] | None, Field(fail_fast=True), AfterValidator(_indices)]
 
 
 class _ChoosesMaps(_Strict):

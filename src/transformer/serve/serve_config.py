@@ -20,6 +20,10 @@ class ServeConfig:
         new_tokens_limit: the most tokens a /generate request may ask for (max_new_tokens).
         max_chars: the longest text (or prompt) accepted, in characters (413 beyond).
         max_texts: the most texts in one request (413 beyond).
+        max_work: the most work one translation request (``/translate``, or ``/attention``'s
+            translation) may ask for, in source tokens x beam: its texts' subword tokens (each
+            at most the model's length) summed, times the beam. 413 beyond, naming what to lower.
+            A ``/generate`` request is one prompt, bounded by new_tokens_limit.
         max_body_bytes: the largest request body, in bytes (413 beyond).
         attention_decimals: attention weights are rounded to this many decimals.
         max_attention: the most attention weights one /attention answer may return (its
@@ -30,14 +34,25 @@ class ServeConfig:
             Retry-After at once.
         timeout: seconds a request may take from its arrival until its answer starts (its
             body read, its wait in the queue, its decoding); 504 past it, and it is
-            dropped from the queue. A stream that has started is not cut.
+            dropped from the queue. A stream's answer starts with its first token (a stream
+            still queued at the deadline gets the 504); one that has started is not cut.
+        header_timeout: seconds a connection has to send a request's headers, from its opening
+            or its last answer; it is closed past them, however slowly they trickle in.
+        idle_per_client: the most connections one client address may hold waiting for a
+            request's headers; one more closes its oldest. Such connections do not count
+            against ``connection_limit``.
         token: when set, every route but ``/health`` and the explorer page (``/`` and its
             static files, which hold no data) wants ``Authorization: Bearer TOKEN`` (401
             without it); the page takes the token from ``#token=`` in its address. Kept out
             of the repr.
         allowed_hosts: the host names a request's ``Host`` header may give (any port); others
             get 403, as a page elsewhere reaching a local server through DNS rebinding would.
-            None: any (a server listening on every address, 0.0.0.0, cannot tell its names).
+            A tuple holding an unspecified address (``0.0.0.0``, ``::``: a server listening on
+            every address) also admits any IP address: a page reaching a server through DNS
+            rebinding names its own domain, never an address. None: any name.
+        docs: serve FastAPI's API pages (``/docs``, ``/redoc``), which load their scripts and
+            styles from a CDN (the browser needs the network, and tells that site). Off, only
+            ``/openapi.json`` describes the API.
     """
 
     max_beam: int = 16
@@ -47,6 +62,7 @@ class ServeConfig:
     batching: bool = True
     max_chars: int = 1000
     max_texts: int = 64
+    max_work: int = 20_000
     max_body_bytes: int = 1 << 20
     attention_decimals: int = 3
     max_attention: int = 2_000_000
@@ -54,14 +70,18 @@ class ServeConfig:
     timeout: float = 60.0
     token: str | None = field(default=None, repr=False)
     allowed_hosts: tuple[str, ...] | None = None
+    header_timeout: float = 10.0
+    idle_per_client: int = 128
+    docs: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("max_beam", "new_tokens_limit", "max_batch", "max_chars", "max_texts", "max_body_bytes",
-                     "max_queue", "max_attention"):
+        for name in ("max_beam", "new_tokens_limit", "max_batch", "max_chars", "max_texts", "max_work",
+                     "max_body_bytes", "max_queue", "max_attention", "idle_per_client"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if not self.timeout > 0:
-            raise ValueError(f"timeout must be a positive number of seconds, got {self.timeout}")
+        for name in ("timeout", "header_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be a positive number of seconds, got {getattr(self, name)}")
         # A lone request waits max_wait_ms for company: as long as the timeout, every one would get 504.
         if not 0 <= self.max_wait_ms < self.timeout * 1000:
             raise ValueError(f"max_wait_ms must be at least 0 and below the timeout ({self.timeout:g} s), "
@@ -75,8 +95,10 @@ class ServeConfig:
 
     @property
     def connection_limit(self) -> int:
-        """uvicorn's ``limit_concurrency``: beyond this many open connections (idle keep-alive
-        ones too) or running requests, uvicorn itself answers 503. Above what the queue and one
-        batch hold, so the JSON 503 of a full queue comes first; a backstop against a flood of
-        connections, each of which would cost memory before the queue sees it."""
+        """uvicorn's ``limit_concurrency``: beyond this many connections with a request under
+        way, or running requests, uvicorn itself answers 503 (connections waiting for a request's
+        headers are bounded apart: header_timeout, idle_per_client; see serve.connections).
+        Above what the queue and one batch hold, so the JSON 503 of a full queue comes first; a
+        backstop against a flood of requests, each of which would cost memory before the queue
+        sees it."""
         return self.max_queue + self.max_batch + 64
