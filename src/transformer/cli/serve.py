@@ -48,7 +48,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "(which takes it from #token= in its address) (default: "
                         "$TRANSFORMER_SERVE_TOKEN; the variable keeps it out of the process list; else none on "
                         "loopback, and a fresh one, printed, on any other address)")
-    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME", dest="allowed_hosts",
                    help="also answer requests whose Host header names NAME (repeatable); others get 403 (default: "
                         "the --host address, and localhost for a loopback one; on every address (0.0.0.0, ::): "
                         "localhost, this machine's name and any IP address)")
@@ -133,7 +133,7 @@ def _settings(args: argparse.Namespace):
                            batching=not args.no_batching, max_chars=args.max_chars, max_texts=args.max_texts,
                            max_queue=args.max_queue, timeout=args.timeout,
                            header_timeout=args.header_timeout, token=token, max_attention=args.max_attention,
-                           allowed_hosts=allowed_hosts(args.host, args.allow_host), docs=args.docs)
+                           allowed_hosts=allowed_hosts(args.host, args.allowed_hosts), docs=args.docs)
     except ValueError as e:  # the message names the setting; give it its option's spelling
         raise UserError("--" + str(e).replace("_", "-")) from None
 
