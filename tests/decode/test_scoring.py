@@ -1,6 +1,7 @@
 """Length limits, the length penalty and the helpers greedy and beam search share."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -81,3 +82,18 @@ def test_the_two_length_penalties_by_hand():
     assert length_penalty(7, 0.6, "gnmt") == length_penalty(7, 0.6)
     assert length_penalty(7, 0.6, "length") == pytest.approx(7 ** 0.6)
     assert length_penalty(7, 0.0, "length") == 1.0 == length_penalty(7, 0.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_next_token_logprobs_equal_the_float_copys_bit_for_bit(dtype):
+    """Read straight into float32 (log_softmax's dtype=), the log-probabilities are those of
+    the logits copied to float32 first, exactly, at a large vocabulary too."""
+    torch.manual_seed(0)
+    for rows, vocab, scale in [(3, 11, 1.0), (8, 58101, 10.0), (2, 4000, 100.0)]:
+        logits = (torch.randn(rows, vocab) * scale).to(dtype)
+        cfg = dataclasses.replace(CFG, vocab_size=vocab)
+        expected = torch.log_softmax(logits.float(), dim=-1)
+        expected[:, cfg.pad_id] = float("-inf")
+        if cfg.bos_id != cfg.eos_id:
+            expected[:, cfg.bos_id] = float("-inf")
+        assert torch.equal(next_token_logprobs(logits, cfg), expected)

@@ -77,7 +77,7 @@ class Ensemble(nn.Module):
         logps, caches = [], []
         for m, c in zip(self.members, cache.caches):
             logits, c = m.decode(tgt, c)
-            logps.append(torch.log_softmax(logits.float(), dim=-1))
+            logps.append(torch.log_softmax(logits, dim=-1, dtype=torch.float32))
             caches.append(c)
         mean = torch.logsumexp(torch.stack(logps), dim=0) - math.log(len(logps))
         return mean, EnsembleCache(tuple(caches))
