@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ._inspect import add_input_options, check_layer, load_subject, other_input, token_id
+from ._inspect import add_input_options, check_layer, load_subject, other_input
 from ._options import add_decoding_options, decoding_options
 
 
@@ -65,31 +65,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _score(subject, args):
     """The Score and a line saying what it is."""
-    from ..errors import UserError
-    from ..inspect import Score
+    from ._inspect import score_of
 
-    show = subject.show
-    if args.token is None:
-        tokens = list(subject.outputs)
-        shown = " ".join(show(i) for i in tokens) if len(tokens) <= 12 else f"the {len(tokens)} output tokens"
-        kind = "the translation" if not subject.decoder_only else ("--target" if args.target else "the next token")
-        return Score(subject.scored, tokens), f"log p({kind}: {shown})"
-    token = token_id(subject, args.token, "--token")
-    vs = None if args.vs is None else token_id(subject, args.vs, "--vs")
-    if vs == token:
-        raise UserError(f"--token {args.token} and --vs {args.vs} are the same token; give two different ones")
-    outputs = subject.outputs
-    at = next((t for t, o in zip(subject.scored, outputs) if o in (token, vs)), None)
-    if at is None:
-        if subject.decoder_only and args.target is None:
-            at = subject.scored[-1]  # the next token after the text
-        else:
-            words = args.token if vs is None else f"{args.token} nor {args.vs}"
-            raise UserError(f"neither {words} is in the {'translation' if not subject.decoder_only else '--target'} "
-                            f"({' '.join(show(o) for o in outputs)}); give --target with one of them")
-    where = f"at position {at + 1} (after {subject.pieces[at]!r})"
-    what = f"log p({show(token)})" + ("" if vs is None else f" - log p({show(vs)})") + f" {where}"
-    return Score([at], [token], None if vs is None else [vs]), what
+    return score_of(subject, args.token, args.vs, args.target)
 
 
 def _measure(subject, score, mode: str, corrupt, layer: int | None):

@@ -46,6 +46,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-attention", type=int, default=2_000_000, metavar="N",
                    help="the most attention weights one /attention answer may hold (layers x heads x the maps' "
                         "cells); a larger one is a 413 (default: 2000000)")
+    p.add_argument("--max-lens", type=int, default=20_000_000, metavar="N",
+                   help="the most logits one /lens request may compute (layers + 1 x positions x vocabulary); "
+                        "more is a 413 (default: 20000000)")
+    p.add_argument("--max-head-work", type=int, default=20_000, metavar="N",
+                   help="the most heads x positions one /heads request may run; more is a 413 (default: 20000)")
     add_decoding_options(p, "beam", "alpha", "max_tokens", "max_new_tokens", "temperature", "top_k", "top_p", "seed",
                          "precision", "device", "compile")
     p.add_argument("--access-log", action="store_true", help="log every request")
@@ -78,6 +83,8 @@ token from #token=... in its address, which the start-up line prints). A request
 header names another host than the one it listens on gets 403 (a page elsewhere reaching a
 local server through DNS rebinding); --allow-host NAME adds a name. One /attention answer
 holds at most --max-attention weights; a request may ask for some "layers" and "heads" only.
+POST /lens (the logit lens) and POST /heads (each head's effect, ablated or patched in from a
+"corrupt" sentence) read one sentence, bounded by --max-lens and --max-head-work.
 
 Needs the serve extra (fastapi, uvicorn): pip install '.[serve]' (in the project's folder).
 """
@@ -112,7 +119,8 @@ def _settings(args: argparse.Namespace):
         return ServeConfig(**limits, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
                            batching=not args.no_batching, max_chars=args.max_chars, max_texts=args.max_texts,
                            max_queue=args.max_queue, timeout=args.timeout, token=token,
-                           max_attention=args.max_attention, allowed_hosts=allowed_hosts(args.host, args.allow_host))
+                           max_attention=args.max_attention, max_lens=args.max_lens,
+                           max_head_work=args.max_head_work, allowed_hosts=allowed_hosts(args.host, args.allow_host))
     except ValueError as e:  # the message names the setting; give it its option's spelling
         raise UserError("--" + str(e).replace("_", "-")) from None
 
