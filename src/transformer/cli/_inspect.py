@@ -246,3 +246,10 @@ def score_of(subject: Subject, token: str | None, vs: str | None, target: str | 
     where = f"at position {at + 1} (after {subject.pieces[at]!r})"
     what = f"log p({show(chosen)})" + ("" if other is None else f" - log p({show(other)})") + f" {where}"
     return Score([at], [chosen], None if other is None else [other]), what
+
+
+def head_labels(subject: Subject) -> dict[str, str]:
+    """How the map names each kind of head: a language model's only kind is its self-attention."""
+    from ..inspect.heads import KIND_LABELS
+
+    return {k: ("self-attention" if subject.decoder_only else KIND_LABELS[k]) for k in KIND_LABELS}

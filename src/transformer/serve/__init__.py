@@ -10,8 +10,8 @@ app with ``/health``, ``/stats`` and the page) around a kind's route set: ``tran
 (the translation service and its routes) or ``generation`` (the language model's: prompts
 continued in batches, their tokens streamed). ``guard`` admits each request (token, body
 limits, deadline, a client gone), ``batching`` collects concurrent requests into one
-decoding call, ``attention`` computes the maps the explorer draws, ``static/`` is the page
-itself.
+decoding call, ``attention`` computes the maps the explorer draws, ``inspect`` the logit lens
+and the head map (``/lens``, ``/heads``), ``static/`` is the page itself.
 """
 from ..extras import require
 

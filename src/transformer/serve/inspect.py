@@ -94,8 +94,7 @@ def heads_answer(front, text: str, target: str | None, corrupt: str | None, toke
     """The head map of ``text``: each head's change of the score (``token`` vs ``vs``, else the
     output's log-probability) when it is ablated (``ablate``: zero or mean) or patched in from
     ``corrupt``; a layer not measured (``layers``) is null."""
-    from ..cli._inspect import other_input, score_of
-    from ..cli.heads import _labels
+    from ..cli._inspect import head_labels, other_input, score_of
     from ..inspect import head_effects
     from ..inspect.heads import head_kinds
 
@@ -126,7 +125,7 @@ def heads_answer(front, text: str, target: str | None, corrupt: str | None, toke
         corrupted = _api(front, lambda: other_input(subject, None, corrupt, "--corrupt"))
     found = head_effects(model, subject.inputs, score, ablate=ablate or ("patch" if corrupted else "zero"),
                          corrupt=corrupted, layers=layers, **subject.options())
-    labels = _labels(subject)
+    labels = head_labels(subject)
     return {"sentence": text, "translation": subject.translation, "truncated": subject.truncated,
             "score": what, "mode": found.mode,
             "clean": round(found.clean, 5), "corrupt": None if found.corrupt is None else round(found.corrupt, 5),
