@@ -114,8 +114,8 @@ def heads_answer(front, text: str, target: str | None, corrupt: str | None, toke
     positions = sum(x.size(1) for x in subject.inputs)
     work = heads * positions
     if work > cfg.max_head_work:
-        fewer = 'ask for fewer "layers" (e.g. "layers": [0]), or send a shorter text' if heads > model.cfg.n_heads \
-            else "send a shorter text"
+        fewer = 'ask for fewer "layers" (e.g. "layers": [0]), or send a shorter text' \
+            if (n_layers if layers is None else len(layers)) > 1 else "send a shorter text"
         raise ServeError(413, f"text: the head map runs {heads} heads over {positions} positions ({work:,}); this "
                               f"server runs at most {cfg.max_head_work:,} for one answer (its --max-head-work): "
                               f"{fewer}")
