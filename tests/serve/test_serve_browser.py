@@ -163,6 +163,47 @@ def test_explorer_translates_redraws_and_highlights(page, server, translator, se
     assert page.errors == []
 
 
+def test_explorer_draws_the_lens_and_the_head_map(page, server, sentences, tmp_path):
+    """Beside the attention: the lens of the translation (a row per layer, the embeddings too,
+    a cell per position holding its top token), then, asked for, every head's effect per kind,
+    patched in from a corrupted sentence; a bad token is said in the view, in one line."""
+    text, corrupt = sentences[9], "the dog sees the man"
+    page.goto(server.url + "/")
+    page.fill("#source", text)
+    page.press("#source", "Enter")
+    page.wait_for_selector("#lens-grid td")
+    lens = server.post("/lens", {"text": text, "top": 3})[1]
+    cells = page.eval_on_selector_all("#lens-grid td", "els => els.map(e => [e.dataset.row, e.textContent, "
+                                                       "e.dataset.p])")
+    assert len(cells) == len(lens["layers"]) * len(lens["positions"])
+    want = {(str(r), t): (lens["top"][r][t][0][0], f"{lens['final_choice_prob'][r][t]:.3f}")
+            for r in range(len(lens["layers"])) for t in range(len(lens["positions"]))}
+    columns = len(lens["positions"])
+    assert [tuple(c[1:]) for c in cells] == [want[(c[0], i % columns)] for i, c in enumerate(cells)]
+    assert cells[0][0] == str(len(lens["layers"]) - 1)  # the last layer on top
+
+    page.fill("#heads-corrupt", corrupt)
+    page.click("#measure-heads")
+    page.wait_for_selector(".head-map td")
+    heads = server.post("/heads", {"text": text, "corrupt": corrupt})[1]
+    shown = page.eval_on_selector_all(".head-map", "ts => ts.map(t => [t.dataset.kind, "
+                                                   "[...t.querySelectorAll('td')].map(td => td.dataset.effect)])")
+    assert shown == [[k["kind"], [f"{v:.3f}" for row in k["effects"] for v in row]] for k in heads["kinds"]]
+    assert len(shown) == 3 and "patched" not in page.text_content("#heads-info")
+    assert heads["score"] in page.text_content("#heads-info")
+    page.screenshot(path=str(tmp_path / "inspect.png"), full_page=True)
+    if os.environ.get("INSPECT_SCREENSHOT"):
+        shutil.copyfile(tmp_path / "inspect.png", os.environ["INSPECT_SCREENSHOT"])
+
+    page.fill("#heads-token", "qqqqzzzz")
+    page.click("#measure-heads")
+    page.wait_for_selector("#heads-info.error")
+    assert page.text_content("#heads-info") == server.post("/heads", {"text": text, "token": "qqqqzzzz",
+                                                                      "corrupt": corrupt})[1]["error"]
+    assert page.locator(".head-map").count() == 0
+    assert page.outside == []
+
+
 def test_explorer_shows_errors_from_the_server(page, server):
     page.goto(server.url + "/")
     page.fill("#source", "a" * 601)  # over the server's --max-chars 600

@@ -29,6 +29,8 @@ CALLS = {
     "translation": {
         "/translate": ("POST", {"text": "the dog runs"}, 200),
         "/attention": ("POST", {"text": "the dog runs"}, 200),
+        "/lens": ("POST", {"text": "the dog runs"}, 200),
+        "/heads": ("POST", {"text": "the dog runs", "layers": [0]}, 200),
         "/generate": ("POST", {"prompt": "the"}, 404),  # the other kind's endpoint
         "/stats": ("GET", None, 200),
         "/openapi.json": ("GET", None, 200),
@@ -38,6 +40,8 @@ CALLS = {
     "language-model": {
         "/generate": ("POST", {"prompt": "the cat", "max_new_tokens": 3, "seed": 1}, 200),
         "/attention": ("POST", {"text": "the cat"}, 200),
+        "/lens": ("POST", {"text": "the cat"}, 200),
+        "/heads": ("POST", {"text": "the cat", "layers": [0]}, 200),
         "/translate": ("POST", {"text": "the"}, 404),
         "/stats": ("GET", None, 200),
         "/openapi.json": ("GET", None, 200),

@@ -34,6 +34,7 @@ class Subject:
     unk_id: int | None
     encode_source: Callable[[str], list[int]] | None = None  # a translation model's source side
     tokenizer: object = None  # a language model's
+    truncated: bool = False  # a language model's text was longer than its context: its end is read
 
     def options(self) -> dict:
         """The trace's options: a language model's every token is real (an imported GPT-2's
@@ -115,9 +116,16 @@ def check_layer(layer: int | None, n_layers: int, option: str = "--layer") -> in
 
 def _translation(path, sentence: str, target: str | None, options: dict) -> Subject:
     from ..translator import load_translator
-    from ..viz.maps import prepare_pair
 
     translator = load_translator(path, warn=False, **{**options, "precision": "fp32", "beam": 1, "compile": "off"})
+    return translation_subject(translator, sentence, target)
+
+
+def translation_subject(translator, sentence: str, target: str | None) -> Subject:
+    """``sentence`` as the inputs of a loaded Translator's model (its greedy translation, or
+    ``target``, teacher-forced); the service's /lens and /heads read a sentence through it too."""
+    from ..viz.maps import prepare_pair
+
     model, subwords = translator.model, translator.subwords
     encode_source = subwords.encode
     _source_ids(model, encode_source, sentence, "the sentence")
@@ -150,14 +158,24 @@ def _source_ids(model, encode, sentence: str, option: str) -> list[int]:
 
 
 def _language_model(path, sentence: str, target: str | None, options: dict) -> Subject:
-    from ..viz.walkthrough_lm import token_shower
     from ._lm import load_language_model
 
-    generator = load_language_model(path, options)
+    return lm_subject(load_language_model(path, options), sentence, target)
+
+
+def lm_subject(generator, sentence: str, target: str | None, cut: bool = False) -> Subject:
+    """``sentence`` (and ``target`` written after it) as the input of a loaded Generator's model;
+    with ``cut`` (and no ``target``), a sentence longer than the context is read from its last
+    ``max_len`` tokens (as ``/attention`` and ``/generate`` read it), else it is a UserError."""
+    from ..viz.walkthrough_lm import token_shower
+
     model, tokenizer = generator.model, generator.tokenizer
     subject = Subject(model, True, sentence, None, (), [], [], [], token_shower(tokenizer), tokenizer.encode,
                       getattr(tokenizer, "unk_id", None), tokenizer=tokenizer)
-    ids = _lm_ids(subject, sentence, "the sentence")
+    if cut and target is None and len(ids := tokenizer.encode(sentence)) > model.cfg.max_len:
+        ids, subject.truncated = ids[-model.cfg.max_len:], True
+    else:
+        ids = _lm_ids(subject, sentence, "the sentence")
     n = len(ids)
     scored = [n - 1]
     if target is not None:
@@ -198,3 +216,40 @@ def _specials(subject: Subject) -> set[int]:
 def _vocab_size(subject: Subject) -> int:
     cfg = subject.model.cfg
     return cfg.vocab_size if subject.decoder_only else cfg.target_vocab_size
+
+
+def score_of(subject: Subject, token: str | None, vs: str | None, target: str | None):
+    """The Score of ``subject``'s output and a line saying what it is: with ``token`` (``--token
+    T [--vs U]``) log p(T) - log p(U) where the output has T or U, else the log-probability of
+    the whole output (``target``: the text given after a language model's sentence)."""
+    from ..inspect import Score
+
+    show = subject.show
+    if token is None:
+        tokens = list(subject.outputs)
+        shown = " ".join(show(i) for i in tokens) if len(tokens) <= 12 else f"the {len(tokens)} output tokens"
+        kind = "the translation" if not subject.decoder_only else ("--target" if target else "the next token")
+        return Score(subject.scored, tokens), f"log p({kind}: {shown})"
+    chosen = token_id(subject, token, "--token")
+    other = None if vs is None else token_id(subject, vs, "--vs")
+    if other == chosen:
+        raise UserError(f"--token {token} and --vs {vs} are the same token; give two different ones")
+    outputs = subject.outputs
+    at = next((t for t, o in zip(subject.scored, outputs) if o in (chosen, other)), None)
+    if at is None:
+        if subject.decoder_only and target is None:
+            at = subject.scored[-1]  # the next token after the text
+        else:
+            words = token if vs is None else f"{token} nor {vs}"
+            raise UserError(f"neither {words} is in the {'translation' if not subject.decoder_only else '--target'} "
+                            f"({' '.join(show(o) for o in outputs)}); give --target with one of them")
+    where = f"at position {at + 1} (after {subject.pieces[at]!r})"
+    what = f"log p({show(chosen)})" + ("" if other is None else f" - log p({show(other)})") + f" {where}"
+    return Score([at], [chosen], None if other is None else [other]), what
+
+
+def head_labels(subject: Subject) -> dict[str, str]:
+    """How the map names each kind of head: a language model's only kind is its self-attention."""
+    from ..inspect.heads import KIND_LABELS
+
+    return {k: ("self-attention" if subject.decoder_only else KIND_LABELS[k]) for k in KIND_LABELS}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ._inspect import add_input_options, check_layer, load_subject, other_input, token_id
+from ._inspect import add_input_options, check_layer, head_labels, load_subject, other_input
 from ._options import add_decoding_options, decoding_options
 
 
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         from ..viz.causal_maps import draw_heads
         from ..viz.heatmap import save_png
 
-        labels = _labels(subject)
+        labels = head_labels(subject)
         how = {"zero": "ablated (0)", "mean": "ablated (mean)", "patch": f"patched from {args.corrupt!r}"}[found.mode]
         save_png(draw_heads(found.effects, labels, f"{what}: change when a head is {how}"), args.out)
         print(f"wrote {args.out}")
@@ -65,31 +65,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _score(subject, args):
     """The Score and a line saying what it is."""
-    from ..errors import UserError
-    from ..inspect import Score
+    from ._inspect import score_of
 
-    show = subject.show
-    if args.token is None:
-        tokens = list(subject.outputs)
-        shown = " ".join(show(i) for i in tokens) if len(tokens) <= 12 else f"the {len(tokens)} output tokens"
-        kind = "the translation" if not subject.decoder_only else ("--target" if args.target else "the next token")
-        return Score(subject.scored, tokens), f"log p({kind}: {shown})"
-    token = token_id(subject, args.token, "--token")
-    vs = None if args.vs is None else token_id(subject, args.vs, "--vs")
-    if vs == token:
-        raise UserError(f"--token {args.token} and --vs {args.vs} are the same token; give two different ones")
-    outputs = subject.outputs
-    at = next((t for t, o in zip(subject.scored, outputs) if o in (token, vs)), None)
-    if at is None:
-        if subject.decoder_only and args.target is None:
-            at = subject.scored[-1]  # the next token after the text
-        else:
-            words = args.token if vs is None else f"{args.token} nor {args.vs}"
-            raise UserError(f"neither {words} is in the {'translation' if not subject.decoder_only else '--target'} "
-                            f"({' '.join(show(o) for o in outputs)}); give --target with one of them")
-    where = f"at position {at + 1} (after {subject.pieces[at]!r})"
-    what = f"log p({show(token)})" + ("" if vs is None else f" - log p({show(vs)})") + f" {where}"
-    return Score([at], [token], None if vs is None else [vs]), what
+    return score_of(subject, args.token, args.vs, args.target)
 
 
 def _measure(subject, score, mode: str, corrupt, layer: int | None):
@@ -102,12 +80,6 @@ def _measure(subject, score, mode: str, corrupt, layer: int | None):
     return found
 
 
-def _labels(subject) -> dict[str, str]:
-    from ..inspect.heads import KIND_LABELS
-
-    return {k: ("self-attention" if subject.decoder_only else KIND_LABELS[k]) for k in KIND_LABELS}
-
-
 def _print_table(subject, found, what: str, layer: int | None) -> None:
     print(subject.header())
     line = f"score: {what} = {found.clean:.4f}"
@@ -116,7 +88,7 @@ def _print_table(subject, found, what: str, layer: int | None) -> None:
     print(line)
     print({"zero": "change when the head's output is 0:", "mean": "change when the head's output is its mean:",
            "patch": "change when the head's output is patched in from the corrupted sentence:"}[found.mode])
-    labels = _labels(subject)
+    labels = head_labels(subject)
     first = 0 if layer is None else layer
     for kind, table in found.effects.items():
         print(f"  {labels[kind]} (rows: layers, columns: heads)")
@@ -134,7 +106,7 @@ def _print_table(subject, found, what: str, layer: int | None) -> None:
 def _print_json(subject, found, what: str, layer: int | None) -> None:
     import json
 
-    labels = _labels(subject)
+    labels = head_labels(subject)
     print(json.dumps({"sentence": subject.sentence, "translation": subject.translation, "score": what,
                       "mode": found.mode, "clean": found.clean, "corrupt": found.corrupt,
                       "first_layer": 1 if layer is None else layer + 1,

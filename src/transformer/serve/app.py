@@ -10,7 +10,11 @@ run's config says which (``transformer serve`` reads it), and ``/health`` tells 
                       "top_p", "seed": the continuation as JSON, or with "Accept:
                       text/event-stream" (or "stream": true) as server-sent events, one per token
     POST /attention   {"text": "..."}: the tokens and every causal self-attention weight
-    Both:
+    Both (see :mod:`.inspect`):
+    POST /lens        {"text": "..."}: the logit lens (layers x positions: the top tokens, and the
+                      probability of the final choice)
+    POST /heads       {"text": "...", optional "corrupt", "token", "vs", "ablate", "layers"}: each
+                      head's change of the score, ablated or patched in from "corrupt"
     GET  /health      liveness, the kind of model ("translation" or "language-model") and its shape
     GET  /stats       batching counters (requests, decode calls, largest batch)
     GET  /            the explorer (static/: plain HTML, JS and CSS, no external URLs)

@@ -29,6 +29,7 @@ from ..generator import Generator
 from .attention import Bounds
 from .core import ServiceCore, check_default
 from .errors import ERRORS, ServeError, refuse_elsewhere
+from .inspect import add_inspect_routes
 from .schemas import GenerateRequest, GenerateResponse, LMAttentionRequest, LMAttentionResponse
 from .serve_config import ServeConfig
 
@@ -78,6 +79,7 @@ class LMService(ServiceCore):
 
     def add_routes(self, app) -> None:
         add_generation_routes(app, self)
+        add_inspect_routes(app, self, lambda: self.generator)
 
     # ---- in the event loop ------------------------------------------------------------
     def request(self, req: GenerateRequest) -> tuple[Sampling, Row]:

@@ -7,7 +7,7 @@ depend on the server's settings (text length, batch size, beam) are checked by t
 """
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -186,6 +186,66 @@ class LMAttentionResponse(_HoldsMaps):
     self_attention: Maps = Field(description="[layer][head][T][T]: token t looks at token u (causal: u <= t)")
     truncated: bool = Field(description="the text was longer than the model's context: its last max_len "
                                         "tokens are shown")
+
+
+class _InspectRequest(_Strict):
+    """What /lens and /heads both read: one sentence (a language model's text), and the output
+    to teacher-force or score."""
+
+    text: Annotated[Text, _given("a sentence to look at")] = Field(description="one sentence (not blank)",
+                                                                   examples=["A dog runs in the park."])
+    target: Text | None = Field(None, description="translation model: teacher-force this translation instead of "
+                                                  "the greedy one; language model: the words after the text")
+
+
+class LensRequest(_InspectRequest):
+    top: int = Field(3, ge=1, le=10, description="the most probable tokens listed per layer and position")
+    layers: Indices = Field(None, description="the lens's rows to return (0: the embeddings, i: after layer i); "
+                                              "default: all")
+
+
+class HeadsRequest(_InspectRequest):
+    corrupt: Annotated[Text, _given("a corrupted sentence")] | None = Field(
+        None, description="patch each head in from this sentence instead of ablating it")
+    token: Text | None = Field(None, description='score log p(token) - log p(vs) where the output has either '
+                                                 '(default: the log-probability of the whole output)',
+                               examples=["es"])
+    vs: Text | None = Field(None, description="the token scored against", examples=["sie"])
+    ablate: Literal["zero", "mean"] | None = Field(None, description="a head's output set to 0 (the default "
+                                                                     "without corrupt) or to its mean")
+    layers: Indices = Field(None, description="measure these layers' heads only (0-based); default: all")
+
+
+class LensResponse(BaseModel):
+    sentence: str
+    translation: str | None = Field(description="the teacher-forced translation (translation model)")
+    truncated: bool = Field(description="a language model's text was longer than its context: its end is read")
+    positions: list[str] = Field(description="what each position of the decoder reads (T)")
+    final_choice: list[str] = Field(description="the model's own prediction at each position (the last row's)")
+    n_layers: int
+    layers: list[str] = Field(description='the rows: "embed", then "1" .. "L" (after each layer)')
+    final_choice_prob: list[list[float]] = Field(description="[row][position]: the probability of the final choice")
+    top: list[list[list[tuple[str, float]]]] = Field(description="[row][position][k]: [token, probability]")
+
+
+class HeadKind(BaseModel):
+    kind: str = Field(description='"enc.attn", "dec.attn" or "dec.cross"')
+    label: str
+    effects: list[list[float | None]] = Field(description="[layer][head]: the score's change (null: not measured)")
+
+
+class HeadsResponse(BaseModel):
+    sentence: str
+    translation: str | None
+    truncated: bool = Field(description="a language model's text was longer than its context: its end is read")
+    score: str = Field(description="what the score is, and where it is read")
+    mode: str = Field(description='"zero", "mean" or "patch"')
+    clean: float = Field(description="the score of the sentence as it is")
+    corrupt: float | None = Field(description="the score of the corrupted sentence (patch)")
+    n_layers: int
+    n_heads: int
+    kinds: list[HeadKind]
+    skipped: dict[str, str] = Field(description="kinds not patched, and why")
 
 
 class ErrorResponse(BaseModel):

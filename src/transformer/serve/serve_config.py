@@ -30,6 +30,12 @@ class ServeConfig:
             layers x heads x the cells of its maps); the model may compute
             ``serve.attention.COMPUTE_FACTOR`` times as many for it. A text over it is a 413
             that says to ask for fewer layers or heads, or to send a shorter text.
+        max_lens: the most logits one /lens request may compute (the lens's rows, layers + 1, x
+            the positions x the vocabulary); a text over it is a 413 that says to send a
+            shorter text.
+        max_head_work: the most heads x positions one /heads request may run (each head
+            measured is one batched row over the sentence's positions, source and output);
+            over it is a 413 that says to ask for fewer layers, or to send a shorter text.
         max_queue: the most requests waiting for the model; one more gets 503 with
             Retry-After at once.
         timeout: seconds a request may take from its arrival until its answer starts (its
@@ -66,6 +72,8 @@ class ServeConfig:
     max_body_bytes: int = 1 << 20
     attention_decimals: int = 3
     max_attention: int = 2_000_000
+    max_lens: int = 20_000_000
+    max_head_work: int = 20_000
     max_queue: int = 128
     timeout: float = 60.0
     token: str | None = field(default=None, repr=False)
@@ -75,8 +83,13 @@ class ServeConfig:
     docs: bool = False
 
     def __post_init__(self) -> None:
+<<<<<<< HEAD
         for name in ("max_beam", "new_tokens_limit", "max_batch", "max_chars", "max_texts", "max_work",
                      "max_body_bytes", "max_queue", "max_attention", "idle_per_client"):
+=======
+        for name in ("max_beam", "new_tokens_limit", "max_batch", "max_chars", "max_texts", "max_body_bytes",
+                     "max_queue", "max_attention", "max_lens", "max_head_work"):
+>>>>>>> i64-ui
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("timeout", "header_timeout"):

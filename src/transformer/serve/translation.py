@@ -10,6 +10,7 @@ from .attention import Bounds
 from .serve_config import ServeConfig
 from .core import ServiceCore, check_default
 from .errors import ERRORS, ServeError, refuse_elsewhere
+from .inspect import add_inspect_routes
 from .schemas import AttentionRequest, AttentionResponse, Candidate, TranslateRequest, TranslateResponse
 
 
@@ -85,6 +86,7 @@ class TranslationService(ServiceCore):
 
     def add_routes(self, app: FastAPI) -> None:
         add_translation_routes(app, self)
+        add_inspect_routes(app, self, lambda: self.translator(1))
 
 
 def add_translation_routes(app: FastAPI, service: TranslationService) -> None:

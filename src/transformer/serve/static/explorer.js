@@ -148,6 +148,7 @@ async function translate(event) {
     showTranslation(translation);
     showAttention(attention);
     setStatus(translation.truncated.length ? "The sentence was too long for the model and was cut." : "");
+    await window.inspectView.show(text); // the lens and the head map (inspect.js); its errors are its own
   });
 }
 

@@ -65,7 +65,10 @@ async function generateText(event) {
     const cut = done.truncated ? " The prompt was longer than the model's context: its end was continued." : "";
     setStatus(`${done.tokens} tokens, seed ${done.seed}.${cut}`);
     const text = body.prompt + done.text;
-    if (text.trim()) showLMAttention(await postJSON("/attention", { text })); // a blank one is a 422: nothing to show
+    if (text.trim()) { // a blank one is a 422: nothing to show
+      showLMAttention(await postJSON("/attention", { text }));
+      await window.inspectView.show(text); // the lens and the head map (inspect.js)
+    }
   });
 }
 
