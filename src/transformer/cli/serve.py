@@ -88,7 +88,6 @@ they are made, "data: {"text": ..., "token": id}" each, then "event: done" with 
          -d '{"prompt": "ROMEO:", "seed": 1}' http://127.0.0.1:8000/generate
 
 Under load it says no rather than drowning: more than --max-queue waiting requests get 503
-<<<<<<< HEAD
 with Retry-After, a request not answered within --timeout seconds gets 504 and is dropped (a
 stream too, while it waits for its first token), and a request whose client went away is not
 decoded. A translation request asks for at most --max-work source tokens x beam (413
@@ -102,19 +101,9 @@ from #token=... in its address, which the start-up line prints). A request whose
 names another host than the one it listens on gets 403 (a page elsewhere reaching a local
 server through DNS rebinding); --allow-host NAME adds a name. One /attention answer holds at
 most --max-attention weights; a request may ask for some "layers" and "heads" only. /docs
-(Swagger's page, from a CDN) is served with --docs only.
-=======
-with Retry-After, a request not answered within --timeout seconds gets 504 and is dropped,
-and a request whose client went away is not decoded. It listens on 127.0.0.1 unless --host
-says otherwise; elsewhere, set a token (TRANSFORMER_SERVE_TOKEN=... or --token) and clients
-send "Authorization: Bearer TOKEN" (GET /health and the page stay open; the page takes the
-token from #token=... in its address, which the start-up line prints). A request whose Host
-header names another host than the one it listens on gets 403 (a page elsewhere reaching a
-local server through DNS rebinding); --allow-host NAME adds a name. One /attention answer
-holds at most --max-attention weights; a request may ask for some "layers" and "heads" only.
-POST /lens (the logit lens) and POST /heads (each head's effect, ablated or patched in from a
-"corrupt" sentence) read one sentence, bounded by --max-lens and --max-head-work.
->>>>>>> i64-ui
+(Swagger's page, from a CDN) is served with --docs only. POST /lens (the logit lens) and
+POST /heads (each head's effect, ablated or patched in from a "corrupt" sentence) read one
+sentence, bounded by --max-lens and --max-head-work.
 
 Needs the serve extra (fastapi, uvicorn): pip install '.[serve]' (in the project's folder).
 """
@@ -149,15 +138,10 @@ def _settings(args: argparse.Namespace):
     try:
         return ServeConfig(**limits, max_batch=args.max_batch, max_wait_ms=args.max_wait_ms,
                            batching=not args.no_batching, max_chars=args.max_chars, max_texts=args.max_texts,
-<<<<<<< HEAD
                            max_queue=args.max_queue, timeout=args.timeout,
                            header_timeout=args.header_timeout, token=token, max_attention=args.max_attention,
+                           max_lens=args.max_lens, max_head_work=args.max_head_work,
                            allowed_hosts=allowed_hosts(args.host, args.allowed_hosts), docs=args.docs)
-=======
-                           max_queue=args.max_queue, timeout=args.timeout, token=token,
-                           max_attention=args.max_attention, max_lens=args.max_lens,
-                           max_head_work=args.max_head_work, allowed_hosts=allowed_hosts(args.host, args.allow_host))
->>>>>>> i64-ui
     except ValueError as e:  # the message names the setting; give it its option's spelling
         raise UserError("--" + str(e).replace("_", "-")) from None
 

@@ -9,16 +9,11 @@ model, and the attention explorer page.
 app with ``/health``, ``/stats`` and the page) around a kind's route set: ``translation``
 (the translation service and its routes) or ``generation`` (the language model's: prompts
 continued in batches, their tokens streamed). ``guard`` admits each request (token, body
-<<<<<<< HEAD
 limits, deadline, a client gone), ``connections`` bounds the connections under them (a
 deadline for a request's headers; idle ones kept out of the connection limit; used by
 ``transformer serve``), ``batching`` collects concurrent requests into one decoding call,
-``attention`` computes the maps the explorer draws, ``static/`` is the page itself.
-=======
-limits, deadline, a client gone), ``batching`` collects concurrent requests into one
-decoding call, ``attention`` computes the maps the explorer draws, ``inspect`` the logit lens
-and the head map (``/lens``, ``/heads``), ``static/`` is the page itself.
->>>>>>> i64-ui
+``attention`` computes the maps the explorer draws, ``inspect`` the logit lens and the head
+map (``/lens``, ``/heads``), ``static/`` is the page itself.
 """
 from ..extras import require
 

@@ -83,13 +83,8 @@ class ServeConfig:
     docs: bool = False
 
     def __post_init__(self) -> None:
-<<<<<<< HEAD
         for name in ("max_beam", "new_tokens_limit", "max_batch", "max_chars", "max_texts", "max_work",
-                     "max_body_bytes", "max_queue", "max_attention", "idle_per_client"):
-=======
-        for name in ("max_beam", "new_tokens_limit", "max_batch", "max_chars", "max_texts", "max_body_bytes",
-                     "max_queue", "max_attention", "max_lens", "max_head_work"):
->>>>>>> i64-ui
+                     "max_body_bytes", "max_queue", "max_attention", "max_lens", "max_head_work", "idle_per_client"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("timeout", "header_timeout"):
