@@ -14,7 +14,8 @@ import torch
 
 from transformer import hardware
 from transformer.decode.decoding_config import DecodingConfig
-from transformer.decode.precision import Int8Linear, decoding_model, for_inference, int8_compute_dtype
+from transformer.decode import choose
+from transformer.decode.precision import Int8Linear, decoding_model, for_inference
 
 AMX = frozenset("fpu sse avx avx2 fma avx512f avx512bw avx512_bf16 amx_bf16 amx_tile amx_int8".split())
 AVX512_NO_BF16 = frozenset("fpu sse avx avx2 fma avx512f avx512bw avx512_vnni".split())
@@ -85,14 +86,18 @@ def test_explicit_bf16_on_an_avx2_cpu_runs_with_one_warning(monkeypatch, make_mo
 
 @pytest.mark.parametrize("family", ["amx", "avx2"])
 def test_int8_multiplies_in_what_the_cpu_is_fast_at(monkeypatch, make_model, rand_tokens, family):
+    """Where nothing is measured (the suite: TRANSFORMER_MEASURE=off), the flags pick the
+    int8 kernel measured fastest on such CPUs: weight-only bf16 on AMX, fbgemm's GEMM on AVX2."""
+    if "fbgemm" not in torch.backends.quantized.supported_engines:
+        pytest.skip("this torch build has no fbgemm")
     flags, capability, expected = FAMILIES[family]
     fake_cpu(monkeypatch, flags, capability)
     dtype = torch.bfloat16 if expected == "bf16" else torch.float32
-    assert int8_compute_dtype() == dtype
+    assert choose.by_flags("int8") == ("weight-only-bf16" if family == "amx" else "fbgemm")
     model = make_model()
     q = for_inference(model, "int8")
     layers = [m for m in q.modules() if isinstance(m, Int8Linear)]
-    assert layers and all(m._scale_col.dtype == dtype for m in layers)
+    assert layers and all(m.out_dtype == dtype and m.kernel == choose.by_flags("int8") for m in layers)
     src = rand_tokens([5, 3], vocab=13)
     tgt = rand_tokens([4, 4], vocab=13)
     with torch.inference_mode():
@@ -127,12 +132,10 @@ def test_int8_on_an_avx2_cpu_multiplies_with_an_int8_gemm(monkeypatch, make_mode
     and the model deep-copies (precision copies, ensembles) after its first call."""
     import copy
 
-    from transformer.decode.precision import int8_gemm_available
-
     if "fbgemm" not in torch.backends.quantized.supported_engines:
         pytest.skip("this torch build has no fbgemm")
     fake_cpu(monkeypatch, AVX2, "AVX2")
-    assert int8_gemm_available()
+    assert choose.by_flags("int8") == "fbgemm"
     model = make_model(d_model=32, d_ff=64)
     q = for_inference(model, "int8")
     layers = [m for m in q.modules() if isinstance(m, Int8Linear)]
@@ -159,7 +162,7 @@ def test_int8_on_an_avx2_cpu_multiplies_with_an_int8_gemm(monkeypatch, make_mode
     with torch.inference_mode():
         torch.testing.assert_close(copy.deepcopy(q)(src, tgt), got)
     fake_cpu(monkeypatch, AMX, "AVX512")
-    assert not int8_gemm_available()
+    assert choose.by_flags("int8") == "weight-only-bf16"
     assert not any(m.int8_gemm for m in for_inference(model, "int8").modules() if isinstance(m, Int8Linear))
 
 
