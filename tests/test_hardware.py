@@ -104,7 +104,7 @@ def test_int8_multiplies_in_what_the_cpu_is_fast_at(monkeypatch, make_model, ran
         ref, got = model(src, tgt), q(src, tgt).float()
     assert got.dtype == torch.float32 and torch.isfinite(got).all()
     # int8 weights: close to fp32 (bf16 arithmetic adds its own rounding on top; the int8
-    # GEMM of a CPU without native bf16 quantises the activations too, to 7 bits)
+    # GEMM of a CPU without native bf16 quantises the activations too, to 7 bits there)
     tol = 0.05 if dtype == torch.bfloat16 else 0.08
     assert (got - ref).abs().max() < tol * ref.abs().max()
 
@@ -220,3 +220,23 @@ def test_torchs_switch_gets_an_inductor_cache_of_its_own(tmp_path):
     assert folder() == str(tmp_path / "cache" / "inductor")
     assert folder(ATEN_CPU_CAPABILITY="avx2") == str(tmp_path / "cache" / "inductor-avx2")
     assert folder(ATEN_CPU_CAPABILITY="avx2", TORCHINDUCTOR_CACHE_DIR=str(chosen)) == str(chosen)
+
+
+def test_fbgemm_quantises_activations_to_8_bits_where_the_cpu_has_vnni(monkeypatch):
+    """fbgemm's activations: 7 bits where AVX2's 16-bit pair sums could saturate, 8 bits on a
+    CPU with VNNI (32-bit sums), which halves the error against fp32 (run where the CPU
+    really has VNNI: elsewhere 8 bits may saturate)."""
+    from torch import nn
+
+    if "fbgemm" not in torch.backends.quantized.supported_engines or not hardware.cpu_has_vnni():
+        pytest.skip("needs fbgemm and a CPU with VNNI")
+    torch.manual_seed(0)
+    lin, x = nn.Linear(256, 128), torch.randn(32, 256) * 3
+    errors = {}
+    for name, flags in (("avx2", AVX2), ("vnni", AVX512_NO_BF16)):
+        fake_cpu(monkeypatch, flags, "AVX512")
+        q = Int8Linear.from_linear(lin, "fbgemm")
+        assert q.reduce_range == (name == "avx2")
+        with torch.inference_mode():
+            errors[name] = (q(x) - lin(x)).abs().mean().item()
+    assert errors["vnni"] < 0.7 * errors["avx2"]

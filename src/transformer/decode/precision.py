@@ -118,8 +118,8 @@ def uses_int8_gemm(model: nn.Module) -> bool:
 #:   weight-only-fp32  the same in float32
 #:   int_mm            a real int8 GEMM: the input quantised per row at every call, ``torch._int_mm``
 #:                     (int8 x int8, int32 sums), rescaled by both scales, float32 out
-#:   fbgemm            fbgemm's dynamically quantised linear (the input quantised per tensor,
-#:                     7 bits, as ``torch.ao`` does for fbgemm), float32 out
+#:   fbgemm            fbgemm's dynamically quantised linear (the input quantised per tensor),
+#:                     float32 out
 INT8_KERNELS = ("weight-only-bf16", "weight-only-fp32", "int_mm", "fbgemm")
 INT8_GEMMS = ("int_mm", "fbgemm")  # the kernels that quantise the input too
 
@@ -145,7 +145,8 @@ class Int8Linear(nn.Module):
       the weight row's scale, the bias added after; float32 output. Where the CPU has VNNI
       (AVX512-VNNI, AVX-VNNI) this is the fastest product at opus-mt widths (512 and up).
     - ``fbgemm``: fbgemm's dynamically quantised linear on the same int8 weights (the input
-      quantised per tensor, 7 bits); float32 output.
+      quantised per tensor: 8 bits where the CPU has VNNI, else 7, as ``torch.ao`` does, so
+      that AVX2's 16-bit pair sums cannot saturate); float32 output.
 
     A graph being compiled or exported takes the weight-only path (float32 for the two int8
     GEMMs, as their outputs are): it traces, and fbgemm's packed weights do not. The residual
@@ -165,6 +166,8 @@ class Int8Linear(nn.Module):
         self.register_buffer("_scale_col", scale.to(compute).unsqueeze(1), persistent=False)
         self.register_buffer("_bias", None if bias is None else bias.to(compute), persistent=False)
         self.kernel = kernel
+        # fbgemm's activations in 7 bits where int8 pairs' sums could saturate (no VNNI), else 8
+        self.reduce_range = not hardware.cpu_has_vnni()
         self._packed = None  # fbgemm's packed weights, made at the first call that uses them
 
     @classmethod
@@ -220,7 +223,8 @@ class Int8Linear(nn.Module):
             return y.view(*x.shape[:-1], self.out_features)
         if self.kernel == "fbgemm" and not torch.compiler.is_compiling():
             packed = self._packed if self._packed is not None else self._pack()
-            y = torch.ops.quantized.linear_dynamic(x.reshape(-1, self.in_features).float().contiguous(), packed, True)
+            y = torch.ops.quantized.linear_dynamic(x.reshape(-1, self.in_features).float().contiguous(), packed,
+                                                   self.reduce_range)
             return y.view(*x.shape[:-1], self.out_features)
         w = torch.mul(self.qweight, self._scale_col)  # int8 x bf16 (or fp32) -> (out, in) in that dtype
         return F.linear(x.to(w.dtype), w, self._bias)
