@@ -45,9 +45,11 @@ ENV_VAR = "TRANSFORMER_MEASURE"  # off: the CPU's flags decide, nothing is timed
 #: decoder rows (sentences x beam) each shape is timed at; a candidate's score is the sum of its
 #: times, so the larger batches that dominate a test set's decoding weigh most
 ROWS = (16, 128)
-ROUNDS = 5  # rounds in which the candidates take turns; a candidate's time is its fastest sample
-SAMPLE_S = 0.001  # a sample of a candidate: as many calls in a row as take about this long (one, at least)
-GIVE_UP = 4.0  # a candidate over this many times the fastest after two rounds is timed no further
+ROUNDS, STEADY, MAX_ROUNDS = 5, 20, 400  # rounds in which the candidates take turns (a time is a
+# candidate's fastest sample): at least ROUNDS, then until STEADY rounds brought nothing new
+CAP_S = 1.0  # the most a (shape, rows) is timed for, beyond its first ROUNDS
+CUT_S, GIVE_UP = 0.02, 4.0  # after 3 rounds, a candidate whose call costs over CUT_S and that is
+# over GIVE_UP times the fastest is timed no further
 MAX_OUT = 16384  # a wider layer (a vocabulary) is timed at this width and scaled
 MAX_CACHE_BYTES = 1 << 20
 
@@ -104,8 +106,11 @@ def candidates(d_in: int, d_out: int, rows: int, names) -> dict[str, tuple]:
 
 def time_shape(d_in: int, d_out: int, names) -> dict[str, float]:
     """Seconds per call of each of ``names`` at a (d_in -> d_out) layer, summed over
-    :data:`ROWS`. The candidates take turns for :data:`ROUNDS` rounds, each keeping its fastest
-    sample (other load only ever slows a sample down); after two rounds, one over
+    :data:`ROWS`. The candidates take turns, round after round, each keeping its fastest
+    call (other load only ever slows a call down): at least :data:`ROUNDS` rounds, then
+    until :data:`STEADY` rounds in a row improved no candidate's best by 2% (on a busy
+    machine few samples run undisturbed), at most :data:`MAX_ROUNDS` or :data:`CAP_S`. After three
+    rounds, a candidate whose calls cost over :data:`CUT_S` and which is over
     :data:`GIVE_UP` times the fastest (emulated bf16: 20x) is timed no further. An output
     wider than :data:`MAX_OUT` is timed at that width and scaled (the products' time grows
     in proportion to it there), so an opus-mt vocabulary costs a second, not ten."""
@@ -114,27 +119,28 @@ def time_shape(d_in: int, d_out: int, names) -> dict[str, float]:
     with torch.inference_mode():
         for rows in ROWS:
             todo = candidates(d_in, timed_out, rows, names)
-            repeat = {}
-            for name, (call, arg) in todo.items():
+            for call, arg in todo.values():
                 call(arg)  # warm-up: fbgemm packs its weights, oneDNN picks its kernels
-                repeat[name] = max(1, min(100, int(SAMPLE_S / max(_seconds(call, arg, 1), 1e-7))))
             best = dict.fromkeys(todo, float("inf"))
-            active = list(todo)
-            for r in range(ROUNDS):
+            active, start, r, steady = list(todo), time.perf_counter(), 0, 0
+            while r < ROUNDS or (steady < STEADY and r < MAX_ROUNDS and time.perf_counter() - start < CAP_S):
+                before = dict(best)
                 for name in active[r % len(active):] + active[:r % len(active)]:
-                    best[name] = min(best[name], _seconds(*todo[name], repeat[name]))
-                if r >= 1:
-                    active = [n for n in active if best[n] <= GIVE_UP * min(best.values())]
+                    best[name] = min(best[name], _seconds(*todo[name]))
+                r += 1
+                steady = steady + 1 if all(best[n] > 0.98 * before[n] for n in active) else 0
+                if r >= 3:
+                    active = [n for n in active if best[n] <= CUT_S or best[n] <= GIVE_UP * min(best.values())]
             for name in names:
                 total[name] += best[name] * d_out / timed_out
     return total
 
 
-def _seconds(call, arg, repeat: int) -> float:
+def _seconds(call, arg) -> float:
+    """One call's time: a sample of one call, as a longer one is likelier to be interrupted."""
     start = time.perf_counter()
-    for _ in range(repeat):
-        call(arg)
-    return (time.perf_counter() - start) / repeat
+    call(arg)
+    return time.perf_counter() - start
 
 
 def names_to_time() -> tuple[str, ...]:
