@@ -66,16 +66,21 @@ def test_each_int8_layer_takes_the_kernel_measured_fastest(measuring, monkeypatc
 
 
 def test_a_real_measurement_does_not_choose_a_path_made_slow(measuring, monkeypatch):
-    """time_shape itself (a tiny shape, so it takes milliseconds): bf16's call made slow by a
-    sleep is measured slowest, and auto chooses fp32."""
+    """time_shape itself (a tiny shape, so it takes milliseconds): bf16's call made slow by
+    3 ms of work (CPU time: what is measured) is measured slowest."""
     import time
 
     real = choose.candidates
 
+    def busy(seconds: float) -> None:
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+
     def candidates(d_in, d_out, rows, names):
         out = real(d_in, d_out, rows, names)
         call, arg = out["bf16"]
-        out["bf16"] = (lambda v: (time.sleep(0.003), call(v))[1], arg)
+        out["bf16"] = (lambda v: (busy(0.003), call(v))[1], arg)
         return out
 
     monkeypatch.setattr(choose, "candidates", candidates)
