@@ -12,7 +12,7 @@ the demo model's width (128) float32 can beat both (``benchmarks/decode/README.m
                      (:func:`int8_kernels`)
 
 Each (in, out) shape is timed at a few decoding batch sizes (:data:`ROWS`) with random
-weights, every candidate in turn, in a second or two, and kept as JSON in the user's private
+weights, every candidate in turn (seconds for a model on an idle machine), and kept as JSON in the user's private
 cache beside the compiled decoding steps (``kernels-<digest>.json``), keyed by what the
 times depend on: the CPU's name and flags, torch's kernels (its version and CPU capability)
 and the threads (:func:`machine`). A later process reads it back; a cache file that is not
@@ -52,6 +52,7 @@ CUT_S, GIVE_UP = 0.02, 4.0  # after 3 rounds, a candidate whose call costs over 
 # over GIVE_UP times the fastest is timed no further
 MAX_OUT = 16384  # a wider layer (a vocabulary) is timed at this width and scaled
 MAX_CACHE_BYTES = 1 << 20
+TIMING = "thread CPU time, fastest call"  # how the times were taken: another way is another cache
 
 
 class MeasureWarning(OneLineWarning):
@@ -69,7 +70,7 @@ def switched_off() -> bool:
 def machine() -> dict[str, object]:
     """What the measured times depend on, and so what the cache is keyed by."""
     return {"cpu": hardware.cpu_name(), "flags": sorted(hardware.cpu_flags()), "capability": hardware.cpu_capability(),
-            "torch": torch.__version__, "threads": torch.get_num_threads(), "rows": list(ROWS)}
+            "torch": torch.__version__, "threads": torch.get_num_threads(), "rows": list(ROWS), "timing": TIMING}
 
 
 def cache_file(key: dict[str, object]) -> Path | None:
