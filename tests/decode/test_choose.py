@@ -184,3 +184,12 @@ def test_a_failed_measurement_is_one_line_in_a_command(measuring, monkeypatch, m
     assert main(["info", "--model", str(tmp_path / "m.safetensors")]) == 0
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("warning: cannot measure") and "flags" in err
+
+
+def test_an_ensemble_is_measured_by_its_members_shapes(measuring, monkeypatch, make_model):
+    from transformer.decode.ensemble import Ensemble
+
+    timed = fake_times(monkeypatch, slow={"bf16"})
+    small, wide = make_model(), make_model(d_model=32, d_ff=64)
+    assert choose.auto_precision(Ensemble([small, wide])) == "fp32"
+    assert set(timed) == {f"{i}x{o}" for m in (small, wide) for i, o in choose.decoder_shapes(m)}

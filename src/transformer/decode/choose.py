@@ -248,7 +248,10 @@ def by_flags(kind: str, device: str | torch.device = "cpu") -> str:
 
 def decoder_shapes(model: nn.Module) -> list[tuple[int, int]]:
     """(in, out) of every linear layer a decoding step runs (the decoder's and the output
-    projection, a tied one included), once per layer: a step's products."""
+    projection, a tied one included), once per layer: a step's products (an ensemble's: its
+    members')."""
+    if hasattr(model, "members"):
+        return [shape for member in model.members for shape in decoder_shapes(member)]
     shapes = [(m.in_features, m.out_features) for m in model.decoder.modules()
               if isinstance(m, (nn.Linear, Int8Linear))]
     weight = model.output_layer()[0]
