@@ -118,7 +118,7 @@ def test_the_times_are_kept_and_read_back_by_the_next_process(measuring, monkeyp
     monkeypatch.setattr(choose, "_memory", {})  # a new process
     assert choose.auto_precision(model) == "fp32" and len(timed) == n  # read, not timed again
     monkeypatch.setattr(choose, "_memory", {})
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 7)  # another machine: timed again, its own file
+    monkeypatch.setattr(torch, "__version__", "9.9.9")  # another torch: timed again, its own file
     choose.auto_precision(model)
     assert len(timed) == 2 * n and len(list(measuring.glob("kernels-*.json"))) == 2
 
@@ -168,7 +168,7 @@ def test_info_shows_the_choice_and_the_rates(measuring, monkeypatch, make_model,
     save_weights(model, tmp_path / "m.safetensors")
     assert main(["info", "--model", str(tmp_path / "m.safetensors")]) == 0
     out = capsys.readouterr().out
-    assert "precision auto: fp32" in out and "measured at 16 and 128 rows" in out
+    assert "precision auto: fp32" in out and "measured on one thread at 16 and 128 rows" in out
     d, v = model.cfg.d_model, model.cfg.target_vocab_size
     line = next(line for line in out.splitlines() if line.strip().startswith(f"{d}x{v}:"))
     assert "int8 kernel int_mm" in line and "GMAC/s" in line and "fbgemm" in line

@@ -50,7 +50,7 @@ def decoding_lines(report: dict) -> list[str]:
     """:func:`transformer.decode.choose.report` as the lines ``info`` prints: per shape, each
     candidate's rate in multiply-adds per second (GMAC/s) and the int8 kernel chosen."""
     rows = report["rows"]
-    how = (f"measured at {' and '.join(map(str, rows))} rows" if report["source"] == "measured"
+    how = (f"measured on one thread at {' and '.join(map(str, rows))} rows" if report["source"] == "measured"
            else "chosen by the CPU's flags (nothing measured)")
     lines = [f"decoding on this CPU ({report['machine']}), {how}:", f"  precision auto: {report['auto']}"]
     for entry in report["shapes"]:

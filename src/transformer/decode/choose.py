@@ -14,8 +14,9 @@ the demo model's width (128) float32 can beat both (``benchmarks/decode/README.m
 Each (in, out) shape is timed at a few decoding batch sizes (:data:`ROWS`) with random
 weights, every candidate in turn (seconds for a model on an idle machine), and kept as JSON in the user's private
 cache beside the compiled decoding steps (``kernels-<digest>.json``), keyed by what the
-times depend on: the CPU's name and flags, torch's kernels (its version and CPU capability)
-and the threads (:func:`machine`). A later process reads it back; a cache file that is not
+times depend on: the CPU's name and flags and torch's kernels (its version and CPU
+capability) (:func:`machine`). They are taken on one thread, in CPU time, so that other
+load on the machine does not decide (:func:`_seconds`); the thread count is not in the key. A later process reads it back; a cache file that is not
 this user's, that others may write, or that does not parse is ignored with one warning line
 and measured again. Where measuring fails, the flags decide (:func:`by_flags`), with one
 warning line; ``TRANSFORMER_MEASURE=off`` makes the flags decide without timing anything.
@@ -52,7 +53,7 @@ CUT_S, GIVE_UP = 0.02, 4.0  # after 3 rounds, a candidate whose call costs over 
 # over GIVE_UP times the fastest is timed no further
 MAX_OUT = 16384  # a wider layer (a vocabulary) is timed at this width and scaled
 MAX_CACHE_BYTES = 1 << 20
-TIMING = "thread CPU time, fastest call"  # how the times were taken: another way is another cache
+TIMING = "one thread, its CPU time, fastest call"  # how the times were taken: another way is another cache
 
 
 class MeasureWarning(OneLineWarning):
@@ -70,7 +71,7 @@ def switched_off() -> bool:
 def machine() -> dict[str, object]:
     """What the measured times depend on, and so what the cache is keyed by."""
     return {"cpu": hardware.cpu_name(), "flags": sorted(hardware.cpu_flags()), "capability": hardware.cpu_capability(),
-            "torch": torch.__version__, "threads": torch.get_num_threads(), "rows": list(ROWS), "timing": TIMING}
+            "torch": torch.__version__, "rows": list(ROWS), "timing": TIMING}
 
 
 def cache_file(key: dict[str, object]) -> Path | None:
@@ -107,42 +108,53 @@ def candidates(d_in: int, d_out: int, rows: int, names) -> dict[str, tuple]:
 
 def time_shape(d_in: int, d_out: int, names) -> dict[str, float]:
     """Seconds per call of each of ``names`` at a (d_in -> d_out) layer, summed over
-    :data:`ROWS`. The candidates take turns, round after round, each keeping its fastest
-    call (other load only ever slows a call down): at least :data:`ROUNDS` rounds, then
-    until :data:`STEADY` rounds in a row improved no candidate's best by 2% (on a busy
-    machine few samples run undisturbed), at most :data:`MAX_ROUNDS` or :data:`CAP_S`. After three
+    :data:`ROWS`, on one thread (:func:`_seconds`). The candidates take turns, round after
+    round, each keeping its fastest call: at least :data:`ROUNDS` rounds, then until
+    :data:`STEADY` rounds in a row improved no candidate's best by 2%, at most
+    :data:`MAX_ROUNDS` or :data:`CAP_S`. After three
     rounds, a candidate whose calls cost over :data:`CUT_S` and which is over
     :data:`GIVE_UP` times the fastest (emulated bf16: 20x) is timed no further. An output
     wider than :data:`MAX_OUT` is timed at that width and scaled (the products' time grows
     in proportion to it there), so an opus-mt vocabulary costs a second, not ten."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.inference_mode():
+            return _time_rows(d_in, d_out, names)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _time_rows(d_in: int, d_out: int, names) -> dict[str, float]:
     timed_out = min(d_out, MAX_OUT)
     total = dict.fromkeys(names, 0.0)
-    with torch.inference_mode():
-        for rows in ROWS:
-            todo = candidates(d_in, timed_out, rows, names)
-            for call, arg in todo.values():
-                call(arg)  # warm-up: fbgemm packs its weights, oneDNN picks its kernels
-            best = dict.fromkeys(todo, float("inf"))
-            active, start, r, steady = list(todo), time.perf_counter(), 0, 0
-            while r < ROUNDS or (steady < STEADY and r < MAX_ROUNDS and time.perf_counter() - start < CAP_S):
-                before = dict(best)
-                for name in active[r % len(active):] + active[:r % len(active)]:
-                    best[name] = min(best[name], _seconds(*todo[name]))
-                r += 1
-                steady = steady + 1 if all(best[n] > 0.98 * before[n] for n in active) else 0
-                if r >= 3:
-                    active = [n for n in active if best[n] <= CUT_S or best[n] <= GIVE_UP * min(best.values())]
-            for name in names:
-                total[name] += best[name] * d_out / timed_out
+    for rows in ROWS:
+        todo = candidates(d_in, timed_out, rows, names)
+        for call, arg in todo.values():
+            call(arg)  # warm-up: fbgemm packs its weights, oneDNN picks its kernels
+        best = dict.fromkeys(todo, float("inf"))
+        active, start, r, steady = list(todo), time.perf_counter(), 0, 0
+        while r < ROUNDS or (steady < STEADY and r < MAX_ROUNDS and time.perf_counter() - start < CAP_S):
+            before = dict(best)
+            for name in active[r % len(active):] + active[:r % len(active)]:
+                best[name] = min(best[name], _seconds(*todo[name]))
+            r += 1
+            steady = steady + 1 if all(best[n] > 0.98 * before[n] for n in active) else 0
+            if r >= 3:
+                active = [n for n in active if best[n] <= CUT_S or best[n] <= GIVE_UP * min(best.values())]
+        for name in names:
+            total[name] += best[name] * d_out / timed_out
     return total
 
 
 def _seconds(call, arg) -> float:
-    """One call's time, as the calling thread's CPU time: on an idle machine it is the wall
-    time (this thread computes its share and waits, spinning, for torch's other threads),
-    and while other processes hold the cores it leaves out the time this thread was not
-    running, which wall time does not (on 2 cores shared 5 ways, at 2 threads, not one call
-    in 60 ran undisturbed; the CPU time's minimum was within 2x of the idle machine's)."""
+    """One call's time on one thread, as that thread's CPU time: the wall time of an idle
+    machine, and unlike wall time it leaves out what other processes take while they hold
+    the cores. At two threads neither clock held: on 2 cores shared 5 ways not one call in 60
+    ran undisturbed, and a thread's CPU time counted its spinning while the other thread
+    waited to be scheduled (weight-only int8 measured faster than plain bf16, which does
+    less). The kernels' order at one thread is taken for theirs at any count: the products
+    split their output columns across threads alike."""
     start = time.thread_time()
     call(arg)
     return time.thread_time() - start
