@@ -55,15 +55,20 @@ def compiled_steps_cache(tmp_path_factory):
     """The user's cache of compiled decoding steps (compiled/packages.py) is a temporary folder
     of this session's (of each xdist worker's): no test writes to ~/.cache or sees another's
     packages; and a TRANSFORMER_COMPILE in the developer's environment does not reach the tests.
+    Decoding's choices (decode/choose.py) come from the flags (TRANSFORMER_MEASURE=off).
     torch's compiler builds in that cache's private inductor folder for every compile of the
     session, the tests' own torch.compile calls too (compiled/packages.py: under ATEN_CPU_CAPABILITY
     a folder of its own, whose kernels must not mix with the others')."""
     from transformer.run.private import BUILD_ENV_VAR, use_private_build_folder
 
-    saved = {k: os.environ.get(k) for k in ("TRANSFORMER_COMPILED_DIR", "TRANSFORMER_COMPILE", BUILD_ENV_VAR)}
+    saved = {k: os.environ.get(k) for k in ("TRANSFORMER_COMPILED_DIR", "TRANSFORMER_COMPILE", BUILD_ENV_VAR,
+                                            "TRANSFORMER_MEASURE")}
     folder = tmp_path_factory.mktemp("compiled-steps")
     os.environ["TRANSFORMER_COMPILED_DIR"] = str(folder)
     os.environ.pop("TRANSFORMER_COMPILE", None)
+    # decoding's kernels chosen by the CPU's flags, not timed: the same choice in every test
+    # and worker (tests/decode/test_choose.py measures, with the times faked)
+    os.environ["TRANSFORMER_MEASURE"] = "off"
     os.environ.pop(BUILD_ENV_VAR, None)
     use_private_build_folder()
     yield folder

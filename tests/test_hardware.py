@@ -14,7 +14,8 @@ import torch
 
 from transformer import hardware
 from transformer.decode.decoding_config import DecodingConfig
-from transformer.decode.precision import Int8Linear, decoding_model, for_inference, int8_compute_dtype
+from transformer.decode import choose
+from transformer.decode.precision import Int8Linear, decoding_model, for_inference
 
 AMX = frozenset("fpu sse avx avx2 fma avx512f avx512bw avx512_bf16 amx_bf16 amx_tile amx_int8".split())
 AVX512_NO_BF16 = frozenset("fpu sse avx avx2 fma avx512f avx512bw avx512_vnni".split())
@@ -85,21 +86,25 @@ def test_explicit_bf16_on_an_avx2_cpu_runs_with_one_warning(monkeypatch, make_mo
 
 @pytest.mark.parametrize("family", ["amx", "avx2"])
 def test_int8_multiplies_in_what_the_cpu_is_fast_at(monkeypatch, make_model, rand_tokens, family):
+    """Where nothing is measured (the suite: TRANSFORMER_MEASURE=off), the flags pick the
+    int8 kernel measured fastest on such CPUs: weight-only bf16 on AMX, fbgemm's GEMM on AVX2."""
+    if "fbgemm" not in torch.backends.quantized.supported_engines:
+        pytest.skip("this torch build has no fbgemm")
     flags, capability, expected = FAMILIES[family]
     fake_cpu(monkeypatch, flags, capability)
     dtype = torch.bfloat16 if expected == "bf16" else torch.float32
-    assert int8_compute_dtype() == dtype
+    assert choose.by_flags("int8") == ("weight-only-bf16" if family == "amx" else "fbgemm")
     model = make_model()
     q = for_inference(model, "int8")
     layers = [m for m in q.modules() if isinstance(m, Int8Linear)]
-    assert layers and all(m._scale_col.dtype == dtype for m in layers)
+    assert layers and all(m.out_dtype == dtype and m.kernel == choose.by_flags("int8") for m in layers)
     src = rand_tokens([5, 3], vocab=13)
     tgt = rand_tokens([4, 4], vocab=13)
     with torch.inference_mode():
         ref, got = model(src, tgt), q(src, tgt).float()
     assert got.dtype == torch.float32 and torch.isfinite(got).all()
     # int8 weights: close to fp32 (bf16 arithmetic adds its own rounding on top; the int8
-    # GEMM of a CPU without native bf16 quantises the activations too, to 7 bits)
+    # GEMM of a CPU without native bf16 quantises the activations too, to 7 bits there)
     tol = 0.05 if dtype == torch.bfloat16 else 0.08
     assert (got - ref).abs().max() < tol * ref.abs().max()
 
@@ -127,12 +132,10 @@ def test_int8_on_an_avx2_cpu_multiplies_with_an_int8_gemm(monkeypatch, make_mode
     and the model deep-copies (precision copies, ensembles) after its first call."""
     import copy
 
-    from transformer.decode.precision import int8_gemm_available
-
     if "fbgemm" not in torch.backends.quantized.supported_engines:
         pytest.skip("this torch build has no fbgemm")
     fake_cpu(monkeypatch, AVX2, "AVX2")
-    assert int8_gemm_available()
+    assert choose.by_flags("int8") == "fbgemm"
     model = make_model(d_model=32, d_ff=64)
     q = for_inference(model, "int8")
     layers = [m for m in q.modules() if isinstance(m, Int8Linear)]
@@ -159,7 +162,7 @@ def test_int8_on_an_avx2_cpu_multiplies_with_an_int8_gemm(monkeypatch, make_mode
     with torch.inference_mode():
         torch.testing.assert_close(copy.deepcopy(q)(src, tgt), got)
     fake_cpu(monkeypatch, AMX, "AVX512")
-    assert not int8_gemm_available()
+    assert choose.by_flags("int8") == "weight-only-bf16"
     assert not any(m.int8_gemm for m in for_inference(model, "int8").modules() if isinstance(m, Int8Linear))
 
 
@@ -217,3 +220,23 @@ def test_torchs_switch_gets_an_inductor_cache_of_its_own(tmp_path):
     assert folder() == str(tmp_path / "cache" / "inductor")
     assert folder(ATEN_CPU_CAPABILITY="avx2") == str(tmp_path / "cache" / "inductor-avx2")
     assert folder(ATEN_CPU_CAPABILITY="avx2", TORCHINDUCTOR_CACHE_DIR=str(chosen)) == str(chosen)
+
+
+def test_fbgemm_quantises_activations_to_8_bits_where_the_cpu_has_vnni(monkeypatch):
+    """fbgemm's activations: 7 bits where AVX2's 16-bit pair sums could saturate, 8 bits on a
+    CPU with VNNI (32-bit sums), which halves the error against fp32 (run where the CPU
+    really has VNNI: elsewhere 8 bits may saturate)."""
+    from torch import nn
+
+    if "fbgemm" not in torch.backends.quantized.supported_engines or not hardware.cpu_has_vnni():
+        pytest.skip("needs fbgemm and a CPU with VNNI")
+    torch.manual_seed(0)
+    lin, x = nn.Linear(256, 128), torch.randn(32, 256) * 3
+    errors = {}
+    for name, flags in (("avx2", AVX2), ("vnni", AVX512_NO_BF16)):
+        fake_cpu(monkeypatch, flags, "AVX512")
+        q = Int8Linear.from_linear(lin, "fbgemm")
+        assert q.reduce_range == (name == "avx2")
+        with torch.inference_mode():
+            errors[name] = (q(x) - lin(x)).abs().mean().item()
+    assert errors["vnni"] < 0.7 * errors["avx2"]

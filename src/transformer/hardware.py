@@ -69,6 +69,12 @@ def cpu_has_native_bf16() -> bool:
     return cpu_capability().startswith("AVX512") and bool({"avx512_bf16", "amx_bf16"} & flags)
 
 
+def cpu_has_vnni() -> bool:
+    """Whether this CPU sums int8 products in 32 bits without saturating (AVX512-VNNI,
+    AVX-VNNI or AMX-INT8): there fbgemm may quantise activations to 8 bits, not 7."""
+    return bool({"avx512_vnni", "avx_vnni", "amx_int8"} & cpu_flags())
+
+
 def resolve_device(name: str | torch.device) -> str:
     """``auto`` -> ``cuda`` when torch sees a CUDA GPU (as Hugging Face's Trainer and nanoGPT
     choose), else ``cpu``; any other name is returned as it is."""

@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from transformer.decode import beam_search, greedy_search
-from transformer.decode.precision import PRECISIONS, Int8Linear, for_inference
+from transformer.decode import choose
+from transformer.decode.precision import INT8_KERNELS, PRECISIONS, Int8Linear, fbgemm_available, for_inference
 
 QUANTISED = Int8Linear
 
@@ -93,30 +94,35 @@ def test_logits_stay_close_to_fp32(make_model, rand_tokens, precision, tied):
     assert (got.argmax(-1) == ref.argmax(-1)).float().mean() > 0.8
 
 
-@pytest.mark.parametrize("cpu", ["native-bf16", "avx2"])
+@pytest.mark.parametrize("kernel", INT8_KERNELS)
 @pytest.mark.parametrize("tied", [True, False])
-def test_int8_decoding_warns_about_nothing_and_stays_close_to_fp32(make_model, rand_tokens, tied, cpu, monkeypatch):
+def test_int8_decoding_warns_about_nothing_and_stays_close_to_fp32(make_model, rand_tokens, tied, kernel, monkeypatch):
     """Building the int8 copy and decoding with it raise no warning of any kind; a model of
-    a realistic width (d_model 128) keeps its fp32 logits to within a few hundredths: where
-    bf16 is native (weights dequantised to bf16) and on an AVX2 CPU (fbgemm's int8 GEMM,
-    which quantises the activations too)."""
-    from transformer import hardware
-
-    monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: cpu == "native-bf16")
-    max_err, mean_err = (0.02, 0.005) if cpu == "native-bf16" else (0.04, 0.01)
+    a realistic width (d_model 128) keeps its fp32 logits to within a few hundredths with
+    every kernel: weight-only (dequantised to bf16 or fp32) and the two int8 GEMMs, which
+    quantise the activations too (per row for torch._int_mm, per tensor for fbgemm)."""
+    if kernel == "fbgemm" and not fbgemm_available():
+        pytest.skip("this torch build has no fbgemm")
+    monkeypatch.setattr(choose, "int8_kernels", lambda shapes: dict.fromkeys(shapes, kernel))
+    max_err, mean_err = (0.02, 0.005) if kernel.startswith("weight-only") else (0.04, 0.01)
     model = make_model(vocab_size=64, d_model=128, n_heads=4, d_ff=256, tie_embeddings=tied, output_bias=True)
     src = rand_tokens([9, 4, 7], vocab=64)
     tgt = torch.cat([torch.ones(3, 1, dtype=torch.long), rand_tokens([8, 8, 8], vocab=64)], dim=1)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         q = for_inference(model, "int8")
+        assert {m.kernel for m in q.modules() if isinstance(m, Int8Linear)} == {kernel}
         got = logits_of(q, src, tgt)
         greedy_search(q, src, max_len_b=10)
         beam_search(q, src, beam_size=3, max_len_b=10)
     ref = logits_of(model, src, tgt)
     err = (got - ref).abs()
     assert err.max().item() < max_err * ref.abs().max().item() and err.mean().item() < mean_err * ref.abs().max().item()
-    assert (got.argmax(-1) == ref.argmax(-1)).float().mean() > 0.9
+    # the ranking decoding uses survives wherever fp32's best leads its second by more than
+    # twice the largest error (an untrained model's near-ties may flip either way)
+    top2 = ref.topk(2, dim=-1).values
+    clear = top2[..., 0] - top2[..., 1] > 2 * err.max()
+    assert clear.float().mean() > 0.5 and (got.argmax(-1) == ref.argmax(-1))[clear].all()
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)

@@ -465,9 +465,10 @@ def test_int8_generation_on_an_imported_run(runs, family, capfd, monkeypatch):
     is quantised like every other linear layer, and the compiled step gives the eager text
     (its cache in the dtype the int8 layers compute in). The compiled step multiplies
     weight-only (dequantised weights); so does eager decoding where bf16 is native, and the
-    reference here does it on every CPU (elsewhere eager int8 takes fbgemm's int8 GEMM, which
-    also quantises the activations: other numbers)."""
-    from transformer.decode import precision
+    reference here does it on every CPU (elsewhere eager int8 takes an int8 GEMM, which also
+    quantises the activations: other numbers)."""
+    from transformer import hardware
+    from transformer.decode import choose
 
     run = runs(family)[2]
     argv = ["generate", "--model", str(run), "--prompt", PROMPT, "--max-new-tokens", "24", "--temperature", "0",
@@ -477,7 +478,8 @@ def test_int8_generation_on_an_imported_run(runs, family, capfd, monkeypatch):
     eager = capfd.readouterr()
     assert eager.err == "" and len(eager.out) > len(PROMPT)
     if family == "qwen2":  # one build is enough to check the compiled step's cache
-        monkeypatch.setattr(precision, "int8_gemm_available", lambda: False)
+        kernel = "weight-only-bf16" if hardware.cpu_has_native_bf16() else "weight-only-fp32"
+        monkeypatch.setattr(choose, "int8_kernels", lambda shapes: dict.fromkeys(shapes, kernel))
         assert main([*argv, "--compile", "off"]) == 0
         weight_only = capfd.readouterr()
         assert main([*argv, "--compile", "on"]) == 0

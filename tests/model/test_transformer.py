@@ -182,16 +182,19 @@ def test_cached_decoding_equals_full_forward(variant_model, rand_tokens, chunks)
     assert (cached - full).abs().max().item() < 1e-5
 
 
-@pytest.mark.parametrize("native_bf16", [True, False], ids=["bf16-native", "avx2"])
-def test_int8_quantised_model_decodes_like_its_full_forward(make_model, rand_tokens, native_bf16, monkeypatch):
+@pytest.mark.parametrize("kernel", ["weight-only-bf16", "int_mm", "fbgemm"])
+def test_int8_quantised_model_decodes_like_its_full_forward(make_model, rand_tokens, kernel, monkeypatch):
     """int8 weights (every nn.Linear, decode/precision.py) leave a model that still decodes
-    with the cache, close to the float model both ways: multiplied in bf16 where the CPU has
-    it natively, by fbgemm's int8 GEMM elsewhere (which quantises the activations too, to 7
-    bits: a looser bound on this 16-wide model)."""
-    from transformer import hardware
-    from transformer.decode.precision import for_inference
+    with the cache, close to the float model with each kernel: dequantised to bf16, or an
+    int8 GEMM (torch._int_mm, fbgemm's), which quantises the activations too (a looser bound
+    on this 16-wide model)."""
+    from transformer.decode import choose
+    from transformer.decode.precision import fbgemm_available, for_inference
 
-    monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: native_bf16)
+    if kernel == "fbgemm" and not fbgemm_available():
+        pytest.skip("this torch build has no fbgemm")
+    monkeypatch.setattr(choose, "int8_kernels", lambda shapes: dict.fromkeys(shapes, kernel))
+    native_bf16 = kernel == "weight-only-bf16"
     model = make_model()
     qmodel = for_inference(model, "int8")
     src = rand_tokens([7, 3, 5])

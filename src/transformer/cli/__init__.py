@@ -8,9 +8,10 @@ import errno
 import importlib
 import pkgutil
 import sys
+import warnings
 
 from .. import __version__
-from ..errors import UserError
+from ..errors import OneLineWarning, UserError
 
 # What the machine can refuse a command, whatever it was asked (a full disk, a read-only one,
 # a quota, a file it may not touch), rather than a fault of the code.
@@ -102,6 +103,17 @@ def out_of_memory(e: BaseException) -> str | None:
     return f"tried to allocate {int(size) / 2**30:.1f} GiB" if size.isdigit() else f"tried to allocate {size}"
 
 
+def _one_line(shown):
+    """``warnings.showwarning`` that prints a :class:`~transformer.errors.OneLineWarning` as
+    ``warning: MESSAGE`` on stderr, and any other warning as ``shown`` does."""
+    def show(message, category, *args, **kwargs):
+        if issubclass(category, OneLineWarning):
+            print(f"warning: {message}", file=sys.stderr, flush=True)
+        else:
+            shown(message, category, *args, **kwargs)
+    return show
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -110,7 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _refuse_empty_paths(args)
         _refuse_undecodable_text(args, parser.commands[args.command])
-        return int(args.func(args) or 0)
+        with warnings.catch_warnings():
+            warnings.showwarning = _one_line(warnings.showwarning)
+            return int(args.func(args) or 0)
     except UserError as e:
         print(f"transformer {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -18,10 +18,12 @@ _HELP = {
                               "(as Hugging Face and fairseq)"),
     "n_best": ("N", int, "print the N best translations (tab-separated with scores)"),
     "max_tokens": ("N", int, "source tokens per batch (none given: 4000, or 20000 for a translation on a GPU)"),
-    "precision": ("P", str, f"decoding arithmetic, one of {', '.join(PRECISIONS)}: auto is bf16 where the "
-                            "CPU (AVX512-BF16, AMX) or GPU computes it natively, else fp32; bf16 weights, or "
-                            "int8 weights (CPU; multiplied in bf16 where that is native, else by an int8 GEMM, "
-                            "eagerly); the speed and BLEU cost: benchmarks/decode/README.md"),
+    "precision": ("P", str, f"decoding arithmetic, one of {', '.join(PRECISIONS)}: auto is fp32 or bf16, "
+                            "whichever a short measurement on this CPU found faster (kept in your cache; "
+                            "on a GPU bf16 where it is native); bf16 weights, or int8 weights (CPU; each "
+                            "layer by the int8 kernel measured fastest: an int8 GEMM or weight-only; "
+                            "transformer info shows the choice); the speed and BLEU cost: "
+                            "benchmarks/decode/README.md"),
     "device": ("DEVICE", str, "auto (a CUDA GPU when there is one), cpu or cuda[:N]"),
     "max_new_tokens": ("N", int, "tokens to generate after the prompt"),
     "temperature": ("T", float, "sampling temperature; 0 = greedy (always the most probable token)"),

@@ -1,6 +1,8 @@
 """``transformer info``: what a trained model is made of. For a language model, the article's
 list of matrices: We and Whead, and per layer WQ, WK, WV, WO, W_gate, W_up, W_down, with
-their shapes and parameter counts; for a translation model, every parameter tensor."""
+their shapes and parameter counts; for a translation model, every parameter tensor. Then how
+decoding it on this CPU multiplies: what ``--precision auto`` picks and the int8 kernel of
+each layer's shape, with the rates measured (:mod:`transformer.decode.choose`)."""
 from __future__ import annotations
 
 import argparse
@@ -44,19 +46,36 @@ def others(model) -> list[tuple[str, int]]:
     return list(groups.items())
 
 
+def decoding_lines(report: dict) -> list[str]:
+    """:func:`transformer.decode.choose.report` as the lines ``info`` prints: per shape, each
+    candidate's rate in multiply-adds per second (GMAC/s) and the int8 kernel chosen."""
+    rows = report["rows"]
+    how = (f"measured on one thread at {' and '.join(map(str, rows))} rows" if report["source"] == "measured"
+           else "chosen by the CPU's flags (nothing measured)")
+    lines = [f"decoding on this CPU ({report['machine']}), {how}:", f"  precision auto: {report['auto']}"]
+    for entry in report["shapes"]:
+        d_in, d_out = (int(n) for n in entry["shape"].split("x"))
+        rates = "" if entry["seconds"] is None else "  " + ", ".join(
+            f"{name} {d_in * d_out * sum(rows) / s / 1e9:.1f}" for name, s in entry["seconds"].items())
+        lines.append(f"  {entry['shape']:>11}: int8 kernel {entry['int8']}{rates and ';  GMAC/s:' + rates}")
+    return lines
+
+
 def run(args: argparse.Namespace) -> int:
     import json
 
+    from ..decode.choose import report
     from ..run import load_model
 
     model, meta = load_model(args.model)
     cfg, table = model.cfg, rows(model)
     total = model.num_parameters()
     rest = others(model) if cfg.decoder_only else []
+    decoding = report(model)
     if args.json:
         print(json.dumps({"weights": meta["path"], "config": cfg.to_dict(), "parameters": total,
                           "matrices": [{"name": n, "parameter": p, "shape": list(s), "count": c} for n, p, s, c in table],
-                          "others": [{"name": n, "count": c} for n, c in rest]}))
+                          "others": [{"name": n, "count": c} for n, c in rest], "decoding": decoding}))
         return 0
     family = "decoder-only language model" if cfg.decoder_only else "encoder-decoder translation model"
     print(f"{meta['path']}: {family}, {cfg.n_layers} layers, d_model {cfg.d_model}, {cfg.n_heads} heads"
@@ -70,4 +89,5 @@ def run(args: argparse.Namespace) -> int:
     if cfg.decoder_only:
         print(f"  the matrices above hold {matrices:,} of the {total:,} parameters; the rest are "
               + ", ".join(f"{name} ({count:,})" for name, count in rest))
+    print("\n".join(decoding_lines(decoding)))
     return 0

@@ -1,0 +1,312 @@
+"""What decoding multiplies in, measured on the machine at hand rather than read from its flags.
+
+A CPU's flags do not say which product is fastest: on an AVX512-BF16 CPU without AMX, at an
+opus-mt model's width, an int8 GEMM ran 2x a bf16 one, while on an AMX Xeon bf16 won; at
+the demo model's width (128) float32 can beat both (``benchmarks/decode/README.md``,
+``linear_kernels.py``). So the choice is timed, once per machine:
+
+    precision auto   fp32 or bf16, whichever multiplies the model's decoder layers and its
+                     output projection in less time (:func:`auto_precision`)
+    int8 kernels     for each linear layer of an int8 model, the fastest of
+                     :data:`~transformer.decode.precision.INT8_KERNELS` at its shape
+                     (:func:`int8_kernels`)
+
+Each (in, out) shape is timed at a few decoding batch sizes (:data:`ROWS`) with random
+weights, every candidate in turn (seconds for a model on an idle machine), and kept as JSON in the user's private
+cache beside the compiled decoding steps (``kernels-<digest>.json``), keyed by what the
+times depend on: the CPU's name and flags and torch's kernels (its version and CPU
+capability) (:func:`machine`). They are taken on one thread, in CPU time, so that other
+load on the machine does not decide (:func:`_seconds`); the thread count is not in the key. A later process reads it back; a cache file that is not
+this user's, that others may write, or that does not parse is ignored with one warning line
+and measured again. Where measuring fails, the flags decide (:func:`by_flags`), with one
+warning line; ``TRANSFORMER_MEASURE=off`` makes the flags decide without timing anything.
+On a GPU the flags decide (torch's own check of bf16).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import time
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .. import hardware
+from ..errors import OneLineWarning
+from ..run import private
+from ..run.files import atomic_write
+from .precision import INT8_KERNELS, Int8Linear, fbgemm_available
+
+ENV_VAR = "TRANSFORMER_MEASURE"  # off: the CPU's flags decide, nothing is timed
+#: decoder rows (sentences x beam) each shape is timed at; a candidate's score is the sum of its
+#: times, so the larger batches that dominate a test set's decoding weigh most
+ROWS = (16, 128)
+ROUNDS, STEADY, MAX_ROUNDS = 5, 20, 400  # rounds in which the candidates take turns (a time is a
+# candidate's fastest sample): at least ROUNDS, then until STEADY rounds brought nothing new
+CAP_S = 1.0  # the most a (shape, rows) is timed for, beyond its first ROUNDS
+CUT_S, GIVE_UP = 0.02, 4.0  # after 3 rounds, a candidate whose call costs over CUT_S and that is
+# over GIVE_UP times the fastest is timed no further
+MAX_OUT = 16384  # a wider layer (a vocabulary) is timed at this width and scaled
+MAX_CACHE_BYTES = 1 << 20
+TIMING = "one thread, its CPU time, fastest call"  # how the times were taken: another way is another cache
+
+
+class MeasureWarning(OneLineWarning):
+    """A measurement that failed (the flags decide) or a cache file ignored."""
+
+
+_memory: dict[str, dict[str, dict[str, float]]] = {}  # cache file name -> shape -> candidate -> seconds
+_failed: set[str] = set()  # machines whose measurement failed in this process (warned once)
+
+
+def switched_off() -> bool:
+    return os.environ.get(ENV_VAR, "").strip().lower() == "off"
+
+
+def machine() -> dict[str, object]:
+    """What the measured times depend on, and so what the cache is keyed by."""
+    return {"cpu": hardware.cpu_name(), "flags": sorted(hardware.cpu_flags()), "capability": hardware.cpu_capability(),
+            "torch": torch.__version__, "rows": list(ROWS), "timing": TIMING}
+
+
+def cache_file(key: dict[str, object]) -> Path | None:
+    """The cache file of ``key`` in the private cache folder (None where there is no home)."""
+    root = private.cache_root()
+    if root is None:
+        return None
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return private.usable(root, "measured decoding choices are kept") / f"kernels-{digest}.json"
+
+
+# --- the candidates ----------------------------------------------------------------------------
+
+def candidates(d_in: int, d_out: int, rows: int, names) -> dict[str, tuple]:
+    """name -> (call, its argument): one decoding call of a (d_in -> d_out) layer on ``rows``
+    rows in each way ``names`` lists (fp32, bf16, or an int8 kernel), random weights."""
+    gen = torch.Generator().manual_seed(0)
+    linear = nn.Linear(d_in, d_out)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(d_out, d_in, generator=gen) * d_in ** -0.5)
+    x = torch.randn(rows, d_in, generator=gen)
+    out = {}
+    for name in names:
+        if name == "fp32":
+            w, b = linear.weight.detach(), linear.bias.detach()
+            out[name] = (lambda v, w=w, b=b: F.linear(v, w, b), x)
+        elif name == "bf16":  # a bf16 model's activations are bf16 already
+            w, b = linear.weight.detach().bfloat16(), linear.bias.detach().bfloat16()
+            out[name] = (lambda v, w=w, b=b: F.linear(v, w, b), x.bfloat16())
+        else:
+            out[name] = (Int8Linear.from_linear(linear, name), x)
+    return out
+
+
+def time_shape(d_in: int, d_out: int, names) -> dict[str, float]:
+    """Seconds per call of each of ``names`` at a (d_in -> d_out) layer, summed over
+    :data:`ROWS`, on one thread (:func:`_seconds`). The candidates take turns, round after
+    round, each keeping its fastest call: at least :data:`ROUNDS` rounds, then until
+    :data:`STEADY` rounds in a row improved no candidate's best by 2%, at most
+    :data:`MAX_ROUNDS` or :data:`CAP_S`. After three
+    rounds, a candidate whose calls cost over :data:`CUT_S` and which is over
+    :data:`GIVE_UP` times the fastest (emulated bf16: 20x) is timed no further. An output
+    wider than :data:`MAX_OUT` is timed at that width and scaled (the products' time grows
+    in proportion to it there), so an opus-mt vocabulary costs a second, not ten."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.inference_mode():
+            return _time_rows(d_in, d_out, names)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _time_rows(d_in: int, d_out: int, names) -> dict[str, float]:
+    timed_out = min(d_out, MAX_OUT)
+    total = dict.fromkeys(names, 0.0)
+    for rows in ROWS:
+        todo = candidates(d_in, timed_out, rows, names)
+        for call, arg in todo.values():
+            call(arg)  # warm-up: fbgemm packs its weights, oneDNN picks its kernels
+        best = dict.fromkeys(todo, float("inf"))
+        active, start, r, steady = list(todo), time.perf_counter(), 0, 0
+        while r < ROUNDS or (steady < STEADY and r < MAX_ROUNDS and time.perf_counter() - start < CAP_S):
+            before = dict(best)
+            for name in active[r % len(active):] + active[:r % len(active)]:
+                best[name] = min(best[name], _seconds(*todo[name]))
+            r += 1
+            steady = steady + 1 if all(best[n] > 0.98 * before[n] for n in active) else 0
+            if r >= 3:
+                active = [n for n in active if best[n] <= CUT_S or best[n] <= GIVE_UP * min(best.values())]
+        for name in names:
+            total[name] += best[name] * d_out / timed_out
+    return total
+
+
+def _seconds(call, arg) -> float:
+    """One call's time on one thread, as that thread's CPU time: the wall time of an idle
+    machine, and unlike wall time it leaves out what other processes take while they hold
+    the cores. At two threads neither clock held: on 2 cores shared 5 ways not one call in 60
+    ran undisturbed, and a thread's CPU time counted its spinning while the other thread
+    waited to be scheduled (weight-only int8 measured faster than plain bf16, which does
+    less). The kernels' order at one thread is taken for theirs at any count: the products
+    split their output columns across threads alike."""
+    start = time.thread_time()
+    call(arg)
+    return time.thread_time() - start
+
+
+def names_to_time() -> tuple[str, ...]:
+    """fp32, bf16 and the int8 kernels this torch build has."""
+    return ("fp32", "bf16", *(k for k in INT8_KERNELS if k != "fbgemm" or fbgemm_available()))
+
+
+# --- the cache ---------------------------------------------------------------------------------
+
+def _read(path: Path) -> dict[str, dict[str, float]]:
+    """The shapes' times in ``path``; empty (with one warning, unless there is no file) when it
+    is missing, not a regular file of this user's, writable by others, or not what
+    :func:`_write` writes."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return {}
+    except OSError as e:
+        return _ignored(path, e.strerror or str(e))
+    with open(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            return _ignored(path, "not a regular file")
+        if hasattr(os, "geteuid") and st.st_uid != os.geteuid():
+            return _ignored(path, f"owned by another user (uid {st.st_uid})")
+        if st.st_mode & 0o022:
+            return _ignored(path, f"writable by other users (mode {stat.S_IMODE(st.st_mode):o})")
+        data = f.read(MAX_CACHE_BYTES + 1)
+    try:
+        shapes = json.loads(data.decode("utf-8"))["shapes"] if len(data) <= MAX_CACHE_BYTES else None
+        if not (isinstance(shapes, dict) and all(
+                isinstance(times, dict) and all(isinstance(s, (int, float)) and s > 0 for s in times.values())
+                for times in shapes.values())):
+            raise ValueError
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        return _ignored(path, "not a cache of measured times")
+    return {shape: {name: float(s) for name, s in times.items()} for shape, times in shapes.items()}
+
+
+def _ignored(path: Path, why: str) -> dict:
+    warnings.warn(f"{path}: {why}; ignored, measuring decoding's kernels again", MeasureWarning, stacklevel=2)
+    return {}
+
+
+def _write(path: Path, key: dict, shapes: dict) -> None:
+    text = json.dumps({"machine": key, "shapes": shapes}, indent=1, sort_keys=True)
+    try:
+        atomic_write(path, lambda tmp: Path(tmp).write_text(text + "\n", encoding="utf-8"))
+    except Exception as e:  # noqa: BLE001 (a full disk: the times hold for this process)
+        warnings.warn(f"{path}: cannot keep the measured kernels ({e}); measured again next time",
+                      MeasureWarning, stacklevel=3)
+
+
+def measured(shapes) -> dict[str, dict[str, float]] | None:
+    """Seconds per call of each candidate (:func:`names_to_time`) at each (in, out) of
+    ``shapes``: from this process's memory, else the cache file, else timed now and kept.
+    None when measuring is switched off or failed (one warning line a process)."""
+    if switched_off():
+        return None
+    key = machine()
+    name = json.dumps(key, sort_keys=True)
+    if name in _failed:
+        return None
+    want = [f"{i}x{o}" for i, o in dict.fromkeys(shapes)]
+    known = _memory.get(name)
+    if known is None or any(s not in known for s in want):
+        path = cache_file(key)
+        known = {**(_read(path) if path is not None else {}), **(known or {})}
+        missing = [s for s in want if s not in known or set(known[s]) != set(names_to_time())]
+        if missing:
+            try:
+                for shape in missing:
+                    d_in, d_out = (int(n) for n in shape.split("x"))
+                    known[shape] = time_shape(d_in, d_out, names_to_time())
+            except Exception as e:  # noqa: BLE001 (a kernel this build or CPU lacks, memory)
+                _failed.add(name)
+                first = (str(e).strip().splitlines() or [""])[0][:200]
+                warnings.warn(f"cannot measure decoding's kernels on this CPU ({type(e).__name__}: {first}); "
+                              "choosing by its flags", MeasureWarning, stacklevel=3)
+                return None
+            if path is not None:
+                _write(path, key, known)
+        _memory[name] = known
+    return {s: known[s] for s in want}
+
+
+# --- the choices -------------------------------------------------------------------------------
+
+def by_flags(kind: str, device: str | torch.device = "cpu") -> str:
+    """The choice where nothing is measured: ``kind`` "auto" -> bf16 where the device computes
+    it natively, else fp32 (:func:`transformer.hardware.resolve`); "int8" -> the kernel that
+    measured fastest on CPUs like this one (``benchmarks/decode/README.md``): weight-only bf16
+    on AMX, fbgemm's int8 GEMM elsewhere, weight-only fp32 where torch has no fbgemm."""
+    if kind == "auto":
+        return hardware.resolve(hardware.AUTO, device)
+    if hardware.cpu_has_native_bf16() and "amx_bf16" in hardware.cpu_flags():
+        return "weight-only-bf16"
+    return "fbgemm" if fbgemm_available() else "weight-only-fp32"
+
+
+def decoder_shapes(model: nn.Module) -> list[tuple[int, int]]:
+    """(in, out) of every linear layer a decoding step runs (the decoder's and the output
+    projection, a tied one included), once per layer: a step's products (an ensemble's: its
+    members')."""
+    if hasattr(model, "members"):
+        return [shape for member in model.members for shape in decoder_shapes(member)]
+    shapes = [(m.in_features, m.out_features) for m in model.decoder.modules()
+              if isinstance(m, (nn.Linear, Int8Linear))]
+    weight = model.output_layer()[0]
+    out_proj = getattr(model, "out_proj", None)
+    if isinstance(out_proj, Int8Linear):
+        shapes.append((out_proj.in_features, out_proj.out_features))
+    elif isinstance(weight, torch.Tensor):
+        shapes.append((weight.size(1), weight.size(0)))
+    return shapes
+
+
+def auto_precision(model: nn.Module, device: str | torch.device = "cpu") -> str:
+    """What ``precision: auto`` decodes ``model`` in on ``device``: on a CPU, fp32 or bf16,
+    whichever multiplies a decoding step's layers (:func:`decoder_shapes`) faster as measured;
+    the flags where nothing is measured (a GPU, ``TRANSFORMER_MEASURE=off``, a failure)."""
+    if torch.device(hardware.resolve_device(device)).type != "cpu":
+        return by_flags("auto", device)
+    shapes = decoder_shapes(model)
+    times = measured(shapes)
+    if times is None:
+        return by_flags("auto", device)
+    cost = {p: sum(times[f"{i}x{o}"][p] for i, o in shapes) for p in ("fp32", "bf16")}
+    return min(cost, key=cost.get)
+
+
+def int8_kernels(shapes) -> dict[tuple[int, int], str]:
+    """The int8 kernel of each (in, out) in ``shapes``: the fastest measured, else by flags."""
+    shapes = list(dict.fromkeys(shapes))
+    times = measured(shapes)
+    if times is None:
+        return dict.fromkeys(shapes, by_flags("int8"))
+    return {(i, o): min((k for k in times[f"{i}x{o}"] if k in INT8_KERNELS), key=times[f"{i}x{o}"].get)
+            for i, o in shapes}
+
+
+def report(model: nn.Module) -> dict[str, object]:
+    """What decoding ``model`` on this CPU would choose, and from what: for ``transformer info``."""
+    shapes = [*dict.fromkeys((m.in_features, m.out_features) for m in model.modules() if isinstance(m, nn.Linear)),
+              *decoder_shapes(model)[-1:]]
+    shapes = list(dict.fromkeys(shapes))
+    times = measured(shapes)
+    kernels = int8_kernels(shapes)
+    return {"source": "flags" if times is None else "measured", "machine": hardware.describe_line(),
+            "rows": list(ROWS), "auto": auto_precision(model, "cpu"),
+            "shapes": [{"shape": f"{i}x{o}", "int8": kernels[i, o],
+                        "seconds": None if times is None else times[f"{i}x{o}"]} for i, o in shapes]}
