@@ -4,3 +4,17 @@
 class UserError(Exception):
     """A problem with the user's input, options or files. The message names the file, line
     or option and says what to do."""
+
+
+def shown(value: object, width: int = 40) -> str:
+    """``repr(value)`` for a one-line message, at most about ``width`` characters, cut with
+    ``...``: a config value may be any size (a list of thousands, a mapping of mappings), and
+    reprlib never builds the whole repr to cut it."""
+    import reprlib
+
+    cut = reprlib.Repr()
+    cut.maxlevel, cut.maxdict = 2, 3
+    cut.maxtuple = cut.maxlist = cut.maxarray = cut.maxset = cut.maxfrozenset = cut.maxdeque = 4
+    cut.maxstring = cut.maxlong = cut.maxother = width
+    short = cut.repr(value)
+    return short if len(short) <= width + 5 else short[: width - 3] + "..."
