@@ -467,3 +467,34 @@ def test_a_set_value_alias_bomb_is_one_short_line(trained, tmp_path):
     assert line.startswith("transformer train: error: ") and "alpha must be a number, got '[&a0" in line
     assert len(line) < 200 and not (tmp_path / "new").exists()
 
+
+# ---- weights that are not finite --------------------------------------------------------------
+
+@pytest.mark.parametrize("command", ["translate", "attention"])
+def test_weights_that_are_not_finite_are_one_line_naming_the_tensor(command, cli, bad, trained, tmp_path,
+                                                                    one_line_error):
+    """One NaN in a cross-attention bias: beam search found no finite hypothesis, and translate
+    (and the service's /translate and /attention, which load through the same door) ended in an
+    IndexError. Now the model is refused as it loads, naming the file and the tensor."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from transformer.errors import UserError
+    from transformer.run.weights import read_metadata
+    from transformer.translator import load_translator
+
+    run = tmp_path / "run"
+    shutil.copytree(trained.run, run)
+    weights = run / "best.safetensors"
+    tensors, meta = load_file(str(weights)), read_metadata(weights)
+    name = next(n for n in tensors if "cross_attn" in n and n.endswith("bias"))
+    tensors[name][0] = float("nan")
+    save_file(tensors, str(weights), metadata=meta)
+    argv = (["--model", run, "--input", bad["in.txt"], "--output", bad["out"] / "out.txt"] if command == "translate"
+            else ["red dog", "--model", run, "--out", bad["out"] / "out.png"])
+    r = cli(command, *argv)
+    one_line_error(r, command, f"{weights}: the weights are not finite: {name} holds 1 NaN or infinite value of ")
+    _untouched(bad["out"])
+    with pytest.raises(UserError, match=f"the weights are not finite: {re.escape(name)}"):
+        load_translator(run)  # (what transformer serve loads)
