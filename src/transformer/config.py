@@ -19,6 +19,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import shown
 from .frozen import TYPE_NAMES, Frozen, has_type, known_keys, whole_numbers_as_floats
 
 FFN_ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu")
@@ -73,15 +74,15 @@ class ModelConfig(Frozen):
         whole_numbers_as_floats(self)  # YAML and JSON give 1 for 1.0
         for f in dataclasses.fields(self):  # before the checks below compare or divide them
             value = getattr(self, f.name)
-            need(has_type(value, f.type), f"{f.name} must be {TYPE_NAMES.get(f.type, f.type)}, got {value!r}")
+            need(has_type(value, f.type), f"{f.name} must be {TYPE_NAMES.get(f.type, f.type)}, got {shown(value)}")
         need(self.vocab_size > 0, f"vocab_size must be positive, got {self.vocab_size}")
         need(self.d_model > 0 and self.n_heads > 0, "d_model and n_heads must be positive")
         need(self.d_model % self.n_heads == 0,
              f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         need(self.d_ff > 0 and self.n_layers > 0, "d_ff and n_layers must be positive")
-        need(self.kind in KINDS, f"kind must be one of {KINDS}, got {self.kind!r}")
-        need(self.norm in NORMS, f"norm must be one of {NORMS}, got {self.norm!r}")
-        need(self.positions in POSITIONS, f"positions must be one of {POSITIONS}, got {self.positions!r}")
+        need(self.kind in KINDS, f"kind must be one of {KINDS}, got {shown(self.kind)}")
+        need(self.norm in NORMS, f"norm must be one of {NORMS}, got {shown(self.norm)}")
+        need(self.positions in POSITIONS, f"positions must be one of {POSITIONS}, got {shown(self.positions)}")
         if self.n_kv_heads is not None:
             need(0 < self.n_kv_heads <= self.n_heads and self.n_heads % self.n_kv_heads == 0,
                  f"n_kv_heads ({self.n_kv_heads}) must divide n_heads ({self.n_heads})")
@@ -97,9 +98,9 @@ class ModelConfig(Frozen):
         need(0.0 <= self.dropout < 1.0 and 0.0 <= self.attn_dropout < 1.0, "dropout must be in [0, 1)")
         need(self.max_len > 1, "max_len must be > 1")
         need(self.ffn_activation in FFN_ACTIVATIONS,
-             f"ffn_activation must be one of {FFN_ACTIVATIONS}, got {self.ffn_activation!r}")
+             f"ffn_activation must be one of {FFN_ACTIVATIONS}, got {shown(self.ffn_activation)}")
         need(self.sinusoid_layout in SINUSOID_LAYOUTS,
-             f"sinusoid_layout must be one of {SINUSOID_LAYOUTS}, got {self.sinusoid_layout!r}")
+             f"sinusoid_layout must be one of {SINUSOID_LAYOUTS}, got {shown(self.sinusoid_layout)}")
         need(self.sinusoid_layout == "concat" or self.d_model % 2 == 0, "d_model must be even")
         if self.tgt_vocab_size is not None:
             need(self.tgt_vocab_size > 0, "tgt_vocab_size must be positive")
@@ -147,7 +148,7 @@ class ModelConfig(Frozen):
     def preset(cls, name: str, **overrides: Any) -> "ModelConfig":
         """A named preset with keyword overrides, e.g. ``preset("base", vocab_size=37000)``."""
         if name not in PRESETS:
-            raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+            raise ValueError(f"unknown preset {shown(name)}; choose one of {sorted(PRESETS)}")
         kwargs = {**PRESETS[name], **overrides}
         if "vocab_size" not in kwargs:
             raise ValueError("preset(): vocab_size is required")

@@ -6,12 +6,15 @@ from __future__ import annotations
 import errno
 import os
 import re
+import subprocess
 
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from alias_bombs import alias_bomb, alias_list
+from tiny_corpus import TRANSFORMER, process_env
 
 PRECIOUS = "earlier content\n"
 
@@ -413,3 +416,85 @@ def test_a_write_the_machine_refuses_anywhere_is_one_line(code, cli, tmp_path, m
     monkeypatch.setattr(trainer.Trainer, "__init__", lambda *a, **k: (_ for _ in ()).throw(OSError(errno.EIO, "I/O")))
     with pytest.raises(OSError):
         cli("train", "--config", config, "--out", tmp_path / "run")
+
+
+# ---- YAML that expands without end --------------------------------------------------------
+
+def _bounded(argv: list, timeout: float = 120) -> subprocess.CompletedProcess:
+    """The real command, its address space capped at 4 GB and its time at ``timeout``: a
+    config that still expanded would fail the test, not take the machine's memory."""
+    import resource
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, 4 * 2**30))
+
+    return subprocess.run([TRANSFORMER, *map(str, argv)], capture_output=True, text=True, env=process_env(),
+                          timeout=timeout, preexec_fn=cap)
+
+
+@pytest.mark.parametrize("command", ["translate", "train"])
+def test_a_config_alias_bomb_is_one_line(command, trained, bad, tmp_path):
+    """Nine anchors of nine aliases each (387 million values expanded) in a run's config.yaml
+    (translate) or a training config: translate spun at 100% to 5.7 GB printing the value. Now
+    one line naming the file, before anything is loaded or written."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(trained.run, run)
+    config = run / "config.yaml" if command == "translate" else tmp_path / "bomb.yaml"
+    good = yaml.safe_load((run / "config.yaml" if command == "translate" else trained.config).read_text())
+    good.pop("decoding", None)
+    config.write_text(yaml.safe_dump(good) + alias_bomb(), encoding="utf-8")
+    argv = (["translate", "--model", run, "--input", bad["in.txt"], "--output", bad["out"] / "out.txt"]
+            if command == "translate" else ["train", "--config", config, "--out", tmp_path / "new"])
+    done = _bounded(argv)
+    assert done.returncode == 2 and done.stdout == "", done.stderr[-2000:]
+    remedy = "restore it from the run, or give the options it would have supplied" if command == "translate" \
+        else "correct it"
+    assert done.stderr.splitlines() == [f"transformer {command}: error: {config}: not readable YAML (line 1, column "
+                                        "1: its aliases (*name) repeat more than 100,000 values; write the values "
+                                        f"out instead); {remedy}"]
+    _untouched(bad["out"])
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_set_value_alias_bomb_is_one_short_line(trained, tmp_path):
+    """The same aliases given to --set: read as the text it is, refused in a line of its own size."""
+    done = _bounded(["train", "--config", trained.config, "--out", tmp_path / "new", "--set",
+                     f"decoding.alpha={alias_list()}"])
+    assert done.returncode == 2 and done.stdout == "", done.stderr[-2000:]
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("transformer train: error: ") and "alpha must be a number, got '[&a0" in line
+    assert len(line) < 200 and not (tmp_path / "new").exists()
+
+
+# ---- weights that are not finite --------------------------------------------------------------
+
+@pytest.mark.parametrize("command", ["translate", "attention"])
+def test_weights_that_are_not_finite_are_one_line_naming_the_tensor(command, cli, bad, trained, tmp_path,
+                                                                    one_line_error):
+    """One NaN in a cross-attention bias: beam search found no finite hypothesis, and translate
+    (and the service's /translate and /attention, which load through the same door) ended in an
+    IndexError. Now the model is refused as it loads, naming the file and the tensor."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from transformer.errors import UserError
+    from transformer.run.weights import read_metadata
+    from transformer.translator import load_translator
+
+    run = tmp_path / "run"
+    shutil.copytree(trained.run, run)
+    weights = run / "best.safetensors"
+    tensors, meta = load_file(str(weights)), read_metadata(weights)
+    name = next(n for n in tensors if "cross_attn" in n and n.endswith("bias"))
+    tensors[name][0] = float("nan")
+    save_file(tensors, str(weights), metadata=meta)
+    argv = (["--model", run, "--input", bad["in.txt"], "--output", bad["out"] / "out.txt"] if command == "translate"
+            else ["red dog", "--model", run, "--out", bad["out"] / "out.png"])
+    r = cli(command, *argv)
+    one_line_error(r, command, f"{weights}: the weights are not finite: {name} holds 1 NaN or infinite value of ")
+    _untouched(bad["out"])
+    with pytest.raises(UserError, match=f"the weights are not finite: {re.escape(name)}"):
+        load_translator(run)  # (what transformer serve loads)

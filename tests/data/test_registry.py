@@ -118,3 +118,82 @@ def test_failed_download_names_where_the_file_goes(clean_env, monkeypatch):
     with pytest.raises(UserError, match="check the network") as e:
         load_multi30k("val", "en", "de", data_dir=cache)
     assert str(e.value).endswith(f"or place the file at {cache / 'multi30k' / 'val.en.gz'}")
+
+
+def test_size_table_matches_local_copy(multi30k_root):
+    assert MULTI30K.sizes.keys() == MULTI30K.sha256.keys()
+    for name, size in MULTI30K.sizes.items():
+        assert (multi30k_root / "multi30k" / name).stat().st_size == size, name
+
+
+@pytest.fixture
+def endless_server():
+    """An HTTP server on 127.0.0.1 whose every answer is endless (1 MiB chunks of zeros until
+    the client hangs up, or 256 MiB: a client that reads it all still ends, in bounded memory);
+    yields (base URL, a queue of the bytes each answer managed to send)."""
+    import http.server
+    import queue
+    import threading
+
+    sent: queue.Queue[int] = queue.Queue()
+
+    class Endless(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (the library's name)
+            self.send_response(200)
+            self.end_headers()
+            total, chunk = 0, bytes(1 << 20)
+            try:
+                while total < 256 << 20:
+                    self.wfile.write(chunk)
+                    total += len(chunk)
+            except OSError:  # the client hung up
+                pass
+            sent.put(total)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Endless)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", sent
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=10)
+
+
+def test_a_download_that_passes_the_published_size_is_stopped_and_nothing_kept(clean_env, endless_server,
+                                                                                monkeypatch):
+    """fetch_url read a whole download into memory: a server (or a man in the middle of a
+    mirror) that never stops sending took all of it. Now the download streams into a
+    temporary file and stops once it passes the file's published size: one line, nothing kept."""
+    import dataclasses
+
+    import transformer.data.registry as registry
+
+    base, sent = endless_server
+    monkeypatch.setattr(registry, "MULTI30K", dataclasses.replace(MULTI30K, url=base + "/{split}.{lang}.gz"))
+    cache = clean_env / "cache"
+    with pytest.raises(UserError) as caught:
+        registry.multi30k_path("val", "en", data_dir=cache)
+    target = cache / "multi30k" / "val.en.gz"
+    assert str(caught.value) == (f"could not download {base}/val.en.gz: it passed 21,650 bytes, the size of the "
+                                 f"published file, and was stopped there; retry, or place a verified copy at {target}")
+    assert list((cache / "multi30k").iterdir()) == []  # no temporary either
+    assert sent.get(timeout=30) < 64 << 20  # the connection was closed there (the server sent what the buffers held)
+
+
+def test_fetch_url_stops_at_its_limit(endless_server):
+    """Called alone (no published size), fetch_url gives chunks up to its limit (1 GiB unless
+    told) and then a one-line error."""
+    from transformer.data import fetch_url
+
+    base, _ = endless_server
+    got = 0
+    with pytest.raises(UserError) as caught:
+        for chunk in fetch_url(base + "/any", limit=300_000):
+            assert len(chunk) <= 1 << 16
+            got += len(chunk)
+    assert got <= 300_000
+    assert str(caught.value) == (f"could not download {base}/any (it passed 300,000 bytes, more than any file this "
+                                 "downloads; stopped there)")

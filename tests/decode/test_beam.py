@@ -238,3 +238,40 @@ def test_beam_fast_equals_reference(make_model, rand_tokens, eos_bias, k, n_best
     slow = reference_beam_search(model, src, **args)
     assert [as_tuples(h) for h in fast] == [as_tuples(h) for h in slow]
     assert any(len(h[0].tokens) < 10 for h in fast)  # some sentences stop before their limit
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "inf"])
+@pytest.mark.parametrize("k,n_best", [(1, 1), (4, 2)])
+def test_weights_that_give_no_finite_score_end_each_sentence_with_one_hypothesis(decoder_model, ragged_src, bad,
+                                                                                 k, n_best):
+    """One NaN (or infinity) in a cross-attention bias makes every score NaN: no hypothesis
+    could finish (only finite ones do), every sentence came back with none, and the callers'
+    hyps[0] was an IndexError. Now each sentence stops at once with its best beam, scored NaN."""
+    with torch.no_grad():
+        decoder_model.decoder.layers[0].cross_attn.k_proj.bias[0] = bad
+    out = beam_search(decoder_model, ragged_src, beam_size=k, n_best=n_best, max_len_b=6)
+    assert len(out) == ragged_src.size(0)
+    for hyps in out:
+        assert len(hyps) == 1 and hyps[0].tokens == [EOS] and math.isnan(hyps[0].score)
+
+
+def test_a_sentence_whose_scores_go_nan_stops_while_the_others_decode_as_before(decoder_model, ragged_src):
+    """A step that gives NaN for one sentence's rows only: that sentence ends with its best
+    beam, the others are the search's own, as in a batch of their own."""
+    from transformer.decode.eager_step import EagerStep
+
+    clean = beam_search(decoder_model, ragged_src[1:], beam_size=3, n_best=2, max_len_b=6)
+
+    class NanForTheFirst(EagerStep):
+        calls = 0
+
+        def __call__(self, last, cache):
+            lp, cache = super().__call__(last, cache)
+            self.calls += 1
+            if self.calls == 1:  # the first sentence's K rows, at the first step (it ends there)
+                lp[:3] = float("nan")
+            return lp, cache
+
+    out = beam_search(decoder_model, ragged_src, beam_size=3, n_best=2, max_len_b=6, step=NanForTheFirst(decoder_model))
+    assert len(out[0]) == 1 and math.isnan(out[0][0].score)
+    assert [[h.tokens for h in hyps] for hyps in out[1:]] == [[h.tokens for h in hyps] for hyps in clean]

@@ -12,12 +12,14 @@ import hashlib
 import os
 import shutil
 import stat
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from tiny_corpus import train_tiny_run
+from tiny_corpus import process_env, train_tiny_run
 
 from transformer import compiled
 from transformer.compiled import build as aot, packages
@@ -276,11 +278,15 @@ def test_the_compiler_builds_in_a_private_folder_of_the_cache(monkeypatch, tmp_p
     monkeypatch.setenv(packages.DIR_ENV_VAR, str(tmp_path / "mine"))
     monkeypatch.delenv(private.BUILD_ENV_VAR, raising=False)
     monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    from torch._inductor import codecache
+
     folder = private.use_private_build_folder()
     assert folder == tmp_path / "mine" / "inductor"
+    assert codecache._HEADER_DIR == str(folder / "precompiled_headers")  # the C++ headers it precompiles too
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")  # the AVX2 stand-in's kernels: a folder of their own
     monkeypatch.delenv(private.BUILD_ENV_VAR)
     assert private.use_private_build_folder() == tmp_path / "mine" / "inductor-avx2"
+    assert codecache._HEADER_DIR == str(tmp_path / "mine" / "inductor-avx2" / "precompiled_headers")
     monkeypatch.delenv("ATEN_CPU_CAPABILITY")
     monkeypatch.setenv(private.BUILD_ENV_VAR, str(folder))
     assert os.environ[private.BUILD_ENV_VAR] == str(folder)
@@ -289,6 +295,37 @@ def test_the_compiler_builds_in_a_private_folder_of_the_cache(monkeypatch, tmp_p
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
     assert cache_dir() == str(folder)  # where inductor itself now writes
+
+
+# A build of a tiny model's greedy step in a process of its own (GEMM timing off, as the tests build)
+BUILD_A_STEP = """
+import sys
+from transformer import ModelConfig, Transformer
+from transformer.compiled import build as aot
+aot.INDUCTOR_OPTIONS = {**aot.INDUCTOR_OPTIONS, "max_autotune_gemm": False}
+model = Transformer(ModelConfig(vocab_size=13, d_model=16, n_heads=2, d_ff=32, n_layers=1, dropout=0.0, max_len=16))
+aot.build(model.eval(), 1, True, sys.argv[1])
+"""
+
+
+def test_a_real_build_leaves_nothing_in_the_temporary_folder(tmp_path):
+    """torch fixes the folder of the C++ headers it precompiles (and includes in every build)
+    at precompiled_headers/ of torchinductor_USER in the temporary folder, whatever
+    TORCHINDUCTOR_CACHE_DIR says: a name another user can create first and fill with a header
+    of their own. A real build with HOME and TMPDIR fresh: the temporary folder is empty once
+    the process ends, the headers are in the private build folder of the user's cache."""
+    home, tmp = tmp_path / "home", tmp_path / "tmp"
+    home.mkdir()
+    tmp.mkdir()
+    env = {k: v for k, v in process_env().items()
+           if k not in (packages.DIR_ENV_VAR, private.BUILD_ENV_VAR, "XDG_CACHE_HOME", "ATEN_CPU_CAPABILITY")}
+    done = subprocess.run([sys.executable, "-c", BUILD_A_STEP, str(tmp_path / "step.pt2")], capture_output=True,
+                          text=True, env={**env, "HOME": str(home), "TMPDIR": str(tmp)}, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "step.pt2").is_file()
+    assert sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*")) == []
+    headers = home / ".cache" / "transformer" / "compiled" / "inductor" / "precompiled_headers"
+    assert list(headers.glob("*.h.gch"))
 
 
 def test_a_real_build_wrote_its_code_into_the_private_folder(runs):

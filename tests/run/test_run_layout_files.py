@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from alias_bombs import alias_bomb, alias_list
+
 from transformer.errors import UserError
 from transformer.run.layout import read_run_config, read_yaml, remove
 
@@ -114,3 +116,54 @@ def test_translation_tokenizer_is_the_nearest_folders(tmp_path):
     for name in ("source.spm", "target.spm", "vocab.json"):
         (outer / "mine" / "opus2" / name).write_bytes(b"x")
     assert tokenizer_files(outer / "mine" / "opus2")[0] == outer / "mine" / "opus2" / "source.spm"
+
+
+def test_aliases_that_expand_too_far_are_refused_before_anything_is_built(tmp_path):
+    f = tmp_path / "config.yaml"
+    f.write_text(alias_bomb(), encoding="utf-8")
+    with pytest.raises(UserError) as caught:
+        read_yaml(f, "restore it")
+    assert str(caught.value) == (f"{f}: not readable YAML (line 1, column 1: its aliases (*name) repeat more than "
+                                 "100,000 values; write the values out instead); restore it")
+    f.write_text(alias_bomb(levels=3), encoding="utf-8")  # 729 values: a config may use aliases
+    assert len(read_yaml(f, "restore it")["decoding"]["alpha"]) == 9
+
+
+@pytest.mark.parametrize("text,says", [
+    ("a: &a [1, *a]\n", "an alias refers to its own anchor"),
+    ("decoding: {alpha: " + "[" * 5_000 + "]" * 5_000 + "}\n", "nested too deeply"),
+], ids=["recursive-alias", "deep-nesting"])
+def test_endless_or_too_deep_yaml_is_one_line(tmp_path, text, says):
+    f = tmp_path / "config.yaml"
+    f.write_text(text, encoding="utf-8")
+    with pytest.raises(UserError) as caught:
+        read_yaml(f, "restore it")
+    message = str(caught.value)
+    assert message.startswith(f"{f}: not readable YAML (") and says in message and "\n" not in message
+
+
+def test_a_config_file_over_a_mebibyte_is_not_parsed(tmp_path):
+    f = tmp_path / "config.yaml"
+    f.write_bytes(b"# padding\n" * (2**20 // 10 + 1))
+    with pytest.raises(UserError) as caught:
+        read_yaml(f, "restore it")
+    assert str(caught.value) == f"{f}: larger than 1 MiB, which no config is (a config is a few kilobytes); restore it"
+
+
+def test_a_set_value_of_aliases_stays_the_text_given():
+    """--set values are read as YAML too (train_config._parse_value): a bomb there is text."""
+    from transformer.train.train_config import _parse_value
+
+    assert _parse_value(alias_list()) == alias_list()
+    assert _parse_value("[&a [1, 2], *a]") == [[1, 2], [1, 2]]
+
+
+def test_a_value_in_an_error_is_cut_to_a_few_dozen_characters():
+    from transformer.decode.decoding_config import DecodingConfig
+    from transformer.errors import shown
+
+    nested = [["x" * 1000] * 9] * 9
+    with pytest.raises(ValueError) as caught:
+        DecodingConfig(alpha=nested)
+    assert str(caught.value) == f"alpha must be a number, got {shown(nested)}" and len(str(caught.value)) < 90
+    assert shown("beam") == "'beam'" and shown([1, 2]) == "[1, 2]"

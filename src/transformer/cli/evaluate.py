@@ -163,14 +163,14 @@ def _split_pairs(args) -> tuple[list[str], list[str], dict]:
     """Source and reference lines of a registry split, in the languages of the run, and the
     run's config."""
     from ..data import load_multi30k
-    from ..errors import UserError
+    from ..errors import UserError, shown
 
     run = _run_config(args.model[0])
     if not run:
         raise UserError(f"{args.model[0]}: --split needs a model inside a run directory with config.yaml "
                         "(to know the languages)")
     if run.get("dataset") != "multi30k":
-        named = f"dataset is {run['dataset']!r}" if run.get("dataset") else "config names no dataset"
+        named = f"dataset is {shown(run['dataset'])}" if run.get("dataset") else "config names no dataset"
         raise UserError(f"{args.model[0]}: the run's {named}; --split works for "
                         "dataset multi30k: give --src and --ref for other data")
     pairs = load_multi30k(args.split, run["src_lang"], run["tgt_lang"], data_dir=args.data_dir or run.get("data_dir"))

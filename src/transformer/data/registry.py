@@ -3,9 +3,10 @@
 The data folder is resolved by :func:`find_data_dir` (option > ``$TRANSFORMER_DATA`` >
 ``~/.cache/transformer/data``); a dataset keeps its files in a sub-folder named after it,
 e.g. ``<data_dir>/multi30k/train.de.gz`` or ``<data_dir>/tinyshakespeare/input.txt``. Local files
-are used as they are; a missing file is downloaded (when allowed), checked against the SHA-256
-in :data:`MULTI30K` or :data:`TINY_SHAKESPEARE`, and only then moved into place, so the folder
-never holds a partial or corrupt download.
+are used as they are; a missing file is downloaded (when allowed) into a temporary file a chunk
+at a time, stopped once it passes the file's published size, checked against the SHA-256 in
+:data:`MULTI30K` or :data:`TINY_SHAKESPEARE`, and only then moved into place, so the folder
+never holds a partial or corrupt download and a download never holds more than a chunk in memory.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import hashlib
 import os
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,8 +29,11 @@ __all__ = ["Dataset", "MULTI30K", "TextFile", "TINY_SHAKESPEARE", "DATA_ENV_VAR"
 
 DATA_ENV_VAR = "TRANSFORMER_DATA"
 
-Fetch = Callable[[str], bytes]
-"""Downloads a URL and returns its bytes; raises on failure. Injected by tests."""
+Fetch = Callable[[str], "Iterable[bytes] | bytes"]
+"""Downloads a URL and gives its bytes in chunks (or all at once); raises on failure. Injected by tests."""
+
+CHUNK = 1 << 16  # bytes read from the network at a time
+MAX_DOWNLOAD = 1 << 30  # a download whose size nothing publishes stops here (the largest known file: 1.1 MB)
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,7 @@ class Dataset:
         langs: valid language codes.
         url: download URL template with ``{split}`` and ``{lang}`` fields.
         sha256: expected SHA-256 of each file, keyed by its file name.
+        sizes: each file's size in bytes (a download that passes it is stopped).
         line_counts: sentences per split (the same for every language).
     """
 
@@ -49,6 +55,7 @@ class Dataset:
     langs: tuple[str, ...]
     url: str
     sha256: dict[str, str]
+    sizes: dict[str, int]
     line_counts: dict[str, int]
 
     @staticmethod
@@ -76,6 +83,12 @@ MULTI30K = Dataset(
         "test_2016_flickr.fr.gz": "6d326e188d259fb1d04ac19eae3af956559b3a0b93d7635e56c90987c40c8b90",
         "test_2016_flickr.cs.gz": "200a4a74cc9560f051924abb9803be008d1908d77f747e9141aeb86dfd2797f1",
     },
+    sizes={
+        "train.en.gz": 568929, "train.de.gz": 637044, "train.fr.gz": 604242, "train.cs.gz": 593827,
+        "val.en.gz": 21650, "val.de.gz": 24681, "val.fr.gz": 23001, "val.cs.gz": 22096,
+        "test_2016_flickr.en.gz": 21077, "test_2016_flickr.de.gz": 22890, "test_2016_flickr.fr.gz": 22310,
+        "test_2016_flickr.cs.gz": 22572,
+    },
     line_counts={"train": 29000, "val": 1014, "test_2016_flickr": 1000},
 )
 
@@ -88,6 +101,7 @@ class TextFile:
     file_name: str
     url: str
     sha256: str
+    size: int  # bytes
 
 
 # The 1,115,394 characters nanoGPT's shakespeare_char trains on (Karpathy's char-rnn data).
@@ -96,6 +110,7 @@ TINY_SHAKESPEARE = TextFile(
     file_name="input.txt",
     url="https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt",
     sha256="86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed",
+    size=1115394,
 )
 
 
@@ -113,15 +128,23 @@ def find_data_dir(data_dir: str | Path | None = None) -> Path | None:
     return home_cache("data")
 
 
-def fetch_url(url: str, timeout: float = 60.0) -> bytes:
-    """Download ``url`` over HTTP(S) and return its bytes.
+def fetch_url(url: str, timeout: float = 60.0, limit: int = MAX_DOWNLOAD) -> Iterator[bytes]:
+    """Download ``url`` over HTTP(S), giving its bytes in chunks of at most :data:`CHUNK`
+    (read them into a file: a whole download is never held in memory).
 
     Raises:
-        UserError: the download failed (no network, HTTP error, timeout).
+        UserError: the download failed (no network, HTTP error, timeout), or passed ``limit``
+            bytes (the connection is closed there).
     """
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
-            return response.read()
+            got = 0
+            while chunk := response.read(CHUNK):
+                got += len(chunk)
+                if got > limit:
+                    raise UserError(f"could not download {url} (it passed {limit:,} bytes, more than any file "
+                                    "this downloads; stopped there)")
+                yield chunk
     except (urllib.error.URLError, OSError) as e:
         raise UserError(
             f"could not download {url} ({getattr(e, 'reason', e)}); check the network"
@@ -131,23 +154,41 @@ def fetch_url(url: str, timeout: float = 60.0) -> bytes:
 def _download(dataset: Dataset, split: str, lang: str, folder: Path, fetch: Fetch) -> Path:
     """Fetch one file, verify its SHA-256, then move it into ``folder`` atomically."""
     name = dataset.file_name(split, lang)
-    return _fetch_verified(dataset.url.format(split=split, lang=lang), dataset.sha256[name], folder / name, fetch)
+    return _fetch_verified(dataset.url.format(split=split, lang=lang), dataset.sha256[name], dataset.sizes[name],
+                           folder / name, fetch)
 
 
-def _fetch_verified(url: str, expected: str, target: Path, fetch: Fetch) -> Path:
-    """Fetch ``url``, check its SHA-256 against ``expected``, then write ``target`` atomically."""
-    try:
-        data = fetch(url)
-    except UserError as e:  # name the place a copy made by hand goes
-        raise UserError(f"{e}, or place the file at {target}") from e
-    got = hashlib.sha256(data).hexdigest()
-    if got != expected:
-        raise UserError(
-            f"checksum mismatch for {url}: expected sha256 {expected}, got {got}; "
-            f"the download is corrupt or changed upstream: retry, or place a verified copy at {target}"
-        )
-    atomic_write(target, lambda tmp: Path(tmp).write_bytes(data))  # a crash never leaves half a file
+def _fetch_verified(url: str, expected: str, size: int, target: Path, fetch: Fetch) -> Path:
+    """Fetch ``url`` into a temporary file beside ``target`` a chunk at a time, stopping once
+    it passes ``size`` bytes (the file's published size), check its SHA-256 against
+    ``expected``, then move it to ``target``; on any failure nothing is left."""
+    def write(tmp: str) -> None:
+        digest, got = hashlib.sha256(), 0
+        with closing(_chunks(fetch, url, target)) as chunks, open(tmp, "wb") as f:
+            for chunk in chunks:
+                got += len(chunk)
+                if got > size:  # (closing the chunks closes the connection)
+                    raise UserError(f"could not download {url}: it passed {size:,} bytes, the size of the published "
+                                    f"file, and was stopped there; retry, or place a verified copy at {target}")
+                digest.update(chunk)
+                f.write(chunk)
+        if digest.hexdigest() != expected:
+            raise UserError(
+                f"checksum mismatch for {url}: expected sha256 {expected}, got {digest.hexdigest()}; "
+                f"the download is corrupt or changed upstream: retry, or place a verified copy at {target}"
+            )
+
+    atomic_write(target, write)  # a crash, a stop or a mismatch never leaves half a file
     return target
+
+
+def _chunks(fetch: Fetch, url: str, target: Path) -> Iterator[bytes]:
+    """``fetch(url)``'s chunks; its one-line error names where a copy made by hand goes."""
+    try:
+        chunks = fetch(url)
+        yield from (chunks,) if isinstance(chunks, bytes) else chunks
+    except UserError as e:
+        raise UserError(f"{e}, or place the file at {target}") from e
 
 
 def _check_choice(kind: str, value: str, valid: tuple[str, ...], dataset: Dataset) -> None:
@@ -233,4 +274,4 @@ def tinyshakespeare_path(data_dir: str | Path | None = None, download: bool = Tr
         return path
     if not download:
         raise UserError(f"{path}: not found and downloading is off; allow downloading or place {ds.url} there")
-    return _fetch_verified(ds.url, ds.sha256, path, fetch or fetch_url)
+    return _fetch_verified(ds.url, ds.sha256, ds.size, path, fetch or fetch_url)

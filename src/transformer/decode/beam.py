@@ -9,7 +9,8 @@ Stopping (per sentence): when it holds ``n_best`` finished hypotheses and no liv
 still beat the n-th best of them. With a length penalty, a live hypothesis's score can
 *rise* as it grows (logprob / lp(len), lp growing), so the bound uses the best score it
 could reach at any length up to the limit, not its current score. At the length limit EOS
-is forced, so every sentence returns n-best even then.
+is forced, so every sentence returns n-best even then. A sentence with no finite candidate
+left (weights that give NaN) stops at once, returning its best beam if nothing finished.
 
 Written once over a step (:mod:`transformer.decode.eager_step`): eager on the growing cache
 unless it is handed another (a compiled one on a fixed-shape cache).
@@ -93,6 +94,7 @@ def decode_beams(step, cache, limits: Tensor, cfg, k: int, alpha: float = 0.6, n
     scores[:, 0] = 0.0  # only one beam starts: the K start rows are identical
     last = torch.full((batch * k, 1), cfg.bos_id, dtype=torch.long, device=device)
     finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
+    has_final = torch.zeros(batch, dtype=torch.bool, device=device)  # (the host's finished, kept on the device)
     # The n-th best finished score of each sentence (-inf until it has n_best), float64, and
     # the length penalty at each sentence's limit, from Python floats like the scores.
     nth_best = torch.full((batch,), float("-inf"), dtype=torch.float64, device=device)
@@ -124,12 +126,19 @@ def decode_beams(step, cache, limits: Tensor, cfg, k: int, alpha: float = 0.6, n
         top_tok = row_tok.view(n_alive, k * n_top).gather(1, top_idx)
         is_eos = top_tok == cfg.eos_id
 
-        # EOS among the K best candidates: a finished hypothesis.
-        new_final = is_eos[:, :k] & torch.isfinite(top_scores[:, :k])
+        # EOS among the K best candidates: a finished hypothesis. A sentence none of whose
+        # candidates has a finite score (weights that give NaN) can never finish one, as no
+        # log-probability brings NaN or -inf back: it ends now, its best beam (non-finite
+        # score) its hypothesis when it has none, so that every sentence returns one.
+        finite = torch.isfinite(top_scores)
+        hopeless = ~finite.any(1)
+        new_final = is_eos[:, :k] & finite[:, :k]
+        new_final[:, 0] |= hopeless & ~has_final[alive]
         ended = new_final.nonzero()  # (F, 2), one wait for the device: the new hypotheses
         if ended.numel():
             touched = set()
             a, j = ended.unbind(1)  # (read back together below)
+            has_final[alive[a]] = True
             their_ids = seqs.index_select(0, a * k + top_beam[a, j])
             for b, raw, ids in zip(alive[a].tolist(), top_scores[a, j].tolist(), their_ids.tolist()):
                 finished[b].append(Hypothesis(ids + [cfg.eos_id], raw / length_penalty(step_i, alpha, length_norm),
@@ -149,7 +158,7 @@ def decode_beams(step, cache, limits: Tensor, cfg, k: int, alpha: float = 0.6, n
         # n-th best finished one (never while it has fewer than n_best: nth_best is -inf).
         best_live = _best_reachable(scores[:, 0].double(), step_i, limit_lp[alive], alpha, length_norm)
         nth = nth_best[alive]
-        keep_t = ~(at_limit | (torch.isfinite(nth) & (best_live <= nth)))
+        keep_t = ~(at_limit | hopeless | (torch.isfinite(nth) & (best_live <= nth)))
 
         # The cache's rows move with their beams: row i of an alive sentence's group takes
         # the contents of the row its beam came from; other groups stay as they are.

@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import shown
 from ..frozen import TYPE_NAMES, Frozen, has_type, known_keys, part, whole_numbers_as_floats
 
 # Decoding arithmetic (decode/precision.py): auto is bf16 where the device computes it
@@ -44,7 +45,7 @@ def check_precision(precision: str, device: str = "cpu") -> None:
     """ValueError unless ``precision`` is one of :data:`PRECISIONS` and suits ``device``
     (int8 is a CPU decoding option)."""
     if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {shown(precision)}")
     if precision == "int8" and str(device).split(":")[0] not in ("cpu", "auto"):
         raise ValueError(f"precision {precision} is for CPU decoding; use fp32 or bf16 with device {device}")
 
@@ -57,12 +58,12 @@ def _numbers(config, kind: type) -> None:
     for f in dataclasses.fields(kind):
         value = getattr(config, f.name)
         if f.type in ("int", "int | None", "float", "float | None") and not has_type(value, f.type):
-            raise ValueError(f"{f.name} must be {TYPE_NAMES[f.type]}, got {value!r}")
+            raise ValueError(f"{f.name} must be {TYPE_NAMES[f.type]}, got {shown(value)}")
 
 
 def _need(ok: bool, name: str, what: str, value: Any) -> None:
     if not ok:
-        raise ValueError(f"{name} {what}, got {value!r}")
+        raise ValueError(f"{name} {what}, got {shown(value)}")
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ..errors import UserError
+from ..errors import UserError, shown
 
 CONFIG = "config.yaml"
 SUBWORDS = "subwords.model"
@@ -126,13 +126,22 @@ def read_yaml(path: Path, remedy: str) -> Any:
     config file (a training config, a run's config.yaml) is read here.
 
     A key given twice in one mapping is refused with both line numbers: YAML's safe_load
-    keeps the last value and says nothing, so the first one would be silently ignored."""
+    keeps the last value and says nothing, so the first one would be silently ignored. So is
+    a document whose aliases repeat more than :data:`MAX_ALIASED_VALUES` values, or that nests
+    deeper than Python's stack (:func:`load_yaml`), and a file over :data:`MAX_CONFIG_BYTES`."""
     import yaml
 
     try:
-        return yaml.load(path.read_text(encoding="utf-8"), Loader=_unique_key_loader())  # noqa: S506 - a SafeLoader
-    except _DuplicateKey as e:
-        raise UserError(f"{path}: line {e.line}: key {e.key!r} appears twice in one mapping (first on line "
+        with open(path, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+        if len(data) > MAX_CONFIG_BYTES:
+            raise UserError(f"{path}: larger than {MAX_CONFIG_BYTES // 2**20} MiB, which no config is (a config is "
+                            f"a few kilobytes); {remedy}")
+        return load_yaml(data.decode("utf-8"))
+    except RecursionError:
+        raise UserError(f"{path}: not readable YAML (nested too deeply); {remedy}") from None
+    except DuplicateKey as e:
+        raise UserError(f"{path}: line {e.line}: key {shown(e.key)} appears twice in one mapping (first on line "
                         f"{e.first}), and only the last would count; keep one") from None
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         mark, problem = getattr(e, "problem_mark", None), getattr(e, "problem", None)
@@ -143,23 +152,82 @@ def read_yaml(path: Path, remedy: str) -> Any:
         raise UserError(f"{path}: not readable YAML ({detail}); {remedy}") from None
 
 
-class _DuplicateKey(Exception):
+class DuplicateKey(Exception):
     def __init__(self, key: Any, first: int, line: int) -> None:
         super().__init__(key)
         self.key, self.first, self.line = key, first, line
 
 
+# What a config's aliases may add: every ``*name`` stands for a copy of its anchor's values, so
+# nine anchors of nine aliases each are 9**9 values (gigabytes once printed or walked); a
+# config's own aliases (a ``<<: *defaults`` merge) repeat a few dozen.
+MAX_ALIASED_VALUES = 100_000
+MAX_CONFIG_BYTES = 2**20  # (the largest shipped config is 2.5 kB; parsing a megabyte takes seconds)
+
 _LOADER: Any = None
 
 
+def load_yaml(text: str) -> Any:
+    """The YAML document ``text`` as safe_load reads it, but refused (yaml.YAMLError) when a
+    key appears twice in one mapping (DuplicateKey), or when its aliases repeat more than
+    :data:`MAX_ALIASED_VALUES` values or refer to themselves, before anything is built.
+    Every YAML the commands read goes through here."""
+    import yaml
+
+    return yaml.load(text, Loader=_unique_key_loader())  # noqa: S506 - a SafeLoader
+
+
+def _aliased_values(root: Any) -> int:
+    """How many values the node tree ``root`` holds beyond its own nodes once each alias is
+    expanded into a copy (its anchor's subtree counted once per use), counted once per
+    distinct node; ConstructorError for an alias inside its own anchor (an endless value)."""
+    import yaml
+
+    expanded: dict[int, int] = {}
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    open_nodes: set[int] = set()
+    while stack:  # (not recursive: a deep document must not end in a RecursionError here)
+        node, done = stack.pop()
+        if done:
+            open_nodes.discard(id(node))
+            expanded[id(node)] = 1 + sum(expanded[id(c)] for c in _children(node))
+            continue
+        if id(node) in expanded:
+            continue
+        if id(node) in open_nodes:
+            raise yaml.constructor.ConstructorError(None, None, "an alias refers to its own anchor "
+                                                    "(an endless value); write the value out", node.start_mark)
+        open_nodes.add(id(node))
+        stack.append((node, True))
+        stack.extend((c, False) for c in _children(node) if id(c) not in expanded)
+    distinct = len(expanded)
+    return expanded[id(root)] - distinct
+
+
+def _children(node: Any) -> list[Any]:
+    import yaml
+
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return list(node.value) if isinstance(node, yaml.SequenceNode) else []
+
+
 def _unique_key_loader() -> Any:
-    """yaml.SafeLoader that raises _DuplicateKey for a key given twice in one mapping (a
-    ``<<`` merge may still be overridden, as YAML means it to be)."""
+    """yaml.SafeLoader that raises DuplicateKey for a key given twice in one mapping (a
+    ``<<`` merge may still be overridden, as YAML means it to be), and refuses a document whose
+    aliases expand too far (:func:`_aliased_values`) before constructing it."""
     global _LOADER
     if _LOADER is None:
         import yaml
 
         class UniqueKeyLoader(yaml.SafeLoader):
+            def construct_document(self, node):
+                if _aliased_values(node) > MAX_ALIASED_VALUES:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"its aliases (*name) repeat more than {MAX_ALIASED_VALUES:,} values; "
+                        "write the values out instead", node.start_mark)
+                return super().construct_document(node)
+
             def construct_mapping(self, node, deep=False):
                 if isinstance(node, yaml.MappingNode):
                     seen: dict[Any, int] = {}
@@ -170,7 +238,7 @@ def _unique_key_loader() -> Any:
                         line = key_node.start_mark.line + 1
                         try:
                             if key in seen:
-                                raise _DuplicateKey(key, seen[key], line)
+                                raise DuplicateKey(key, seen[key], line)
                         except TypeError:  # an unhashable key: safe_load's own error names it
                             continue
                         seen[key] = line

@@ -2,7 +2,8 @@
 steps (:mod:`transformer.compiled.packages`) and the code torch's compiler generates
 (:func:`use_private_build_folder`). Loading either runs code, so a folder that is not this user's,
 or that others may write, is never used: the process works in a private temporary folder
-instead, with one warning line (:func:`usable`). No torch here."""
+instead, with one warning line (:func:`usable`). torch only inside
+:func:`use_private_build_folder`, which must reach its compiler."""
 from __future__ import annotations
 
 import atexit
@@ -100,7 +101,8 @@ def use_private_build_folder() -> Path:
     (``inductor-avx2/`` and the like under torch's ``ATEN_CPU_CAPABILITY`` switch, whose kernels
     must not mix with the others'), or the folder ``TORCHINDUCTOR_CACHE_DIR`` names, checked by
     :func:`usable`. torch's default, ``torchinductor_USER`` in the shared temporary folder, is a
-    name another user can create first and plant code in, which a build would then load."""
+    name another user can create first and plant code in, which a build would then load. The
+    headers the compiler precompiles go to ``precompiled_headers/`` of that folder too."""
     given, root = os.environ.get(BUILD_ENV_VAR), cache_root()
     capability = os.environ.get("ATEN_CPU_CAPABILITY", "").lower()
     name = f"inductor-{capability}" if capability else "inductor"
@@ -110,4 +112,19 @@ def use_private_build_folder() -> Path:
         folder = folder / name
         folder.mkdir(mode=0o700, exist_ok=True)
     os.environ[BUILD_ENV_VAR] = str(folder)
+    _private_headers(folder / "precompiled_headers")
     return folder
+
+
+def _private_headers(folder: Path) -> None:
+    """Make the C++ headers torch's compiler precompiles (``.h.gch``, included by every C++
+    file it builds) live in ``folder``. torch fixes their folder once, when its code cache is
+    imported, at ``precompiled_headers/`` of ``torchinductor_USER`` in the shared temporary
+    folder, whatever ``TORCHINDUCTOR_CACHE_DIR`` says: a header another user put there first
+    would be compiled into every build. Kept rather than turned off, since a warm one saves
+    each build its parse of torch's headers (benchmarks/decode/README.md)."""
+    from torch._inductor import codecache
+
+    if codecache._HEADER_DIR != str(folder):
+        codecache._HEADER_DIR, codecache._HEADER_LOCK_DIR = str(folder), str(folder / "locks")
+        codecache._precompile_header.cache_clear()  # (it remembers each header's path)

@@ -22,9 +22,9 @@ import yaml
 from ..config import PRESETS, ModelConfig
 from ..decode.decoding_config import FIELDS as DECODING_FIELDS
 from ..decode.decoding_config import DecodingConfig
-from ..errors import UserError
+from ..errors import UserError, shown
 from ..frozen import TYPE_NAMES, Frozen, has_type, part, unknown_keys, whole_numbers_as_floats
-from ..run.layout import read_yaml
+from ..run.layout import DuplicateKey, load_yaml, read_yaml
 
 LR_SCHEDULES = ("noam", "inverse_sqrt", "cosine")
 OPTIMIZERS = ("adam", "adamw")
@@ -58,7 +58,7 @@ def _typed(config, names) -> None:
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         if f.name in names and not has_type(value, f.type):
-            raise UserError(f"config: {f.name} must be {TYPE_NAMES.get(f.type, f.type)}, got {value!r}")
+            raise UserError(f"config: {f.name} must be {TYPE_NAMES.get(f.type, f.type)}, got {shown(value)}")
 
 
 def _not_negative(config, *names: str) -> None:
@@ -112,15 +112,15 @@ class DataConfig:
         _not_negative(self, "train_limit", "valid_limit")
         _positive(self, "vocab_size")
         datasets = ("multi30k", "files", *TEXT_DATASETS)
-        _need(self.dataset in datasets, f"dataset must be one of {datasets}, not {self.dataset!r}")
+        _need(self.dataset in datasets, f"dataset must be one of {datasets}, not {shown(self.dataset)}")
         self._check_files()
         self._check_reuse()
         if self.dataset == "text":
             _need(bool(self.text_files), "dataset 'text' needs text_files: [one or more UTF-8 files]")
         else:
-            _need(not self.text_files, f"text_files apply to dataset text, not {self.dataset!r}; set dataset=text "
+            _need(not self.text_files, f"text_files apply to dataset text, not {shown(self.dataset)}; set dataset=text "
                                        f"to train on them")
-        _need(self.tokenizer in TOKENIZERS, f"tokenizer must be one of {TOKENIZERS}, not {self.tokenizer!r}")
+        _need(self.tokenizer in TOKENIZERS, f"tokenizer must be one of {TOKENIZERS}, not {shown(self.tokenizer)}")
         _need(0.0 <= self.valid_fraction < 1.0, f"valid_fraction must be in [0, 1), got {self.valid_fraction}")
 
     def _check_files(self) -> None:
@@ -128,7 +128,7 @@ class DataConfig:
         files = ("train_src", "train_tgt", "valid_src", "valid_tgt")
         if self.dataset != "files":
             given = [k for k in files if getattr(self, k) is not None]
-            _need(not given, f"{', '.join(given)} apply to dataset files, not {self.dataset!r}")
+            _need(not given, f"{', '.join(given)} apply to dataset files, not {shown(self.dataset)}")
             return
         _need(bool(self.train_src), "dataset files needs train_src (and train_tgt, or train_src as a TSV file of "
                                     "source<TAB>target lines)")
@@ -146,7 +146,7 @@ class DataConfig:
     def _check_reuse(self) -> None:
         given = [k for k in ("subwords_from", "embedding_init") if getattr(self, k)]
         _need(not (given and self.is_language_model),
-              f"{', '.join(given)} apply to translation (dataset multi30k or files), not {self.dataset!r}")
+              f"{', '.join(given)} apply to translation (dataset multi30k or files), not {shown(self.dataset)}")
         _need(not (self.init_from and self.embedding_init),
               "init_from and embedding_init both set the embeddings; give one (a fine-tuned run keeps its own)")
 
@@ -184,7 +184,7 @@ class OptimConfig:
         _need(self.seed >= 0, f"seed must be non-negative, got {self.seed}")
         _not_negative(self, "clip_norm", "weight_decay", "threads", "context", "dropout_ramp")
         _positive(self, "max_tokens", "batch_size", "accum_steps")
-        _need(self.optimizer in OPTIMIZERS, f"optimizer must be one of {OPTIMIZERS}, not {self.optimizer!r}")
+        _need(self.optimizer in OPTIMIZERS, f"optimizer must be one of {OPTIMIZERS}, not {shown(self.optimizer)}")
         _need(len(self.betas) == 2 and all(0.0 <= b < 1.0 for b in self.betas),
                f"betas must be two numbers in [0, 1), got {self.betas}")
         _need(self.precision in TRAINING_PRECISIONS, f"precision must be one of {TRAINING_PRECISIONS}")
@@ -279,8 +279,8 @@ class TrainConfig(LoggingConfig, CheckpointConfig, ScheduleConfig, OptimConfig, 
         source_model = bool(self.init_from) and not {"kind", "preset"} & set(self.model)
         lm_presets = sorted(k for k, v in PRESETS.items() if v.get("kind") == "decoder-only")
         if self.is_language_model:
-            _need(source_model or kind == "decoder-only", f"dataset {self.dataset!r} trains a language model: choose "
-                                                           f"a decoder-only model.preset ({', '.join(lm_presets)})")
+            _need(source_model or kind == "decoder-only", f"dataset {shown(self.dataset)} trains a language model: "
+                                                           f"choose a decoder-only model.preset ({', '.join(lm_presets)})")
             _need(not self.max_epochs, "max_epochs does not apply to a language model (random windows have no "
                                        "epochs); use max_steps")
             max_len = math.inf if source_model else self.model_config(vocab_size=max(self.vocab_size, 8)).max_len
@@ -290,7 +290,7 @@ class TrainConfig(LoggingConfig, CheckpointConfig, ScheduleConfig, OptimConfig, 
             _need(not self.compile, "compile applies to language models (windows of one fixed shape); translation "
                                     "batches change shape every update, so leave it false (compile_loss compiles "
                                     "the translation loss)")
-            _need(kind == "encoder-decoder", f"dataset {self.dataset!r} is a translation corpus: a decoder-only "
+            _need(kind == "encoder-decoder", f"dataset {shown(self.dataset)} is a translation corpus: a decoder-only "
                                              f"model.preset trains on dataset {', '.join(TEXT_DATASETS)}")
         if self.patience:  # else early stopping would silently never come
             validates = (self.valid_fraction > 0 if self.is_language_model
@@ -329,10 +329,11 @@ def _is_number(value: Any) -> bool:
 
 
 def _parse_value(text: str) -> Any:
-    """YAML scalar semantics for --set values: 3 -> int, 1e-3 -> float, true -> bool, x -> str."""
+    """YAML scalar semantics for --set values: 3 -> int, 1e-3 -> float, true -> bool, x -> str
+    (a value YAML refuses, aliases that expand too far among them, stays the text given)."""
     try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError:
+        value = load_yaml(text)
+    except (yaml.YAMLError, DuplicateKey, RecursionError):
         return text
     if isinstance(value, str):  # yaml reads 1e-3 as a string
         try:
@@ -392,7 +393,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         for section, example in (("model", "{preset: base, dropout: 0.1}"), ("decoding", "{beam: 5, alpha: 1.0}")):
             if data.get(section) is not None and not isinstance(data[section], dict):
                 raise UserError(f"{path}: {section} must be a mapping of option: value, e.g. {section}: {example}; "
-                                f"got {data[section]!r}")
+                                f"got {shown(data[section])}")
         unknown = unknown_keys(TrainConfig, data)
         if unknown:
             raise UserError(f"{path}: unknown option(s) {unknown}")
