@@ -150,7 +150,9 @@ def main() -> None:
     ap.add_argument("--model", metavar="RUN", help="serve this run instead (e.g. runs/demo)")
     ap.add_argument("--give-up", type=float, default=180.0, metavar="SECONDS",
                     help="a request not answered by then is reported as such (default: 180)")
+    ap.add_argument("--json", metavar="FILE", help="also write each server's row there, with the machine")
     args = ap.parse_args()
+    rows = []
     print(hardware.describe_line())
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -167,7 +169,9 @@ def main() -> None:
             for name, env in versions:
                 proc, url = start(run, tmp / f"{name}.log", env)
                 try:
-                    print(f"| {name} | {idle(url)} | {fields(url)} | {work(url, args.give_up)} |", flush=True)
+                    row = {"server": name, "idle": idle(url), "fields": fields(url), "work": work(url, args.give_up)}
+                    rows.append(row)
+                    print(f"| {name} | {row['idle']} | {row['fields']} | {row['work']} |", flush=True)
                 finally:
                     proc.terminate()
                     try:
@@ -180,6 +184,9 @@ def main() -> None:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tmp / "old")],
                                capture_output=True)
                 shutil.rmtree(tmp / "old", ignore_errors=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": hardware.describe(), "rows": rows}, indent=1) + "\n",
+                                   encoding="utf-8")
 
 
 if __name__ == "__main__":

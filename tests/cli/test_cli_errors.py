@@ -380,15 +380,15 @@ def test_an_empty_path_is_one_line(argv, option, cli, one_line_error, tmp_path, 
 
 
 @pytest.mark.parametrize("command", [None, "toy", "demo", "train", "translate", "evaluate", "average", "attention",
-                                     "explain", "serve", "export", "import", "info", "generate"])
+                                     "explain", "lens", "heads", "serve", "export", "import", "info", "generate"])
 def test_help_exits_0(command, cli):
     r = cli(*([command] if command else []), "--help")
     assert r.code == 0 and r.err == ""
     assert r.out.startswith(f"usage: transformer{' ' + command if command else ''}")
     if command is None:
         listed = re.findall(r"^    (\w+)", r.out, re.M)
-        assert listed == ["train", "translate", "generate", "evaluate", "average", "attention", "explain", "serve",
-                          "export", "import", "info", "toy"]  # not demo: configs/demo.yaml's name
+        assert listed == ["train", "translate", "generate", "evaluate", "average", "attention", "explain", "lens",
+                          "heads", "serve", "export", "import", "info", "toy"]  # not demo: configs/demo.yaml's name
 
 
 def test_help_real_process(real_cli):

@@ -12,8 +12,6 @@ import argparse
 from dataclasses import dataclass
 from typing import Callable
 
-import torch
-
 from ..errors import UserError
 
 
@@ -39,6 +37,7 @@ class Subject:
     def options(self) -> dict:
         """The trace's options: a language model's every token is real (an imported GPT-2's
         padding id is a real token's)."""
+        import torch  # on first use: the parser and --help load no torch
         if not self.decoder_only:
             return {}
         return {"real": torch.ones_like(self.inputs[0], dtype=torch.bool)}
@@ -68,6 +67,7 @@ def load_subject(args: argparse.Namespace, sentence: str, target: str | None, op
 def other_input(subject: Subject, args: argparse.Namespace, sentence: str, option: str) -> tuple:
     """The inputs of ``sentence`` read as ``subject``'s is (a translation model: teacher-forced on
     the same translation), for patching; a language model's must have as many tokens."""
+    import torch
     if subject.decoder_only:
         ids = _lm_ids(subject, sentence, option)
         n = subject.inputs[0].size(1)
@@ -124,6 +124,7 @@ def _translation(path, sentence: str, target: str | None, options: dict) -> Subj
 def translation_subject(translator, sentence: str, target: str | None) -> Subject:
     """``sentence`` as the inputs of a loaded Translator's model (its greedy translation, or
     ``target``, teacher-forced); the service's /lens and /heads read a sentence through it too."""
+    import torch
     from ..viz.maps import prepare_pair
 
     model, subwords = translator.model, translator.subwords
@@ -167,6 +168,7 @@ def lm_subject(generator, sentence: str, target: str | None, cut: bool = False) 
     """``sentence`` (and ``target`` written after it) as the input of a loaded Generator's model;
     with ``cut`` (and no ``target``), a sentence longer than the context is read from its last
     ``max_len`` tokens (as ``/attention`` and ``/generate`` read it), else it is a UserError."""
+    import torch
     from ..viz.walkthrough_lm import token_shower
 
     model, tokenizer = generator.model, generator.tokenizer
