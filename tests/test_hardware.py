@@ -240,3 +240,23 @@ def test_fbgemm_quantises_activations_to_8_bits_where_the_cpu_has_vnni(monkeypat
         with torch.inference_mode():
             errors[name] = (q(x) - lin(x)).abs().mean().item()
     assert errors["vnni"] < 0.7 * errors["avx2"]
+
+
+@pytest.mark.parametrize("flags, capability, fbgemm_limit, vnni", [
+    (AVX512_NO_BF16, "AVX512", None, True),        # AVX512-VNNI, fbgemm free to use it
+    (AVX512_NO_BF16, "AVX512", "AVX512_VNNI", True),
+    (AVX512_NO_BF16, "AVX512", "AVX2", False),     # the AVX2 stand-in: fbgemm's AVX2 kernels saturate
+    (AVX512_NO_BF16, "AVX2", None, False),         # torch told to stay on AVX2
+    (AVX2, "AVX2", None, False),
+    (frozenset("avx2 fma avx512f avx512_bf16".split()), "AVX512", None, False),  # AVX-512 without VNNI
+])
+def test_fbgemm_gets_8_bit_activations_only_where_its_vnni_kernels_run(monkeypatch, flags, capability,
+                                                                         fbgemm_limit, vnni):
+    fake_cpu(monkeypatch, flags, capability)
+    if fbgemm_limit is None:
+        monkeypatch.delenv("FBGEMM_ENABLE_INSTRUCTIONS", raising=False)
+    else:
+        monkeypatch.setenv("FBGEMM_ENABLE_INSTRUCTIONS", fbgemm_limit)
+    assert hardware.cpu_has_vnni() is vnni
+    from torch import nn
+    assert Int8Linear.from_linear(nn.Linear(8, 4), "fbgemm").reduce_range is (not vnni)

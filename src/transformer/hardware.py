@@ -70,9 +70,15 @@ def cpu_has_native_bf16() -> bool:
 
 
 def cpu_has_vnni() -> bool:
-    """Whether this CPU sums int8 products in 32 bits without saturating (AVX512-VNNI,
-    AVX-VNNI or AMX-INT8): there fbgemm may quantise activations to 8 bits, not 7."""
-    return bool({"avx512_vnni", "avx_vnni", "amx_int8"} & cpu_flags())
+    """Whether fbgemm sums int8 products here in 32 bits without saturating: its AVX512-VNNI
+    kernels, so the CPU has AVX512-VNNI (AMX CPUs have it too), torch runs its AVX-512 kernels,
+    and fbgemm is not told to stay below VNNI (``FBGEMM_ENABLE_INSTRUCTIONS``, as the AVX2
+    stand-in does). Only there may fbgemm quantise activations to 8 bits, not 7: its AVX2 and
+    plain AVX-512 kernels add int8 products in 16-bit pairs, which 8 bits can saturate."""
+    limit = os.environ.get("FBGEMM_ENABLE_INSTRUCTIONS", "").upper()
+    if limit and "VNNI" not in limit:
+        return False
+    return cpu_capability().startswith("AVX512") and "avx512_vnni" in cpu_flags()
 
 
 def resolve_device(name: str | torch.device) -> str:
