@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from transformer.decode import beam_search, greedy_search
-from transformer.decode import choose
+from transformer.decode import choose, precision
 from transformer.decode.precision import INT8_KERNELS, PRECISIONS, Int8Linear, fbgemm_available, for_inference
 
 QUANTISED = Int8Linear
@@ -111,7 +111,9 @@ def test_int8_decoding_warns_about_nothing_and_stays_close_to_fp32(make_model, r
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         q = for_inference(model, "int8")
-        assert {m.kernel for m in q.modules() if isinstance(m, Int8Linear)} == {kernel}
+        exact = kernel != "int_mm" or precision.int_mm_exact()  # elsewhere int_mm layers take fbgemm
+        expected = kernel if exact else "fbgemm" if fbgemm_available() else "weight-only-fp32"
+        assert {m.kernel for m in q.modules() if isinstance(m, Int8Linear)} == {expected}
         got = logits_of(q, src, tgt)
         greedy_search(q, src, max_len_b=10)
         beam_search(q, src, beam_size=3, max_len_b=10)
@@ -172,3 +174,30 @@ def test_int8_of_a_tied_language_model_quantises_its_head_and_stays_close_to_fp3
         ref, low = model(tokens).float(), q(tokens).float()
     assert (ref - low).abs().max() < 0.05 * ref.abs().max()
     assert (ref.argmax(-1) == low.argmax(-1)).float().mean() > 0.9
+
+
+def test_int_mm_is_used_only_where_its_sums_are_exact(monkeypatch):
+    """oneDNN without VNNI (an AVX2-only CPU, the AVX2 stand-in) adds int8 products in
+    saturating 16-bit pairs: there an int_mm layer takes fbgemm's GEMM, and precision auto's
+    measurement never times int_mm."""
+    from transformer.decode import choose, precision
+
+    monkeypatch.setattr(precision, "_INT_MM_EXACT", [])
+    real = torch._int_mm
+
+    def saturating(a, b):  # as oneDNN's AVX2 kernels: a shifted to uint8, 16-bit pair sums, compensated
+        shifted = a.int() + 128
+        pairs = (shifted.view(a.size(0), -1, 2)[:, :, :, None] * b.int().view(-1, 2, b.size(1))[None]).sum(2)
+        return (pairs.clamp(-32768, 32767).sum(1) - 128 * b.int().sum(0)).int()
+
+    monkeypatch.setattr(torch, "_int_mm", saturating)
+    assert not precision.int_mm_exact()
+    lin = torch.nn.Linear(16, 8)
+    layer = precision.Int8Linear.from_linear(lin, "int_mm")
+    assert layer.kernel == ("fbgemm" if precision.fbgemm_available() else "weight-only-fp32")
+    assert "int_mm" not in choose.names_to_time()
+    monkeypatch.setattr(precision, "_INT_MM_EXACT", [])
+    monkeypatch.setattr(torch, "_int_mm", real)
+    assert precision.int_mm_exact() == torch.equal(real(torch.full((8, 256), 127, dtype=torch.int8),
+                                                        torch.full((256, 16), -127, dtype=torch.int8)),
+                                                   torch.full((8, 16), -127 * 127 * 256, dtype=torch.int32))

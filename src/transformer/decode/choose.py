@@ -40,7 +40,7 @@ from .. import hardware
 from ..errors import OneLineWarning
 from ..run import private
 from ..run.files import atomic_write
-from .precision import INT8_KERNELS, Int8Linear, fbgemm_available
+from .precision import INT8_KERNELS, Int8Linear, fbgemm_available, int_mm_exact
 
 ENV_VAR = "TRANSFORMER_MEASURE"  # off: the CPU's flags decide, nothing is timed
 #: decoder rows (sentences x beam) each shape is timed at; a candidate's score is the sum of its
@@ -161,8 +161,9 @@ def _seconds(call, arg) -> float:
 
 
 def names_to_time() -> tuple[str, ...]:
-    """fp32, bf16 and the int8 kernels this torch build has."""
-    return ("fp32", "bf16", *(k for k in INT8_KERNELS if k != "fbgemm" or fbgemm_available()))
+    """fp32, bf16 and the int8 kernels this torch build has (``int_mm`` where its sums are exact)."""
+    return ("fp32", "bf16", *(k for k in INT8_KERNELS if (k != "fbgemm" or fbgemm_available())
+                              and (k != "int_mm" or int_mm_exact())))
 
 
 # --- the cache ---------------------------------------------------------------------------------

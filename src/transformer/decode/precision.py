@@ -124,6 +124,26 @@ INT8_KERNELS = ("weight-only-bf16", "weight-only-fp32", "int_mm", "fbgemm")
 INT8_GEMMS = ("int_mm", "fbgemm")  # the kernels that quantise the input too
 
 
+_INT_MM_EXACT: list[bool] = []  # int_mm_exact()'s answer, once a process
+
+
+def int_mm_exact() -> bool:
+    """Whether ``torch._int_mm`` sums int8 products exactly on this CPU. It runs oneDNN's
+    kernels, which without VNNI (an AVX2-only CPU, or oneDNN limited to AVX2 as the AVX2
+    stand-in does) add the products in saturating 16-bit pairs: sums off by tens of thousands.
+    Tried once a process on products at int8's extremes, against the same sums in int32."""
+    if not _INT_MM_EXACT:
+        g = torch.Generator().manual_seed(0)
+        a = (torch.randint(0, 2, (8, 256), generator=g) * 254 - 127).to(torch.int8)  # +-127
+        b = (torch.randint(0, 2, (256, 16), generator=g) * 254 - 127).to(torch.int8)
+        try:
+            exact = torch.equal(torch._int_mm(a, b), a.int() @ b.int())
+        except RuntimeError:  # a build without the CPU kernel
+            exact = False
+        _INT_MM_EXACT.append(exact)
+    return _INT_MM_EXACT[0]
+
+
 def fbgemm_available() -> bool:
     """Whether this torch build has fbgemm's dynamically quantised linear."""
     return "fbgemm" in torch.backends.quantized.supported_engines and hasattr(torch.ops.quantized, "linear_dynamic")
@@ -144,6 +164,8 @@ class Int8Linear(nn.Module):
       ``torch._int_mm`` with the int8 weights (int32 sums), the sums times the row's scale and
       the weight row's scale, the bias added after; float32 output. Where the CPU has VNNI
       (AVX512-VNNI, AVX-VNNI) this is the fastest product at opus-mt widths (512 and up).
+      Where its sums are not exact (:func:`int_mm_exact`: oneDNN without VNNI) the layer takes
+      fbgemm's GEMM instead.
     - ``fbgemm``: fbgemm's dynamically quantised linear on the same int8 weights (the input
       quantised per tensor: 8 bits where the CPU has VNNI, else 7, as ``torch.ao`` does, so
       that AVX2's 16-bit pair sums cannot saturate); float32 output.
@@ -161,6 +183,8 @@ class Int8Linear(nn.Module):
         self.register_buffer("qweight", qweight)
         self.register_buffer("scale", scale)
         self.register_buffer("bias", bias)
+        if kernel == "int_mm" and not int_mm_exact():  # its sums would be wrong here: the other int8 GEMM
+            kernel = "fbgemm" if fbgemm_available() else "weight-only-fp32"
         compute = torch.bfloat16 if kernel == "weight-only-bf16" else torch.float32
         # what the weight-only matmul uses, made once: the scales as a column, the bias, in its dtype
         self.register_buffer("_scale_col", scale.to(compute).unsqueeze(1), persistent=False)
