@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import UserError
+from ._lm import prompt_ids
 
 
 @dataclass
@@ -200,14 +201,7 @@ def lm_subject(generator, sentence: str, target: str | None, cut: bool = False) 
 
 
 def _lm_ids(subject: Subject, text: str, option: str) -> list[int]:
-    if not text.strip():
-        raise UserError(f"{option} is empty; give some text to look at")
-    ids = subject.tokenizer.encode(text)
-    n = subject.model.cfg.max_len
-    if len(ids) > n:
-        raise UserError(f"{option} is {len(ids)} tokens long, longer than the model's context of {n} tokens; "
-                        "shorten it")
-    return ids
+    return prompt_ids(subject, text, option)
 
 
 def _specials(subject: Subject) -> set[int]:

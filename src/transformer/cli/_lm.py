@@ -15,15 +15,16 @@ def load_language_model(path, options: dict):
     return Generator.from_pretrained(path, warn=False, precision="fp32", **options)
 
 
-def prompt_ids(generator, prompt: str) -> list[int]:
-    """The prompt's token ids. Empty, or longer than the model's context: a UserError (the
-    prompt is shown whole, never cut as generation would cut it)."""
+def prompt_ids(generator, prompt: str, name: str = "the prompt") -> list[int]:
+    """The prompt's token ids. Empty, or longer than the model's context: a UserError naming
+    it as ``name`` (the prompt is shown whole, never cut as generation would cut it).
+    ``generator``: anything with the run's ``tokenizer`` and ``model``."""
     if not prompt.strip():
-        raise UserError("the prompt is empty; give some text to look at")
+        raise UserError(f"{name} is empty; give some text to look at")
     ids = generator.tokenizer.encode(prompt)
     n = generator.model.cfg.max_len
     if len(ids) > n:
-        raise UserError(f"the prompt is {len(ids)} tokens long, longer than the model's context of {n} tokens; "
+        raise UserError(f"{name} is {len(ids)} tokens long, longer than the model's context of {n} tokens; "
                         "shorten it")
     return ids
 
