@@ -31,7 +31,7 @@ from transformer import hardware
 SRC = Path(__file__).resolve().parents[1] / "src"
 SENTENCE = "Two dogs are playing in the snow.\n"
 # what translate imports before it reads a model (its parser and the code it decodes with)
-MODULES = ("import torch, transformer.cli, transformer.cli.translate, transformer.translator, "
+MODULES = ("import torch, transformer.cli, transformer.cli.translate, transformer.inference.translator, "
            "transformer.decode.greedy, transformer.decode.beam")
 
 

@@ -177,7 +177,7 @@ def test_int8_that_multiplies_with_the_int8_gemm_decodes_eagerly_even_when_compi
     from transformer.compiled import CompiledStepWarning
     from transformer.decode.decoding_config import DecodingConfig
     from transformer.decode.precision import uses_int8_gemm
-    from transformer.translator import Translator
+    from transformer.inference.translator import Translator
 
     def should_compile(when: str, model) -> bool:
         decoding = DecodingConfig(compile=when, beam=1, precision="fp32")

@@ -252,7 +252,7 @@ def training_section(keys: list[Key]) -> list[str]:
 
 
 def model_section(keys: list[Key], default_model: dict[str, Any]) -> list[str]:
-    from transformer.config import PRESETS
+    from transformer.model.config import PRESETS
 
     names = ", ".join(f"`{n}`" for n in PRESETS)
     rows = [[code(k.name), code(k.type), default_cell(k), cell(k.meaning)] for k in keys]
@@ -260,14 +260,14 @@ def model_section(keys: list[Key], default_model: dict[str, Any]) -> list[str]:
             "The `model:` section of a training config: `preset` (one of the [presets](#model-presets): "
             f"{names}; default `{default_model.get('preset')}`) and any key below, which replaces the preset's "
             "value: `model: {preset: small, dropout: 0.2}`. The defaults are those of `ModelConfig` "
-            "(src/transformer/config.py) in Python; a preset replaces some of them. Training sets `vocab_size` "
+            "(src/transformer/model/config.py) in Python; a preset replaces some of them. Training sets `vocab_size` "
             "from its tokenizer.", "",
             *table(["key", "type", "default", "meaning"], rows), ""]
 
 
 def preset_descriptions() -> dict[str, str]:
-    """The one-line description of each preset in the docstring of transformer.config."""
-    import transformer.config as module
+    """The one-line description of each preset in the docstring of transformer.model.config."""
+    import transformer.model.config as module
 
     found = {}
     for line in (module.__doc__ or "").splitlines():
@@ -282,7 +282,7 @@ def parameter_count(name: str) -> int:
     on the meta device (no memory, no time)."""
     import torch
 
-    from transformer.config import ModelConfig
+    from transformer.model.config import ModelConfig
     from transformer.model import build_model
 
     with torch.device("meta"):
@@ -291,7 +291,7 @@ def parameter_count(name: str) -> int:
 
 
 def presets_section() -> list[str]:
-    from transformer.config import PRESETS, ModelConfig
+    from transformer.model.config import PRESETS, ModelConfig
 
     shown = ("kind", "d_model", "n_heads", "n_layers", "d_ff")
     defaults, about, rows = ModelConfig(vocab_size=PARAMS_VOCAB), preset_descriptions(), []
@@ -330,7 +330,7 @@ def service_section(keys: list[Key], serve: argparse.ArgumentParser) -> list[str
 
 def render() -> str:
     """The whole of docs/config.md."""
-    from transformer.config import ModelConfig
+    from transformer.model.config import ModelConfig
     from transformer.decode.decoding_config import DecodingConfig
     from transformer.serve.serve_config import ServeConfig
     from transformer.train.train_config import TrainConfig

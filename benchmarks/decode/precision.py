@@ -34,8 +34,8 @@ from torch import nn
 from transformer import hardware
 from transformer.data import load_multi30k
 from transformer.decode.precision import PRECISIONS
-from transformer.evaluate import score
-from transformer.translator import load_translator
+from transformer.evaluation.translation import score
+from transformer.inference.translator import load_translator
 
 
 def int8_ao(model: nn.Module) -> nn.Module:

@@ -190,7 +190,7 @@ def prepare(work: Path, shape: dict, log) -> dict[str, Path]:
 # ---- the systems: batches of source ids (with EOS) -> content ids of each --------------------------
 class Ours:
     def __init__(self, run: Path, precision: str, beam: int):
-        from transformer.translator import load_translator
+        from transformer.inference.translator import load_translator
 
         self.translator = load_translator(run, warn=False, beam=beam, precision=precision, compile="off")
         self.precision = self.translator.decoding.precision

@@ -148,7 +148,7 @@ def main() -> None:
               f"{args.work} first", file=sys.stderr)
         sys.exit(2)
     from transformer.data import load_multi30k
-    from transformer.translator import load_translator
+    from transformer.inference.translator import load_translator
 
     lines = [s for s, _ in load_multi30k("test_2016_flickr", "en", "de", download=False)][: args.n]
     results = {"machine": hardware.describe(), "n": len(lines), "threads": args.threads, "precisions": {}}

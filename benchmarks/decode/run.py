@@ -65,7 +65,7 @@ from transformer import ModelConfig, Transformer, hardware  # noqa: E402
 from transformer.data import Subwords, load_multi30k
 from transformer.decode import beam_search, greedy_search, pad_batch
 from transformer.decode.precision import for_inference
-from transformer.evaluate import score
+from transformer.evaluation.translation import score
 
 SYSTEMS = ("ours-fp32", "ours-bf16", "ours-int8", "hf-fp32", "ct2-fp32", "ct2-int8")
 MAX_NEW = 100  # free-running limit (content tokens); trained outputs end far before it

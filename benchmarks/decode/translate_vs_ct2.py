@@ -50,7 +50,7 @@ def main() -> None:
     import ctranslate2
 
     from transformer.interop.ctranslate2 import save_ctranslate2
-    from transformer.translator import load_translator
+    from transformer.inference.translator import load_translator
 
     ours = load_translator(args.run, warn=False, beam=args.beam, alpha=args.alpha, precision=args.precision,
                            compile="off")

@@ -69,7 +69,7 @@ def main() -> None:
     from transformers import LlamaForCausalLM
 
     from transformer.decode import generate
-    from transformer.generator import Generator
+    from transformer.inference.generator import Generator
 
     tmp = Path(tempfile.mkdtemp(prefix="import-generate."))
     checkpoint(tmp / "hf", SHAPES[args.shape])

@@ -18,20 +18,20 @@ __version__ = "0.1.0"  # the one place it is written: pyproject.toml reads it fr
 
 # public name -> the module that defines it
 _LAZY = {
-    "ModelConfig": ".config",
+    "ModelConfig": ".model.config",
     "Transformer": ".model",
     "KVCache": ".model",
     "LanguageModel": ".model",
-    "Translator": ".translator",
-    "Generator": ".generator",
+    "Translator": ".inference.translator",
+    "Generator": ".inference.generator",
 }
 __all__ = [*_LAZY, "__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .config import ModelConfig
-    from .generator import Generator
+    from .model.config import ModelConfig
+    from .inference.generator import Generator
     from .model import KVCache, LanguageModel, Transformer
-    from .translator import Translator
+    from .inference.translator import Translator
 
 
 __getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())

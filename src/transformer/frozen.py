@@ -1,4 +1,4 @@
-"""What the frozen config dataclasses share: :class:`~transformer.config.ModelConfig`,
+"""What the frozen config dataclasses share: :class:`~transformer.model.config.ModelConfig`,
 :class:`~transformer.decode.decoding_config.DecodingConfig` and :class:`~transformer.train.train_config.TrainConfig`.
 
 A config is a frozen dataclass validated once in ``__post_init__``; a config made of parts

@@ -13,7 +13,7 @@ from transformer import hardware
 from transformer.cli import build_parser
 from transformer.errors import UserError
 from transformer.decode.decoding_config import FIELDS, DecodingConfig
-from transformer.translator import Translator, load_translator, run_decoding
+from transformer.inference.translator import Translator, load_translator, run_decoding
 
 LINES = ["red dog runs", "the big cat sits under the tree", "a woman plays with a ball near the house", "green ball"]
 

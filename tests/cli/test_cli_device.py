@@ -12,10 +12,10 @@ import torch
 from transformer import ModelConfig, hardware
 from transformer.decode.decoding_config import DecodingConfig
 from transformer.decode.precision import decoding_device
-from transformer.front_door import AUTO_MIN_STEPS, GPU_MAX_TOKENS, MAX_TOKENS
-from transformer.generator import Generator
+from transformer.inference.front_door import AUTO_MIN_STEPS, GPU_MAX_TOKENS, MAX_TOKENS
+from transformer.inference.generator import Generator
 from transformer.model import LanguageModel
-from transformer.translator import Translator
+from transformer.inference.translator import Translator
 from transformer.train import distributed
 
 

@@ -482,7 +482,7 @@ def test_weights_that_are_not_finite_are_one_line_naming_the_tensor(command, cli
 
     from transformer.errors import UserError
     from transformer.run.weights import read_metadata
-    from transformer.translator import load_translator
+    from transformer.inference.translator import load_translator
 
     run = tmp_path / "run"
     shutil.copytree(trained.run, run)

@@ -11,8 +11,8 @@ import sacrebleu
 import torch
 from safetensors.torch import load_file
 
-from transformer.evaluate import tokenized_lc_bleu
-from transformer.translator import load_translator
+from transformer.evaluation.translation import tokenized_lc_bleu
+from transformer.inference.translator import load_translator
 
 
 @pytest.fixture(scope="module")

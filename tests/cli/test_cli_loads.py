@@ -22,7 +22,7 @@ sys.exit(code)
 """
 # what translating one sentence must not load: this package's other concerns ...
 NOT_FOR_TRANSLATE = ("transformer.interop", "transformer.serve", "transformer.viz", "transformer.train",
-                     "transformer.evaluate", "transformer.baselines", "transformer.compiling",
+                     "transformer.evaluation.translation", "transformer.baselines", "transformer.compiling",
                      # ... torch's compiler (an eager translation compiles nothing) and optional packages
                      "torch._dynamo", "torch._inductor", "matplotlib", "fastapi", "uvicorn", "starlette", "pydantic",
                      "transformers", "tokenizers", "huggingface_hub", "ctranslate2", "onnx", "onnxruntime",
@@ -38,7 +38,7 @@ def loaded(*argv: str, stdin: str = "") -> tuple[subprocess.CompletedProcess, li
 def test_translate_loads_only_what_translating_needs(trained):
     done, modules = loaded("translate", "--model", str(trained.run), stdin="red dog runs\n")
     assert done.returncode == 0 and done.stdout.strip(), done.stderr[-2000:]
-    assert "transformer.translator" in modules and "torch" in modules  # (the probe sees what was loaded)
+    assert "transformer.inference.translator" in modules and "torch" in modules  # (the probe sees what was loaded)
     assert [m for m in modules if any(m == n or m.startswith(n + ".") for n in NOT_FOR_TRANSLATE)] == []
 
 

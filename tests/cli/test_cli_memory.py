@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from transformer.cli import main, out_of_memory
-from transformer.translator import Translator
+from transformer.inference.translator import Translator
 
 
 def _allocate_too_much(*args, **kwargs):

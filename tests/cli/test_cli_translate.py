@@ -10,7 +10,7 @@ import stat
 
 import pytest
 
-from transformer.translator import load_translator
+from transformer.inference.translator import load_translator
 
 LINES = [
     "red dog runs", "the big cat sits under the tree", "a woman plays with a ball near the house",

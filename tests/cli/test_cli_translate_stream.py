@@ -15,7 +15,7 @@ import threading
 
 import pytest
 
-from transformer.translator import Translator, load_translator
+from transformer.inference.translator import Translator, load_translator
 
 LINES = [
     "red dog runs", "the big cat sits under the tree", "a woman plays with a ball near the house",

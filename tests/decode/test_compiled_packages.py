@@ -111,8 +111,8 @@ def test_an_interrupted_build_leaves_nothing_behind(make_model, tmp_path, monkey
 def test_a_translator_decodes_large_batches_eagerly(make_model, monkeypatch):
     """The front door decides with the batch it will decode: the compiled step saves a step's
     fixed costs, and beyond MAX_COMPILED_ROWS rows eager was as fast."""
-    from transformer import front_door
-    from transformer import translator as translator_module
+    from transformer.inference import front_door
+    from transformer.inference import translator as translator_module
     from transformer.compiled.search_step import CompiledStep
     from transformer.decode import beam
     from transformer.decode.decoding_config import DecodingConfig

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from transformer.config import ModelConfig
+from transformer.model.config import ModelConfig
 from transformer.decode.decoding_config import DecodingConfig
 from transformer.errors import UserError
 from transformer.serve.serve_config import ServeConfig
@@ -86,7 +86,7 @@ def test_every_default_shown_reads_back_as_that_default(gen):
 
 
 def test_presets_table_lists_every_preset_with_its_shape(page):
-    from transformer.config import PRESETS
+    from transformer.model.config import PRESETS
 
     for name, preset in PRESETS.items():
         row = next(line for line in page.splitlines() if line.startswith(f"| `{name}` |"))

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 import sacrebleu
 
-from transformer.evaluate import moses_lc_tokenize, score, tokenized_lc_bleu
+from transformer.evaluation.translation import moses_lc_tokenize, score, tokenized_lc_bleu
 
 
 def multi_bleu(hyps: list[str], refs: list[str]) -> float:

@@ -1,4 +1,4 @@
-"""A language model's score on a text (transformer/evaluate_lm.py, ``transformer evaluate
+"""A language model's score on a text (transformer/evaluation/lm.py, ``transformer evaluate
 --text``): the windows score every token once, the sums equal a token-by-token computation
 with the model's forward, the figures equal Hugging Face's loss on the same ids, and bad input
 is one line, exit 2."""
@@ -14,7 +14,7 @@ from torch.nn import functional as F
 
 from transformer import ModelConfig
 from transformer.data.chars import Chars
-from transformer.evaluate_lm import default_stride, score_ids, score_text, score_windows
+from transformer.evaluation.lm import default_stride, score_ids, score_text, score_windows
 from transformer.model.lm import LanguageModel
 
 torch.set_num_threads(1)

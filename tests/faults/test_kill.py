@@ -13,7 +13,7 @@ import time
 from fault_helpers import TRANSFORMER, check_run_dir, subprocess_env
 
 from transformer.run import checkpoint_dirs
-from transformer.translator import load_translator
+from transformer.inference.translator import load_translator
 
 KILLS = 3
 MORE = 10  # steps the last, uninterrupted start trains after the last kill

@@ -111,7 +111,7 @@ def test_failed_start_releases_the_lock_and_leaves_no_folder(tmp_path, make_cfg)
 
 def test_readers_do_not_take_the_lock(four_steps_copy):
     """translate reads a run while its training holds the lock."""
-    from transformer.translator import load_translator
+    from transformer.inference.translator import load_translator
 
     lock = lock_run(four_steps_copy)
     try:

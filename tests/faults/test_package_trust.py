@@ -25,7 +25,7 @@ from transformer import compiled
 from transformer.compiled import build as aot, packages
 from transformer.decode import greedy_search
 from transformer.run import load_model, private, save_weights
-from transformer.translator import load_translator
+from transformer.inference.translator import load_translator
 
 LINES = ["red dog runs", "small bird", "the cat sees a tree"]
 STDIN = "".join(line + "\n" for line in LINES)

@@ -54,7 +54,7 @@ def trained_run(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
 def test_bf16_decoding_gives_the_fp32_translations(trained_run):
     """The public Translator on the GPU, beam 4 and greedy: bf16 and fp32 agree on at least 95%
     of the sentences (a sentence may differ where two continuations tie within bf16's precision)."""
-    from transformer.translator import Translator
+    from transformer.inference.translator import Translator
 
     run, corpus = trained_run
     lines = corpus["valid_src"].read_text(encoding="utf-8").splitlines() + \

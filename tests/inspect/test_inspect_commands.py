@@ -16,7 +16,7 @@ from transformer.cli import main
 from transformer.data.subwords import train_subwords
 from transformer.inspect import Score, head_effects, logit_lens
 from transformer.run import save_weights
-from transformer.translator import load_translator
+from transformer.inference.translator import load_translator
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "interop"))  # tiny Hugging Face checkpoints
 

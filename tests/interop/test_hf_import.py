@@ -14,7 +14,7 @@ import yaml
 from hf_checkpoints import FAMILIES, PROMPT, TEXT, build_checkpoint
 from transformer.cli import main
 from transformer.data.text import load_tokenizer
-from transformer.generator import Generator, TextPieces
+from transformer.inference.generator import Generator, TextPieces
 from transformer.run import load_model
 
 pytest.importorskip("transformers")

@@ -14,7 +14,7 @@ import torch
 
 from hf_checkpoints import PROMPT, TEXT, build_checkpoint
 from transformer.cli import main
-from transformer.generator import Generator
+from transformer.inference.generator import Generator
 from transformer.run import load_model
 
 pytest.importorskip("transformers")
@@ -266,7 +266,7 @@ def test_gpt2_attention_reads_its_padding_id_as_text(runs):
 
 def test_gpt2_text_score_reads_its_padding_id_as_text(runs):
     """``transformer evaluate --text`` scores every id as a token, GPT-2's padding id included: HF's loss."""
-    from transformer.evaluate_lm import score_ids
+    from transformer.evaluation.lm import score_ids
 
     _, hf, run = runs("gpt2")
     generator = greedy(run)

@@ -33,7 +33,7 @@ from transformer.data.marian_tokenizer import MarianSubwords
 from transformer.errors import UserError
 from transformer.interop.marian_run import decoding_from_generation, generation_differences, import_marian_run
 from transformer.run import load_model
-from transformer.translator import Translator
+from transformer.inference.translator import Translator
 
 SRC = ["A dog runs across the field.", "Two children play in the snow!", "The café serves crème brûlée.",
        "A man reads a newspaper on the train.", "She sings a song, he plays guitar.", "Über den Fluss fährt ein Boot.",

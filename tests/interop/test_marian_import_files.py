@@ -148,7 +148,7 @@ def test_a_tensor_of_the_wrong_shape_is_one_line(folder, tmp_path):
 def test_tensor_shapes_are_our_models(tie):
     """The import checks the checkpoint against tensor_shapes, not a model it builds: they must
     be our model's tensors, each once, with their shapes."""
-    from transformer.config import ModelConfig
+    from transformer.model.config import ModelConfig
     from transformer.interop.marian import name_map, tensor_shapes
     from transformer.model import Transformer
     from transformer.run.weights import unique_state_dict

@@ -12,7 +12,7 @@ import torch
 
 from transformer.cli import main
 from transformer.decode import generate
-from transformer.generator import Generator
+from transformer.inference.generator import Generator
 from transformer.run import load_model
 
 

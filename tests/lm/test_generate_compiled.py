@@ -113,7 +113,7 @@ def test_a_step_that_cannot_be_built_generates_the_eager_tokens(monkeypatch, rec
 
 def test_when_auto_compiles_and_how_large_the_cache_is(monkeypatch):
     # auto: a step that is built already, or a generation long enough to pay for building one
-    from transformer.generator import Generator
+    from transformer.inference.generator import Generator
 
     model = make_model("gpt")
 

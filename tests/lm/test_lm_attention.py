@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 
 from transformer.cli import main
-from transformer.generator import Generator
+from transformer.inference.generator import Generator
 from transformer.model.masks import causal_mask
 from transformer.model.rotary import apply_rotary
 from transformer.viz.heatmap import draw_attention

@@ -14,7 +14,7 @@ import torch
 from transformer import ModelConfig
 from transformer.cli import main
 from transformer.decode.decoding_config import DecodingConfig
-from transformer.generator import Generator
+from transformer.inference.generator import Generator
 from transformer.model import build_model
 from transformer.model.rotary import apply_rotary
 from transformer.run import load_model

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from lm_text import make_text
 
-from transformer.generator import Generator
+from transformer.inference.generator import Generator
 from transformer.train.train_config import load_config
 
 RECIPE = Path(__file__).resolve().parents[2] / "configs" / "lm-text.yaml"

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from transformer.config import ModelConfig
+from transformer.model.config import ModelConfig
 from transformer.data.text import WindowSampler, read_texts, split_text, validation_windows, windows
 from transformer.model import build_model
 from transformer.train.schedule import cosine_lr
@@ -111,7 +111,7 @@ def test_a_language_models_pad_id_inside_its_text_is_trained_and_scored():
     window is trained on and validated, whatever the model's pad_id, and only validation's
     overlap (NOT_SCORED) is left out."""
 
-    from transformer.config import ModelConfig
+    from transformer.model.config import ModelConfig
     from transformer.data.text import NOT_SCORED, windows
     from transformer.model import LanguageModel
     from transformer.train.step import train_step

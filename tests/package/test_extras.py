@@ -60,14 +60,14 @@ def test_serve_package_without_fastapi(monkeypatch):
 
 
 def _tiny_model():
-    from transformer.config import ModelConfig
+    from transformer.model.config import ModelConfig
     from transformer.model import Transformer
 
     return Transformer(ModelConfig(vocab_size=12, d_model=8, n_heads=2, d_ff=16, n_layers=1, max_len=16))
 
 
 def _tiny_lm():
-    from transformer.config import ModelConfig
+    from transformer.model.config import ModelConfig
     from transformer.model import LanguageModel
 
     return LanguageModel(ModelConfig(kind="decoder-only", vocab_size=12, d_model=8, n_heads=2, d_ff=16, n_layers=1,

@@ -28,15 +28,15 @@ def test_import_is_light_and_names_load_on_use():
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout)
     assert seen["bare"] == []  # `import transformer` loads no torch, numpy or sentencepiece
-    assert (seen["translator"], seen["generator"]) == ("transformer.translator", "transformer.generator")
+    assert (seen["translator"], seen["generator"]) == ("transformer.inference.translator", "transformer.inference.generator")
     assert seen["optional"] == []  # and the Translator needs no optional package
 
 
 def test_public_names_are_the_real_objects():
-    from transformer.config import ModelConfig
-    from transformer.generator import Generator
+    from transformer.model.config import ModelConfig
+    from transformer.inference.generator import Generator
     from transformer.model import KVCache, LanguageModel, Transformer
-    from transformer.translator import Translator
+    from transformer.inference.translator import Translator
 
     assert (transformer.ModelConfig, transformer.Transformer, transformer.KVCache, transformer.LanguageModel,
             transformer.Translator, transformer.Generator) == (ModelConfig, Transformer, KVCache, LanguageModel,

@@ -1,4 +1,4 @@
-"""The base the two front doors share (:mod:`transformer.front_door`): a run's kind checked with
+"""The base the two front doors share (:mod:`transformer.inference.front_door`): a run's kind checked with
 one line, the vocabulary rule, the precision asked for and the one resolved, the compiled
 step each search asks for, and the truncation policy (translation keeps a line's first
 tokens, generation a prompt's last)."""
@@ -15,12 +15,12 @@ from transformer.compiled.search_step import CompiledStep
 from transformer.decode.eager_step import EagerStep
 from transformer.decode.decoding_config import DecodingConfig
 from transformer.errors import UserError
-from transformer.front_door import FrontDoor, open_model, run_decoding, vocabulary_fits
-from transformer.generator import Generator
+from transformer.inference.front_door import FrontDoor, open_model, run_decoding, vocabulary_fits
+from transformer.inference.generator import Generator
 from transformer.model import LanguageModel
 from transformer.run import save_weights
-from transformer.translator import Translator, load_translator
-from transformer.translator import run_decoding as translator_run_decoding
+from transformer.inference.translator import Translator, load_translator
+from transformer.inference.translator import run_decoding as translator_run_decoding
 
 V = 20
 

@@ -99,7 +99,7 @@ def test_the_rule_sees_every_kind_of_import():
 
 # the layers above the model: it knows no corpus, search, optimizer, file layout or screen
 ABOVE_MODEL = ("decode", "train", "data", "run", "serve", "viz", "inspect", "cli", "interop", "compiled",
-               "translator", "generator", "front_door")
+               "inference", "evaluation")
 
 
 def test_the_model_imports_nothing_above_it():
@@ -196,7 +196,7 @@ def test_no_search_imports_compiled_decoding():
 # what compiled decoding may not reach: the searches (it serves them a step, as the eager one
 # does), training, the service, the commands, the front doors
 ABOVE_COMPILED = ("decode.greedy", "decode.beam", "decode.sample", "decode.ensemble", "train", "serve", "cli", "viz",
-                  "inspect", "translator", "generator", "front_door")
+                  "inspect", "inference", "evaluation")
 
 
 def test_compiled_decoding_imports_nothing_above_it():
@@ -275,3 +275,14 @@ def test_every_decode_name_still_imports():
     assert all(getattr(transformer.decode, name) is not None for name in transformer.decode.__all__)
     with pytest.raises(AttributeError, match="no attribute 'beam_serch'"):
         transformer.decode.beam_serch  # noqa: B018
+
+
+# what every layer uses, and nothing else, stays at the package root: inference, evaluation and
+# the model's config each live in their own package
+ROOT_MODULES = {"_lazy.py", "errors.py", "extras.py", "frozen.py", "hardware.py"}
+
+
+def test_the_package_root_holds_only_what_everything_uses():
+    modules = {p.name for p in PACKAGE.glob("*.py")} - {"__init__.py", "__main__.py"}
+    assert modules == ROOT_MODULES, f"modules at the package root: {sorted(modules)}"
+    assert len(ROOT_MODULES) <= 5

@@ -102,7 +102,7 @@ def test_the_same_key_in_different_mappings_and_a_merge_override_are_fine(tmp_pa
 def test_translation_tokenizer_is_the_nearest_folders(tmp_path):
     """A run trained inside a folder that holds a Marian import's source.spm reads its own
     subwords.model (and a Marian run nested under a trained run its own source.spm)."""
-    from transformer.translator import tokenizer_files
+    from transformer.inference.translator import tokenizer_files
 
     outer = tmp_path / "opus"
     (outer / "mine" / "checkpoints" / "step-5").mkdir(parents=True)

@@ -13,7 +13,7 @@ from transformer.data import train_subwords
 from transformer.errors import UserError
 from transformer.run import latest_checkpoint, load_model
 from transformer.train.trainer import Trainer
-from transformer.translator import load_translator
+from transformer.inference.translator import load_translator
 
 
 @pytest.fixture(scope="module")

@@ -57,7 +57,7 @@ def sentences() -> list[str]:
 @pytest.fixture(scope="session")
 def translator(run_dir):
     """The reference: the same model loaded in-process, default settings (beam 4)."""
-    from transformer.translator import load_translator
+    from transformer.inference.translator import load_translator
 
     return load_translator(run_dir, beam=4)
 

@@ -51,7 +51,7 @@ def lm_test_client(run: Path, **settings):
     runs while it is open); ``settings`` are ServeConfig fields."""
     from starlette.testclient import TestClient
 
-    from transformer.generator import Generator
+    from transformer.inference.generator import Generator
     from transformer.serve import ServeConfig, create_app
 
     generator = Generator.from_pretrained(run, warn=False)

@@ -159,7 +159,7 @@ def test_language_model_attention_refuses_text_over_max_chars(lm_client):
 
 def test_a_full_queue_refuses_a_stream_before_it_starts(lm_run):
     """A streamed /generate that cannot be queued is a 503, not a 200 whose stream errs."""
-    from transformer.generator import Generator
+    from transformer.inference.generator import Generator
 
     app = create_app(Generator.from_pretrained(lm_run, warn=False), ServeConfig(max_queue=1))
 
@@ -326,7 +326,7 @@ def test_streams_arriving_together_at_a_full_queue_get_503_not_an_error_event(lm
     several arriving together all passed, and those the queue then had no room for got a
     200 whose stream said "internal error: QueueFull". A stream is queued before its answer
     starts, so each one gets its tokens or a 503."""
-    from transformer.generator import Generator
+    from transformer.inference.generator import Generator
 
     app = create_app(Generator.from_pretrained(lm_run, warn=False), ServeConfig(max_queue=1, max_batch=1))
     batcher = app.state.service.batcher
@@ -362,7 +362,7 @@ def test_a_stream_still_queued_at_its_deadline_gets_504_and_is_never_decoded(lm_
     1,024-token streams with --timeout 3 all got a 200, the last its first token 16 s later. A
     stream's answer now starts with its first token: one still queued at the deadline gets
     the 504 a request for JSON gets, leaves the queue and is never decoded."""
-    from transformer.generator import Generator
+    from transformer.inference.generator import Generator
 
     app = create_app(Generator.from_pretrained(lm_run, warn=False), ServeConfig(timeout=2, max_batch=1,
                                                                                   max_wait_ms=0))

@@ -54,7 +54,7 @@ def test_n_best_with_scores_equals_the_translator(server, translator, sentences)
 
 
 def test_concurrent_requests_with_different_beams_each_get_their_own_beam(server, run_dir, sentences):
-    from transformer.translator import load_translator
+    from transformer.inference.translator import load_translator
 
     greedy = load_translator(run_dir, beam=1).translate(sentences)
     beam4 = load_translator(run_dir, beam=4).translate(sentences)
@@ -104,7 +104,7 @@ def test_attention_maps_have_the_documented_shapes(server, translator, sentences
 def test_attention_equals_the_maps_computed_in_process(server, translator, sentences):
     code, body = server.post("/attention", {"text": sentences[0], "beam": 2})
     assert code == 200, body
-    from transformer.translator import Translator
+    from transformer.inference.translator import Translator
 
     beam2 = Translator(translator.model, translator.subwords, DecodingConfig(beam=2))
     want = attention_maps(beam2, sentences[0])
@@ -218,7 +218,7 @@ def test_lower_precision_serves_what_the_translator_gives(run_dir, sentences, st
     """--precision converts the served model as for translate: each text alone (int8's
     dynamic scales depend on the batch) gets the in-process Translator's translation at
     that precision, the attention explorer works too, and /health says which precision."""
-    from transformer.translator import load_translator
+    from transformer.inference.translator import load_translator
 
     reference = load_translator(run_dir, beam=4, precision=precision)
     server = start_another("--precision", precision, "--no-batching")

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from serve_lm import CONTEXT, lm_test_client
 
-from transformer.generator import Generator
+from transformer.inference.generator import Generator
 from transformer.serve.attention import lm_attention_maps
 
 SSE = {"Accept": "text/event-stream"}

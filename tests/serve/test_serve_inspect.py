@@ -22,7 +22,7 @@ from starlette.testclient import TestClient
 
 from transformer import ModelConfig
 from transformer.data.chars import Chars
-from transformer.generator import Generator
+from transformer.inference.generator import Generator
 from transformer.inspect import Score, head_effects, logit_lens
 from transformer.model import LanguageModel
 from transformer.serve import ServeConfig, create_app
@@ -47,7 +47,7 @@ def client(front, **settings) -> TestClient:
 @pytest.fixture(scope="module")
 def tr(run_dir):
     """The translation app in-process, fp32 (the server's greedy translator is the commands')."""
-    from transformer.translator import load_translator
+    from transformer.inference.translator import load_translator
 
     translator = load_translator(run_dir, precision="fp32", beam=1, compile="off", warn=False)
     with client(translator, max_chars=200) as http:

@@ -29,7 +29,7 @@ from starlette.testclient import TestClient
 from transformer import ModelConfig
 from transformer.cli.serve import allowed_hosts
 from transformer.data.chars import Chars
-from transformer.generator import Generator
+from transformer.inference.generator import Generator
 from transformer.model import LanguageModel
 from transformer.serve import ServeConfig, create_app
 from transformer.serve.attention import COMPUTE_FACTOR, Bounds, attention_maps_tensors, lm_attention_maps, maps_json

@@ -115,7 +115,7 @@ async def generate_load(url: str) -> dict:
 
 
 def test_concurrent_generate_requests_all_complete_with_their_seeds_text(lm_server, lm_run, tmp_path):
-    from transformer.generator import Generator
+    from transformer.inference.generator import Generator
 
     before = lm_server.get("/stats")[1]
     result = asyncio.run(generate_load(lm_server.url))

@@ -57,7 +57,7 @@ async def token_app(request, kind: str, token: str = TOKEN):
     if kind == "translation":
         model = request.getfixturevalue("translator")
     else:
-        from transformer.generator import Generator
+        from transformer.inference.generator import Generator
 
         model = Generator.from_pretrained(request.getfixturevalue("lm_run"), warn=False)
     app = create_app(model, ServeConfig(token=token, docs=True))  # /docs too: its routes want the token as well

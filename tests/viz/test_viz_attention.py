@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 
 from transformer.errors import UserError
-from transformer.translator import load_translator
+from transformer.inference.translator import load_translator
 from transformer.viz.heatmap import DPI, draw_attention, save_png
 from transformer.viz.html import render_html
 from transformer.viz.maps import KINDS, collect_attention, find_word, prepare_pair, rank_heads, words

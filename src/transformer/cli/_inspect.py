@@ -116,7 +116,7 @@ def check_layer(layer: int | None, n_layers: int, option: str = "--layer") -> in
 # ---- the two kinds ---------------------------------------------------------------------------
 
 def _translation(path, sentence: str, target: str | None, options: dict) -> Subject:
-    from ..translator import load_translator
+    from ..inference.translator import load_translator
 
     translator = load_translator(path, warn=False, **{**options, "precision": "fp32", "beam": 1, "compile": "off"})
     return translation_subject(translator, sentence, target)

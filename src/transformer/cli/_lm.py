@@ -9,7 +9,7 @@ def load_language_model(path, options: dict):
     """A Generator for ``path``: the model in fp32 (the exact arithmetic that is explained),
     its tokenizer, and the run's decoding settings overridden by ``options`` (the sampling
     and device fields; others are ignored)."""
-    from ..generator import Generator
+    from ..inference.generator import Generator
 
     options = {k: v for k, v in options.items() if k in ("temperature", "top_k", "top_p", "device")}
     return Generator.from_pretrained(path, warn=False, precision="fp32", **options)

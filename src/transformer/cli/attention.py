@@ -76,7 +76,7 @@ def _check_head(args, cfg) -> tuple[int, int]:
 def run(args: argparse.Namespace) -> int:
     from ..errors import UserError
     from ..run import read_model_config
-    from ..translator import load_translator
+    from ..inference.translator import load_translator
     from ..viz.maps import KINDS, collect_attention, format_links, prepare_pair, rank_heads
 
     _check(args)

@@ -1,6 +1,6 @@
 """``transformer evaluate``: translate a test set and score it with sacreBLEU and chrF; or,
 with ``--text``, score a language model on a text (cross-entropy, perplexity, bits per byte;
-see transformer/evaluate_lm.py)."""
+see transformer/evaluation/lm.py)."""
 from __future__ import annotations
 
 import argparse
@@ -44,12 +44,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..data import read_lines
     from ..errors import UserError
-    from ..evaluate import score
-    from ..front_door import run_decoding
+    from ..evaluation.translation import score
+    from ..inference.front_door import run_decoding
     from ..hardware import device_line
     from ..run import read_model_config
     from ..run.files import write_output
-    from ..translator import load_translator
+    from ..inference.translator import load_translator
     from ._progress import line_progress
     from .translate import report_truncated
 
@@ -118,9 +118,9 @@ def run_text(args: argparse.Namespace) -> int:
     """``--text``: a language model's cross-entropy, perplexity and bits per byte on a text."""
     from ..data.text import read_text
     from ..errors import UserError
-    from ..evaluate_lm import score_text
-    from ..front_door import run_decoding
-    from ..generator import Generator
+    from ..evaluation.lm import score_text
+    from ..inference.front_door import run_decoding
+    from ..inference.generator import Generator
     from ..hardware import device_line, slow_precision_warning
     from ..run import read_model_config
 
@@ -137,7 +137,7 @@ def run_text(args: argparse.Namespace) -> int:
     if not read_model_config(path).decoder_only:
         raise UserError(f"{path}: a translation model; --text scores a language model "
                         "(score a translation model with --src and --ref, or --split)")
-    # the model, its tokenizer and settings as generate opens them (transformer/front_door.py)
+    # the model, its tokenizer and settings as generate opens them (transformer/inference/front_door.py)
     generator = Generator.from_pretrained(path, warn=False, **options)
     decoding = generator.decoding  # precision auto resolved for this machine
     if note := slow_precision_warning(generator.requested_precision, decoding.device):

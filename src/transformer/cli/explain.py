@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _translation(args: argparse.Namespace) -> int:
-    from ..translator import load_translator
+    from ..inference.translator import load_translator
     from ..viz.maps import prepare_pair
     from ..viz.walkthrough import format_text, to_dict, walk
 

@@ -202,7 +202,7 @@ def _ctranslate2(model, subwords, spm_path, tmp: Path, args) -> str:
 def _marian(model, subwords, spm_path, tmp: Path, args) -> str:
     from transformers.utils import logging as hf_logging
 
-    from ..front_door import run_decoding
+    from ..inference.front_door import run_decoding
     from ..interop.marian import save_marian
     from ..interop.marian_files import differences
     from ..run import read_run_config

@@ -23,7 +23,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..generator import Generator
+    from ..inference.generator import Generator
 
     check_count(args, "num_samples")
     prompt = args.prompt

@@ -205,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..errors import UserError
-    from ..front_door import run_decoding
+    from ..inference.front_door import run_decoding
     from ..hardware import device_line, slow_precision_warning
     from ..run import read_model_config
     from ..serve import create_app
@@ -288,8 +288,8 @@ def _page_url(host: str, port: int, token: str | None, show_token: bool) -> str:
 
 def _load(model: str, decoding, lm: bool):
     """The run's model, ready to serve: a language model's Generator or a Translator."""
-    from ..generator import Generator
-    from ..translator import load_translator
+    from ..inference.generator import Generator
+    from ..inference.translator import load_translator
 
     loaded = (Generator.from_pretrained(model, warn=False, **decoding.to_dict()) if lm
               else load_translator(model, **decoding.to_dict()))

@@ -37,7 +37,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..data import count_lines
-    from ..translator import load_translator
+    from ..inference.translator import load_translator
     from ._progress import line_progress, stderr_is_terminal
 
     check_count(args, "chunk_lines", must="positive")

@@ -10,7 +10,7 @@ Both have the interface of the project's tokenizers (``vocab_size``, ``encode``,
   the special tokens the model expects around a text (Llama's BOS; GPT-2 and Qwen add none).
 - ``decode(ids)`` gives ``AutoTokenizer.decode(ids, skip_special_tokens=True)``: the text,
   without BOS, EOS or padding. Ids that end inside a multi-byte character decode to
-  U+FFFD there, which streamed decoding (:class:`~transformer.generator.TextPieces`) holds back.
+  U+FFFD there, which streamed decoding (:class:`~transformer.inference.generator.TextPieces`) holds back.
 - ``shown(i)`` gives one token as the pictures of a model's tokens show it (explain, attention,
   the service's attention map): its text, or its own name where that is nothing (a special
   token: ``<|begin_of_text|>``) or part of a character (a byte: ``<0xF0>``).

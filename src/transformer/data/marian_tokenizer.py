@@ -13,7 +13,7 @@ The ids are the vocabulary's, not sentencepiece's: a piece is looked up in ``voc
 and one missing from it is ``<unk>``. Marian's conventions, as ``MarianTokenizer`` (transformers 5)
 has them:
 
-- encoding appends no BOS (:class:`~transformer.translator.Translator` appends ``</s>``);
+- encoding appends no BOS (:class:`~transformer.inference.translator.Translator` appends ``</s>``);
   a text that starts with a language code (``>>fra<<``) keeps the code as one token; the
   special tokens (``</s>``, ``<unk>``, ``<pad>``) written in a text are those tokens, and
   each stretch of text between them is cut by sentencepiece on its own;

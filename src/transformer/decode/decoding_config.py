@@ -1,5 +1,5 @@
 """How to decode: one frozen config, validated once, shared by the Python API
-(:class:`~transformer.translator.Translator`, :class:`~transformer.generator.Generator`),
+(:class:`~transformer.inference.translator.Translator`, :class:`~transformer.inference.generator.Generator`),
 every command and the service.
 
 It is made of three parts, each a frozen dataclass of its own concern:

@@ -108,7 +108,7 @@ def uses_int8_gemm(model: nn.Module) -> bool:
     folds its dequantised weights into float32 constants, so the package holds more bytes
     than an fp32 one and its step measured slower than the eager int8 GEMM
     (``benchmarks/interop/README.md``). Such a model decodes eagerly
-    (:meth:`transformer.front_door.FrontDoor.compiles`)."""
+    (:meth:`transformer.inference.front_door.FrontDoor.compiles`)."""
     return any(isinstance(m, Int8Linear) and m.int8_gemm for m in model.modules())
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..config import ModelConfig
+from ..model.config import ModelConfig
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from ..config import ModelConfig
+from ..model.config import ModelConfig
 from ..model.lm import LanguageModel
 
 

@@ -25,7 +25,7 @@ there as here.
 Tokens. The vocabulary is the subword pieces in id order: ``<pad>`` 0, ``<s>`` 1, ``</s>``
 2, ``<unk>`` 3 for models trained here. The decoder starts from the piece of ``bos_id``,
 stops on the piece of ``eos_id``, and EOS is appended to the source (``add_source_eos``),
-as :class:`~transformer.translator.Translator` does. Feed CTranslate2 the pieces of
+as :class:`~transformer.inference.translator.Translator` does. Feed CTranslate2 the pieces of
 ``Subwords.pieces(text)``.
 
 Decoding differences to know (see ``tests/export/test_export_ctranslate2.py``):

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from ..config import ModelConfig
+from ..model.config import ModelConfig
 from ..extras import require
 from ..model.lm import LanguageModel
 from ._hf import check as _check

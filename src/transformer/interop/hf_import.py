@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import ModelConfig
+from ..model.config import ModelConfig
 from ..data.hf_tokenizer import HF_TOKENIZER, SP_TOKENIZER, TOKENIZER_CONFIG, load_pretrained_tokenizer, read_json
 from ..errors import UserError
 from ..extras import require

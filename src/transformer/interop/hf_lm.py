@@ -18,7 +18,7 @@ from typing import Callable, Iterator
 import torch
 from torch import Tensor
 
-from ..config import ModelConfig
+from ..model.config import ModelConfig
 from ..model.lm import LanguageModel
 from ._hf import check, copy_
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator
 import torch
 from torch import Tensor
 
-from ..config import ModelConfig
+from ..model.config import ModelConfig
 from ..extras import require
 from ..model import Transformer
 from ..model.embedding import sinusoid_table

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..config import ModelConfig
+from ..model.config import ModelConfig
 from ..data import Subwords
 from ..data.marian_tokenizer import SOURCE_SPM, TARGET_SPM, TOKENIZER_CONFIG, VOCAB
 from ..decode.decoding_config import DecodingConfig

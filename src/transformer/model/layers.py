@@ -11,7 +11,7 @@ from typing import Callable
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..config import ModelConfig
+from .config import ModelConfig
 from . import masks
 from .attention import MultiHeadAttention
 from .dropout import Dropout

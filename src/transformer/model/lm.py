@@ -26,7 +26,7 @@ from dataclasses import replace
 import torch
 from torch import Tensor, nn
 
-from ..config import ModelConfig
+from .config import ModelConfig
 from . import masks
 from .cache import KVCache
 from .dropout import Dropout

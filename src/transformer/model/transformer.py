@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..config import ModelConfig
+from .config import ModelConfig
 from . import masks
 from .cache import KVCache
 from .dropout import Dropout

@@ -10,7 +10,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from ..config import ModelConfig
+from ..model.config import ModelConfig
 from ..errors import UserError
 from ..model import Transformer, build_model
 from .files import atomic_write

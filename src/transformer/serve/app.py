@@ -31,8 +31,8 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from ..generator import Generator
-from ..translator import Translator
+from ..inference.generator import Generator
+from ..inference.translator import Translator
 from .serve_config import ServeConfig
 from .core import core_app
 from .generation import LMService

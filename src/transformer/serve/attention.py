@@ -36,8 +36,8 @@ from typing import Any
 
 import torch
 
-from ..generator import Generator
-from ..translator import Translator
+from ..inference.generator import Generator
+from ..inference.translator import Translator
 
 BOS, EOS = "<s>", "</s>"
 # What the model computes for an answer may be this many times the weights the answer returns:

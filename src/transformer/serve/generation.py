@@ -1,6 +1,6 @@
 """The language model behind the service, and its route set (``/generate``, ``/attention``): a
 request is checked and encoded in the event loop, continued in a batch by the batcher's thread
-through the Generator (:meth:`~transformer.generator.Generator.pieces`, as ``transformer
+through the Generator (:meth:`~transformer.inference.generator.Generator.pieces`, as ``transformer
 generate`` continues a prompt), and its tokens are handed to the event loop as they come when
 the client streams.
 
@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ..errors import UserError
-from ..generator import Generator
+from ..inference.generator import Generator
 from .attention import Bounds
 from .core import ServiceCore, check_default
 from .errors import ERRORS, ServeError, refuse_elsewhere

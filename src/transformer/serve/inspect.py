@@ -25,7 +25,7 @@ from typing import Any
 from fastapi.responses import JSONResponse
 
 from ..errors import UserError
-from ..generator import Generator
+from ..inference.generator import Generator
 from .errors import ERRORS, ServeError
 from .schemas import HeadsRequest, HeadsResponse, LensRequest, LensResponse
 from .serve_config import ServeConfig

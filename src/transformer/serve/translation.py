@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.responses import Response
 
-from ..translator import Translation, Translator
+from ..inference.translator import Translation, Translator
 from .attention import Bounds
 from .serve_config import ServeConfig
 from .core import ServiceCore, check_default

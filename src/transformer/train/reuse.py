@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import PRESETS, ModelConfig
+from ..model.config import PRESETS, ModelConfig
 from ..data import Subwords
 from ..data.text import load_tokenizer
 from ..data.word_vectors import init_from_word_vectors

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import ModelConfig
+from ..model.config import ModelConfig
 from ..decode import greedy_search
 from ..model import Transformer
 from .schedule import linear_decay_lr

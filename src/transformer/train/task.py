@@ -14,15 +14,15 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from ..config import ModelConfig
+from ..model.config import ModelConfig
 from ..data import Batch, TokenBatchSampler, collate, example_lengths
 from ..data.chars import Chars
 from ..data.text import NOT_SCORED, TextBatch, WindowSampler, validation_windows, windows
 from ..decode.decoding_config import DecodingConfig
 from ..errors import UserError
-from ..evaluate import score
+from ..evaluation.translation import score
 from ..model import LanguageModel, Transformer, build_model
-from ..translator import Translator
+from ..inference.translator import Translator
 from .train_config import TrainConfig
 from .distributed import Dist
 from .loss import label_smoothed_nll_loss

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from ..config import PRESETS, ModelConfig
+from ..model.config import PRESETS, ModelConfig
 from ..decode.decoding_config import FIELDS as DECODING_FIELDS
 from ..decode.decoding_config import DecodingConfig
 from ..errors import UserError, shown

@@ -14,7 +14,7 @@ from functools import lru_cache
 
 import sacrebleu
 
-from .errors import UserError
+from ..errors import UserError
 
 
 @dataclass(frozen=True)

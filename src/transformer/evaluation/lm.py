@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch.nn import functional as F
 
-from .errors import UserError
+from ..errors import UserError
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import shown
-from .frozen import TYPE_NAMES, Frozen, has_type, known_keys, whole_numbers_as_floats
+from ..errors import shown
+from ..frozen import TYPE_NAMES, Frozen, has_type, known_keys, whole_numbers_as_floats
 
 FFN_ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu")
 SINUSOID_LAYOUTS = ("interleaved", "concat")

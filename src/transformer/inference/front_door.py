@@ -1,6 +1,6 @@
 """What the two front doors share: a run opened for decoding.
 
-:class:`~transformer.translator.Translator` and :class:`~transformer.generator.Generator`
+:class:`~transformer.inference.translator.Translator` and :class:`~transformer.inference.generator.Generator`
 differ in their search and in how text becomes ids; everything else is this one base:
 
     settings    the defaults, then the ``decoding`` section of the run's config.yaml, then
@@ -29,13 +29,13 @@ from typing import Self
 import torch
 from torch import nn
 
-from . import compiled, hardware
-from .decode.decoding_config import DecodingConfig
-from .decode.eager_step import EagerStep, is_translation
-from .decode.precision import decoding_device, decoding_model, uses_int8_gemm
-from .errors import UserError
-from .model import LanguageModel, Transformer
-from .run import CONFIG, load_model, read_run_config, run_file, run_root
+from .. import compiled, hardware
+from ..decode.decoding_config import DecodingConfig
+from ..decode.eager_step import EagerStep, is_translation
+from ..decode.precision import decoding_device, decoding_model, uses_int8_gemm
+from ..errors import UserError
+from ..model import LanguageModel, Transformer
+from ..run import CONFIG, load_model, read_run_config, run_file, run_root
 
 
 # compile="auto" builds a step for a generation of at least this many new tokens (steps: a
@@ -111,8 +111,8 @@ def refuse_misfit(decoding: DecodingConfig, cfg) -> None:
 
 
 class FrontDoor:
-    """The base of :class:`~transformer.translator.Translator` and
-    :class:`~transformer.generator.Generator`: the model converted for decoding, its
+    """The base of :class:`~transformer.inference.translator.Translator` and
+    :class:`~transformer.inference.generator.Generator`: the model converted for decoding, its
     settings, the count of inputs cut to fit, and the compiled step.
 
     A subclass gives :meth:`search_kind` (which step its search runs), ``gpu_max_tokens``

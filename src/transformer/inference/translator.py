@@ -10,14 +10,14 @@ from pathlib import Path
 
 import torch
 
-from .data import Subwords
-from .data.marian_tokenizer import SOURCE_SPM, TARGET_SPM, TARGET_VOCAB, VOCAB, MarianSubwords
-from .decode import Ensemble, Hypothesis, beam_search, greedy_search, pad_batch
-from .decode.decoding_config import DecodingConfig
-from .errors import UserError
+from ..data import Subwords
+from ..data.marian_tokenizer import SOURCE_SPM, TARGET_SPM, TARGET_VOCAB, VOCAB, MarianSubwords
+from ..decode import Ensemble, Hypothesis, beam_search, greedy_search, pad_batch
+from ..decode.decoding_config import DecodingConfig
+from ..errors import UserError
 from .front_door import GPU_MAX_TOKENS, FrontDoor, given, open_model, run_decoding, vocabulary_fits
-from .model import Transformer
-from .run import SUBWORDS, find_subwords, run_file
+from ..model import Transformer
+from ..run import SUBWORDS, find_subwords, run_file
 
 __all__ = ["Translation", "Translator", "load_translator", "run_decoding", "tokenizer_files"]
 

@@ -14,25 +14,25 @@ from pathlib import Path
 
 import torch
 
-from .decode.decoding_config import DecodingConfig
-from .decode.sample import generate_stream, until_stop
-from .errors import UserError
+from ..decode.decoding_config import DecodingConfig
+from ..decode.sample import generate_stream, until_stop
+from ..errors import UserError
 from .front_door import FrontDoor, given, open_model, run_decoding, vocabulary_fits
-from .model import LanguageModel
-from .run import run_file
-from .run.layout import read_stop_ids
+from ..model import LanguageModel
+from ..run import run_file
+from ..run.layout import read_stop_ids
 
 
 def load_tokenizer(path: str | Path):
     """The tokenizer a language model run was trained with (characters or subwords)."""
-    from .data.text import load_tokenizer as load
+    from ..data.text import load_tokenizer as load
 
     return load(path)
 
 
 def _pretrained(tokenizer) -> bool:
     """A pretrained model's own tokenizer (``transformer import``), as opposed to one trained here."""
-    from .data.hf_tokenizer import PretrainedTokenizer, SentencePieceTokenizer
+    from ..data.hf_tokenizer import PretrainedTokenizer, SentencePieceTokenizer
 
     return isinstance(tokenizer, (PretrainedTokenizer, SentencePieceTokenizer))
 
