@@ -32,7 +32,7 @@ import transformer.train.loss as loss_module
 from transformer import ModelConfig, Transformer, hardware
 from transformer.data import (Subwords, TokenBatchSampler, clean_pairs, collate, example_lengths, load_multi30k,
                               train_subwords)
-from transformer.train.step import paper_adam, train_step
+from transformer.train.update import paper_adam, train_step
 
 attention_module = sys.modules["transformer.model.attention"]
 transformer_module = sys.modules["transformer.model.transformer"]

@@ -90,7 +90,7 @@ def test_the_rule_sees_every_kind_of_import():
     """The check itself: relative, absolute and nested imports of train/ are caught; the
     run layer and a module's own package are not."""
     for source in ("from ..train import checkpoint", "import transformer.train.trainer",
-                   "from transformer.train.step import train_step",
+                   "from transformer.train.update import train_step",
                    "def f():\n    from ..train.checkpoint import load_training_state\n", "from .. import train"):
         assert any(map(is_training, imported_modules(source, "transformer.decode"))), source
     for source in ("from ..run import load_model", "from .greedy import greedy_search", "import torch"):

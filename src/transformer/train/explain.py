@@ -30,7 +30,7 @@ from .distributed import Dist
 from .prepare import prepare_data, tokenizer_file
 from .reuse import finetune_model_config
 from .schedule import lr_at
-from .step import make_optimizer
+from .update import make_optimizer
 from .task import make_task
 
 CODE = "src/transformer/train/"
@@ -272,7 +272,7 @@ def _steps(n: dict) -> list[Step]:
 def _loss_step(n: dict) -> Step:
     st = Step("1", "Forward pass and Loss = -log p", "前向传播与损失 Loss = -log p",
               "p = softmax(logits)[the right next token];  Loss = -log p, averaged over the batch's tokens",
-              CODE + "step.py: train_step; loss.py")
+              CODE + "update.py: train_step; loss.py")
     st.shapes = [f"batch: (B={n['batch_shape'][0]} rows, T={n['batch_shape'][1]} positions)"]
     st.lines = [f"row {n['row'] + 1}, position {n['position'] + 1}: after ...{n['context']!r}",
                 f"the right next token is {n['token']!r}: p = {n['p']:.4f}, -log p = {n['minus_log_p']:.4f}",
@@ -288,7 +288,7 @@ def _loss_step(n: dict) -> Step:
 def _grad_step(n: dict) -> Step:
     st = Step("2", "Backpropagation: dLoss/dW", "反向传播：dLoss/dW",
               "loss.backward() fills W.grad = dLoss/dW for every matrix W",
-              "torch autograd; " + CODE + "step.py: train_step")
+              "torch autograd; " + CODE + "update.py: train_step")
     st.shapes = [f"{n['matrix']} ({n['parameter']}): {' x '.join(map(str, n['shape']))}, and so is its gradient"]
     st.lines = [f"|dLoss/dW| of {n['matrix']} = {n['grad_norm']:.4g}; "
                 f"of all parameters together {n['total_grad_norm']:.4g}"]
@@ -305,7 +305,7 @@ def _optimizer_step(n: dict) -> Step:
     st = Step("3", "The optimizer's step", "优化器更新：W_new = W_old - 学习率 x 梯度",
               "SGD: W_new = W_old - lr g;  Adam: m = b1 m + (1-b1) g, v = b2 v + (1-b2) g^2, "
               "W_new = W_old - lr m_hat / (sqrt(v_hat) + eps)" + ("  - lr wd W_old (AdamW)" if adamw else ""),
-              CODE + "step.py: make_optimizer; torch.optim." + ("AdamW" if adamw else "Adam"))
+              CODE + "update.py: make_optimizer; torch.optim." + ("AdamW" if adamw else "Adam"))
     lr = n["lr"]
     st.lines = [f"lr = {lr:.4g}; on Adam's first step m_hat = g and v_hat = g^2, so each entry moves by "
                 f"lr x g / (|g| + eps), about lr whatever the size of g"]
