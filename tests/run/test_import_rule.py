@@ -12,6 +12,8 @@
     the data layer imports no model, and no run module that builds one (run.files and
         run.layout are below it; run.weights is above the model)
     decoding imports no training
+    training imports none of the pictures, the service or the commands (the walkthrough of one
+        update lives in viz/ and imports training, not the other way round)
 
 A rule is checked on the source (direct, relative and function-local imports all count) and,
 for the data layer, in a fresh interpreter: importing every data module loads no model."""
@@ -29,8 +31,9 @@ import transformer
 import transformer.run
 
 PACKAGE = Path(transformer.__file__).parent
-# the commands that train a model (explain --training: one update, in memory)
-ALLOWED = {"cli/train.py", "cli/demo.py", "cli/explain.py"}
+# the commands that train a model, and the walkthrough of one update that explain --training
+# makes in memory (beside the other walkthroughs, in viz/; nothing in train/ imports viz/)
+ALLOWED = {"cli/train.py", "cli/demo.py", "cli/explain.py", "viz/walkthrough_training.py"}
 
 
 def imported_modules(source: str, package: str) -> set[str]:
@@ -181,6 +184,11 @@ def test_the_data_rule_sees_the_run_modules_that_build_models():
     for source in ("from ..run.files import atomic_write", "from ..run.layout import SUBWORDS, run_file",
                    "from ..run import write_text_atomic", "from ..errors import UserError"):
         assert not any(map(loads_a_model, imported_modules(source, "transformer.data"))), source
+
+
+def test_training_imports_nothing_that_shows_or_serves():
+    found = offenders("train", lambda m: any(under(m, layer) for layer in ("viz", "inspect", "serve", "cli")))
+    assert not found, f"train modules importing the pictures, the service or the commands: {found}"
 
 
 def test_decoding_imports_no_training():

@@ -24,16 +24,18 @@ import torch
 
 from ..errors import UserError
 from ..run import CONFIG, load_model, run_file
-from ..viz.records import Record
-from .train_config import load_config
-from .distributed import Dist
-from .prepare import prepare_data, tokenizer_file
-from .reuse import finetune_model_config
-from .schedule import lr_at
-from .update import make_optimizer
-from .task import make_task
+from ..run.layout import IMPORT_RECORD
+from ..train.distributed import Dist
+from ..train.prepare import prepare_data, tokenizer_file
+from ..train.reuse import finetune_model_config
+from ..train.schedule import lr_at
+from ..train.task import make_task
+from ..train.train_config import load_config
+from ..train.update import make_optimizer
+from .records import Record
 
 CODE = "src/transformer/train/"
+HERE = "src/transformer/viz/walkthrough_training.py"
 
 
 @dataclass
@@ -77,7 +79,7 @@ def _run_config(path: str | Path):
     found = run_file(path, CONFIG)
     if found is None:
         raise UserError(f"{path}: no {CONFIG} beside the weights; --training needs the run directory")
-    if (found.parent / "import.json").is_file():  # (interop/hf_import.py, interop/marian_run.py write it)
+    if (found.parent / IMPORT_RECORD).is_file():  # (interop/hf_import.py, interop/marian_run.py write it)
         raise UserError(f"{found.parent}: an imported model, with no training data of its own; --training explains "
                         "an update of a run trained here (fine-tune it with init_from, then explain that run)")
     return load_config(found), found.parent
@@ -111,7 +113,7 @@ def matrix_names(model) -> dict[str, str]:
     translation model's "encoder layer 1 WQ", "decoder layer 2 cross WK", ..., "We", "Whead"."""
     names = {n: n for n, p in model.named_parameters() if p.dim() == 2}
     if model.cfg.decoder_only:
-        from ..viz.matrices import weight_matrices
+        from .matrices import weight_matrices
 
         for seed_name, param, _, _ in weight_matrices(model):
             names[seed_name] = param.split(" ")[0]  # "embed.weight (tied: We)" -> embed.weight
@@ -239,7 +241,7 @@ def _token_text(data, batch, row: int, t: int) -> tuple[str, str]:
     """The named token (printable) and the text the model read before it."""
     gold = int(batch.tgt_out[row, t])
     if hasattr(data, "tokenizer"):  # a language model: the window's text up to the position
-        from ..viz.walkthrough_lm import token_shower
+        from .walkthrough_lm import token_shower
 
         x = batch.inputs[0][row, : t + 1].tolist()
         return token_shower(data.tokenizer)(gold), data.tokenizer.decode(x)[-60:]
@@ -325,7 +327,7 @@ def _optimizer_step(n: dict) -> Record:
 
 def _after_step(n: dict) -> Record:
     st = Record("4", "The loss after the step", "更新后的损失", "the same batch through the updated weights",
-                CODE + "explain.py: mean_loss")
+                HERE + ": mean_loss")
     st.lines = [f"Loss {n['loss']:.4f} -> {n['loss_after']:.4f} after Adam's step "
                 f"({n['loss_after'] - n['loss']:+.4f}); {n['loss_after_sgd']:.4f} after the SGD step with the same lr "
                 f"({n['loss_after_sgd'] - n['loss']:+.4f})"]
@@ -338,6 +340,6 @@ def _at(index: list[int]) -> str:
 
 
 def format_update(u: Update) -> str:
-    from ..viz.walkthrough import format_steps
+    from .engine import format_steps
 
     return "\n".join(u.header + format_steps(u.steps)).rstrip() + "\n"
