@@ -56,9 +56,12 @@ def make_run(folder: Path) -> Path:
     return run
 
 
-def start(run: Path, log: Path, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
+def start(run: Path, log: Path, env: dict[str, str], *options: str) -> tuple[subprocess.Popen, str]:
+    """``transformer serve`` of ``run`` on a free port, one thread, with ``options`` (attention_limits.py
+    uses it too), under ``env`` (another version's source on PYTHONPATH), logging to ``log``; the
+    process and its URL once /health answers."""
     out = open(log, "wb")
-    proc = subprocess.Popen([TRANSFORMER, "serve", "--model", str(run), "--port", "0", "--threads", "1"],
+    proc = subprocess.Popen([TRANSFORMER, "serve", "--model", str(run), "--port", "0", "--threads", "1", *options],
                             stdout=out, stderr=subprocess.STDOUT, env=env)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import httpx
 
+from abuse import start  # benchmarks/serve/ is the script's own folder, first on sys.path
 from transformer import hardware
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,27 +49,6 @@ def make_run(folder: Path) -> Path:
                       "precision: fp32\n", encoding="utf-8")
     subprocess.run([TRANSFORMER, "train", "--config", str(config), "--out", str(run)], check=True, capture_output=True)
     return run
-
-
-def start(run: Path, log: Path, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
-    out = open(log, "wb")
-    proc = subprocess.Popen([TRANSFORMER, "serve", "--model", str(run), "--port", "0", "--threads", "1",
-                             "--max-chars", "1000"], stdout=out, stderr=subprocess.STDOUT, env=env)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        for line in log.read_text(errors="replace").splitlines():
-            if line.startswith("transformer serve: http://"):
-                url = line.split()[2].split("#")[0].rstrip("/")
-                try:
-                    if httpx.get(url + "/health", timeout=5).status_code == 200:
-                        return proc, url
-                except httpx.HTTPError:
-                    pass
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited:\n{log.read_text()}")
-        time.sleep(0.2)
-    proc.kill()
-    raise SystemExit(f"server did not start:\n{log.read_text()}")
 
 
 def memory(pid: int) -> tuple[float, float]:
@@ -130,7 +110,7 @@ def main() -> None:
         try:
             rows = []
             for name, env in versions:
-                proc, url = start(run, tmp / f"{name}.log", env)
+                proc, url = start(run, tmp / f"{name}.log", env, "--max-chars", "1000")
                 try:
                     idle = health_times(url)
                     for label, text in (("largest allowed: 250 tokens", (SENTENCE * 5)[:250]),
