@@ -18,8 +18,6 @@ Bounded: one model trained for one update, two requests per server, two servers 
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -30,10 +28,9 @@ from pathlib import Path
 
 import httpx
 
-from abuse import start  # benchmarks/serve/ is the script's own folder, first on sys.path
+from abuse import start, versions  # benchmarks/serve/ is the script's own folder, first on sys.path
 from transformer import hardware
 
-ROOT = Path(__file__).resolve().parents[2]
 TRANSFORMER = str(Path(sys.executable).with_name("transformer"))
 SENTENCE = "a cat sat on the mat and the dog ran under the log. "
 
@@ -101,15 +98,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         run = make_run(tmp)
-        versions = [("current", {**os.environ, "OMP_NUM_THREADS": "1"})]
-        if args.old:
-            old = tmp / "old"
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(old), args.old], check=True,
-                           capture_output=True)
-            versions.append((args.old, {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(old / "src")}))
-        try:
-            rows = []
-            for name, env in versions:
+        rows = []
+        with versions(tmp, args.old) as servers:
+            for name, env in servers:
                 proc, url = start(run, tmp / f"{name}.log", env, "--max-chars", "1000")
                 try:
                     idle = health_times(url)
@@ -119,11 +110,6 @@ def main() -> None:
                 finally:
                     proc.terminate()
                     proc.wait(timeout=30)
-        finally:
-            if args.old:
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tmp / "old")],
-                               capture_output=True)
-                shutil.rmtree(tmp / "old", ignore_errors=True)
     print("| server | request | status | answer s | answer MB | RSS before MB | peak RSS MB | /health p50 ms "
           "(idle) | /health max ms |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
