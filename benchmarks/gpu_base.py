@@ -32,7 +32,7 @@ from torch import nn
 from matmul_rate import matmul_rate, sync  # benchmarks/ is the script's own folder, first on sys.path
 from transformer import ModelConfig, Transformer, hardware
 from transformer.decode import beam_search, greedy_search, pad_batch
-from transformer.train.step import paper_adam, train_step
+from transformer.train.update import paper_adam, train_step
 
 
 def step_flops(cfg: ModelConfig, batch: int, s: int, t: int) -> float:

@@ -35,7 +35,7 @@ from matmul_rate import matmul_rate  # benchmarks/ is the script's own folder, f
 from peak_memory import peak_rss_mib
 from transformer import ModelConfig, Transformer, hardware
 from transformer.train.loss import compile_loss
-from transformer.train.step import paper_adam, train_step
+from transformer.train.update import paper_adam, train_step
 from transformer.run.private import use_private_build_folder  # noqa: E402
 
 use_private_build_folder()  # torch.compile below builds in the user's private cache, not a shared folder

@@ -52,7 +52,7 @@ def test_auto_picks_bf16_only_where_it_is_native(monkeypatch, family):
 
 
 def test_training_auto_follows_the_same_rule(monkeypatch):
-    from transformer.train.step import resolve_precision
+    from transformer.train.update import resolve_precision
 
     fake_cpu(monkeypatch, AVX2, "AVX2")
     assert resolve_precision("auto", torch.device("cpu")) is None  # fp32

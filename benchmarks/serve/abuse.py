@@ -24,6 +24,7 @@ given up after --give-up seconds.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -56,9 +57,12 @@ def make_run(folder: Path) -> Path:
     return run
 
 
-def start(run: Path, log: Path, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
+def start(run: Path, log: Path, env: dict[str, str], *options: str) -> tuple[subprocess.Popen, str]:
+    """``transformer serve`` of ``run`` on a free port, one thread, with ``options`` (attention_limits.py
+    uses it too), under ``env`` (another version's source on PYTHONPATH), logging to ``log``; the
+    process and its URL once /health answers."""
     out = open(log, "wb")
-    proc = subprocess.Popen([TRANSFORMER, "serve", "--model", str(run), "--port", "0", "--threads", "1"],
+    proc = subprocess.Popen([TRANSFORMER, "serve", "--model", str(run), "--port", "0", "--threads", "1", *options],
                             stdout=out, stderr=subprocess.STDOUT, env=env)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -75,6 +79,24 @@ def start(run: Path, log: Path, env: dict[str, str]) -> tuple[subprocess.Popen, 
         time.sleep(0.2)
     proc.kill()
     raise SystemExit(f"server did not start:\n{log.read_text()}")
+
+
+@contextlib.contextmanager
+def versions(tmp: Path, old: str | None):
+    """[(name, environment)] to serve with: the current source, and with ``old`` that git
+    revision's, checked out in ``tmp/old`` while the block runs (attention_limits.py uses it too)."""
+    found = [("current", {**os.environ, "OMP_NUM_THREADS": "1"})]
+    if old:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tmp / "old"), old], check=True,
+                       capture_output=True)
+        found.append((old, {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(tmp / "old" / "src")}))
+    try:
+        yield found
+    finally:
+        if old:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tmp / "old")],
+                           capture_output=True)
+            shutil.rmtree(tmp / "old", ignore_errors=True)
 
 
 def health(http: httpx.Client, url: str) -> tuple[int, float]:
@@ -157,16 +179,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         run = Path(args.model) if args.model else make_run(tmp)
-        versions = [("current", {**os.environ, "OMP_NUM_THREADS": "1"})]
-        if args.old:
-            old = tmp / "old"
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(old), args.old], check=True,
-                           capture_output=True)
-            versions.append((args.old, {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(old / "src")}))
-        print("| server | 230 idle connections | 8 clients x 90,000 unknown keys | /translate of 64 x 1,000 characters at beam 16 |")
-        print("|---|---|---|---|", flush=True)
-        try:
-            for name, env in versions:
+        with versions(tmp, args.old) as servers:
+            print("| server | 230 idle connections | 8 clients x 90,000 unknown keys | /translate of 64 x 1,000 characters "
+                  "at beam 16 |")
+            print("|---|---|---|---|", flush=True)
+            for name, env in servers:
                 proc, url = start(run, tmp / f"{name}.log", env)
                 try:
                     row = {"server": name, "idle": idle(url), "fields": fields(url), "work": work(url, args.give_up)}
@@ -179,11 +196,6 @@ def main() -> None:
                     except subprocess.TimeoutExpired:  # a decode call of the old server's still running
                         proc.kill()
                         proc.wait()
-        finally:
-            if args.old:
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tmp / "old")],
-                               capture_output=True)
-                shutil.rmtree(tmp / "old", ignore_errors=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"machine": hardware.describe(), "rows": rows}, indent=1) + "\n",
                                    encoding="utf-8")

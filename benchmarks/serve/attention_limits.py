@@ -18,8 +18,6 @@ Bounded: one model trained for one update, two requests per server, two servers 
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -30,9 +28,9 @@ from pathlib import Path
 
 import httpx
 
+from abuse import start, versions  # benchmarks/serve/ is the script's own folder, first on sys.path
 from transformer import hardware
 
-ROOT = Path(__file__).resolve().parents[2]
 TRANSFORMER = str(Path(sys.executable).with_name("transformer"))
 SENTENCE = "a cat sat on the mat and the dog ran under the log. "
 
@@ -48,27 +46,6 @@ def make_run(folder: Path) -> Path:
                       "precision: fp32\n", encoding="utf-8")
     subprocess.run([TRANSFORMER, "train", "--config", str(config), "--out", str(run)], check=True, capture_output=True)
     return run
-
-
-def start(run: Path, log: Path, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
-    out = open(log, "wb")
-    proc = subprocess.Popen([TRANSFORMER, "serve", "--model", str(run), "--port", "0", "--threads", "1",
-                             "--max-chars", "1000"], stdout=out, stderr=subprocess.STDOUT, env=env)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        for line in log.read_text(errors="replace").splitlines():
-            if line.startswith("transformer serve: http://"):
-                url = line.split()[2].split("#")[0].rstrip("/")
-                try:
-                    if httpx.get(url + "/health", timeout=5).status_code == 200:
-                        return proc, url
-                except httpx.HTTPError:
-                    pass
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited:\n{log.read_text()}")
-        time.sleep(0.2)
-    proc.kill()
-    raise SystemExit(f"server did not start:\n{log.read_text()}")
 
 
 def memory(pid: int) -> tuple[float, float]:
@@ -121,16 +98,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         run = make_run(tmp)
-        versions = [("current", {**os.environ, "OMP_NUM_THREADS": "1"})]
-        if args.old:
-            old = tmp / "old"
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(old), args.old], check=True,
-                           capture_output=True)
-            versions.append((args.old, {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(old / "src")}))
-        try:
-            rows = []
-            for name, env in versions:
-                proc, url = start(run, tmp / f"{name}.log", env)
+        rows = []
+        with versions(tmp, args.old) as servers:
+            for name, env in servers:
+                proc, url = start(run, tmp / f"{name}.log", env, "--max-chars", "1000")
                 try:
                     idle = health_times(url)
                     for label, text in (("largest allowed: 250 tokens", (SENTENCE * 5)[:250]),
@@ -139,11 +110,6 @@ def main() -> None:
                 finally:
                     proc.terminate()
                     proc.wait(timeout=30)
-        finally:
-            if args.old:
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tmp / "old")],
-                               capture_output=True)
-                shutil.rmtree(tmp / "old", ignore_errors=True)
     print("| server | request | status | answer s | answer MB | RSS before MB | peak RSS MB | /health p50 ms "
           "(idle) | /health max ms |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")

@@ -22,7 +22,7 @@ from transformer.data.text import windows
 from transformer.model import LanguageModel, masks
 from transformer.model.attention import attention
 from transformer.train.train_config import load_config
-from transformer.train.step import make_optimizer, train_step
+from transformer.train.update import make_optimizer, train_step
 from transformer.train.task import on_device
 from transformer.train.trainer import Trainer
 

@@ -146,3 +146,27 @@ def build_checkpoint(family: str, folder: Path, **overrides):
     hf_logging.disable_progress_bar()  # "Writing model shards" on stderr
     model.save_pretrained(folder)
     return folder, model
+
+
+def copy_folder(folder: Path, to: Path) -> Path:
+    """A copy of ``folder`` at ``to`` (links copied as links), for a test to change."""
+    import shutil
+
+    shutil.copytree(folder, to, symlinks=True)
+    return to
+
+
+def refused_import(source: Path, out: Path, capsys, *words: str) -> str:
+    """``transformer import SOURCE --out OUT`` refused: exit 2, one line on stderr that says
+    each of ``words``, and no run (nor its temporary folder) left behind. Returns the line."""
+    from transformer.cli import main
+
+    capsys.readouterr()
+    assert main(["import", str(source), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("transformer import: error:"), err
+    for word in words:
+        assert word in err, err
+    assert not out.exists()
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")]  # no temporary folder
+    return err

@@ -12,6 +12,8 @@ import torch
 import yaml
 
 from hf_checkpoints import FAMILIES, PROMPT, TEXT, build_checkpoint
+from hf_checkpoints import copy_folder as _copy
+from hf_checkpoints import refused_import as _refused
 from transformer.cli import main
 from transformer.data.text import load_tokenizer
 from transformer.inference.generator import Generator, TextPieces
@@ -156,29 +158,9 @@ def test_info_shows_the_matrices(imported, capsys):
 
 
 # ---- refusals ---------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def gpt2_folder(tmp_path_factory):
-    folder, _ = build_checkpoint("gpt2", tmp_path_factory.mktemp("bad") / "hf")
-    return folder
-
-
-def _copy(folder: Path, to: Path) -> Path:
-    import shutil
-
-    shutil.copytree(folder, to)
-    return to
-
-
-def _refused(source: Path, out: Path, capsys, *words: str) -> str:
-    capsys.readouterr()
-    assert import_run(source, out) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith("transformer import: error:"), err
-    for word in words:
-        assert word in err, err
-    assert not out.exists()
-    assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")]  # no temporary folder
-    return err
+@pytest.fixture
+def gpt2_folder(hf_folders):
+    return hf_folders("gpt2")
 
 
 def test_unsupported_architecture(gpt2_folder, tmp_path, capsys):

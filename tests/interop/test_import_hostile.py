@@ -2,8 +2,8 @@
 config.json, shard index, links and pickles are data. None of them makes the import eat the
 memory, read or write outside the folders the user named, or run code: each is refused in one
 line (exit 2) and leaves no run. And an import.json whose ``stop_ids`` are no ids of the model
-is one line from ``generate`` and ``export``. The folders are tiny random checkpoints built
-here (hf_checkpoints.py, test_marian_import.py)."""
+is one line from ``generate`` and ``export``. The folders are tiny random checkpoints, built once
+a session (conftest.py: hf_checkpoints.py, test_marian_import.py)."""
 from __future__ import annotations
 
 import json
@@ -18,8 +18,9 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from hf_checkpoints import PROMPT, build_checkpoint
-from test_marian_import import build_marian
+from hf_checkpoints import PROMPT
+from hf_checkpoints import copy_folder as _copy
+from hf_checkpoints import refused_import as _refused
 from transformer.cli import main
 from transformer.run import file_sha256, load_model
 
@@ -30,43 +31,12 @@ DROP = object()  # a key taken out of config.json
 LONG = "9" * 5000  # more digits than Python turns into an int
 
 
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    """family -> a tiny checkpoint folder (marian: one vocabulary), built when first asked for."""
-    made: dict[str, Path] = {}
-
-    def get(family: str) -> Path:
-        if family not in made:
-            root = tmp_path_factory.mktemp(family)
-            made[family] = (build_marian(root, shared=True) if family == "marian"
-                            else build_checkpoint(family, root / "hf")[0])
-        return made[family]
-    return get
-
-
-def _copy(folder: Path, to: Path) -> Path:
-    shutil.copytree(folder, to, symlinks=True)
-    return to
-
-
 def _with_config(folder: Path, changes: dict) -> Path:
     config = json.loads((folder / "config.json").read_text())
     config = {k: "LONG" if v is LONG else v for k, v in {**config, **changes}.items() if v is not DROP}
     text = json.dumps(config).replace('"LONG"', LONG)  # (json.dumps cannot write the number either)
     (folder / "config.json").write_text(text)
     return folder
-
-
-def _refused(source: Path, out: Path, capsys, *words: str) -> str:
-    capsys.readouterr()
-    assert main(["import", str(source), "--out", str(out)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith("transformer import: error:"), err
-    for word in words:
-        assert word in err, err
-    assert not out.exists()
-    assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")]  # no temporary folder
-    return err
 
 
 # ---- config.json's sizes: checked against the tensors before anything is built -------------------
@@ -112,14 +82,14 @@ print(json.dumps(results))
 """
 
 
-def test_config_sizes_the_checkpoint_does_not_have_are_one_line_in_bounded_memory(folders, tmp_path):
+def test_config_sizes_the_checkpoint_does_not_have_are_one_line_in_bounded_memory(hf_folders, tmp_path):
     """A config.json of 10**9 layers grew the import to GBs (built on the meta device, Marian's
     names listed, Qwen2's layer list) and Marian's 10**9 positions asked for 7.5 GiB; Llama's
     made a run that no command opens. Each is now one line naming the key, in one process
     whose data is capped at 3 GiB."""
     cases = []
     for k, (family, changes, _) in enumerate(CONFIGS):
-        folder = _with_config(_copy(folders(family), tmp_path / f"hf{k}"), changes)
+        folder = _with_config(_copy(hf_folders(family), tmp_path / f"hf{k}"), changes)
         cases.append([str(folder), str(tmp_path / f"run{k}")])
     child = subprocess.run([sys.executable, "-c", CHILD, str(3 << 30), json.dumps(cases)], capture_output=True,
                            text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -134,9 +104,9 @@ def test_config_sizes_the_checkpoint_does_not_have_are_one_line_in_bounded_memor
 
 # ---- import.json's stop ids ---------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def gpt2_run(folders, tmp_path_factory):
+def gpt2_run(hf_folders, tmp_path_factory):
     run = tmp_path_factory.mktemp("imported") / "run"
-    assert main(["import", str(folders("gpt2")), "--out", str(run)]) == 0
+    assert main(["import", str(hf_folders("gpt2")), "--out", str(run)]) == 0
     return run
 
 
@@ -170,9 +140,9 @@ def test_export_reads_stop_ids_as_generate_does(gpt2_run, fmt, tmp_path, capsys)
 
 
 # ---- a shard index names files inside the folder only -------------------------------------------
-def _sharded(folders, tmp_path: Path, named: str, kind: str) -> Path:
+def _sharded(hf_folders, tmp_path: Path, named: str, kind: str) -> Path:
     """The GPT-2 folder with its weights moved out to tmp_path/outside.*, its index naming ``named``."""
-    folder = _copy(folders("gpt2"), tmp_path / "hf")
+    folder = _copy(hf_folders("gpt2"), tmp_path / "hf")
     with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
         names = list(f.keys())
     if kind == "bin":
@@ -192,9 +162,9 @@ def _sharded(folders, tmp_path: Path, named: str, kind: str) -> Path:
                                          ("{tmp}/outside.safetensors", "safetensors"),
                                          ("sub/../../outside.safetensors", "safetensors"),
                                          ("/etc/passwd", "safetensors"), ("../outside.bin", "bin")])
-def test_a_shard_index_naming_a_file_outside_the_folder_is_refused(folders, named, kind, tmp_path, capsys):
+def test_a_shard_index_naming_a_file_outside_the_folder_is_refused(hf_folders, named, kind, tmp_path, capsys):
     """``../outside.safetensors`` was imported from outside the folder, and /etc/passwd opened."""
-    index = _sharded(folders, tmp_path, named, kind)
+    index = _sharded(hf_folders, tmp_path, named, kind)
     _refused(index.parent, tmp_path / "run", capsys,
              f"{index}: names {named.format(tmp=tmp_path)!r}, which is not a file of the model folder")
 
@@ -203,10 +173,10 @@ def test_a_shard_index_naming_a_file_outside_the_folder_is_refused(folders, name
 @pytest.mark.parametrize("family, name", [("gpt2", "tokenizer_config.json"), ("gpt2", "config.json"),
                                           ("gpt2", "model.safetensors"), ("marian", "source.spm"),
                                           ("marian", "vocab.json")])
-def test_a_link_out_of_the_folder_is_refused(folders, family, name, tmp_path, capsys):
+def test_a_link_out_of_the_folder_is_refused(hf_folders, family, name, tmp_path, capsys):
     """A tokenizer_config.json linked to a file outside the folder was read and copied into the
     run; now no file is read through a link that leaves the folder."""
-    folder = _copy(folders(family), tmp_path / "hf")
+    folder = _copy(hf_folders(family), tmp_path / "hf")
     private = tmp_path / "private"
     private.mkdir()
     shutil.move(folder / name, private / name)
@@ -215,14 +185,14 @@ def test_a_link_out_of_the_folder_is_refused(folders, family, name, tmp_path, ca
                                                "the model folder")
 
 
-def test_a_linked_folder_out_of_the_folder_is_refused(folders, tmp_path, capsys):
-    folder = _copy(folders("gpt2"), tmp_path / "hf")
+def test_a_linked_folder_out_of_the_folder_is_refused(hf_folders, tmp_path, capsys):
+    folder = _copy(hf_folders("gpt2"), tmp_path / "hf")
     (folder / "extra").symlink_to(tmp_path)
     _refused(folder, tmp_path / "run", capsys, f"{folder / 'extra'}: a symbolic link to {tmp_path}, outside")
 
 
-def test_a_link_inside_the_folder_is_read(folders, tmp_path):
-    folder = _copy(folders("gpt2"), tmp_path / "hf")
+def test_a_link_inside_the_folder_is_read(hf_folders, tmp_path):
+    folder = _copy(hf_folders("gpt2"), tmp_path / "hf")
     (folder / "kept").mkdir()
     shutil.move(folder / "tokenizer.json", folder / "kept" / "tokenizer.json")
     (folder / "tokenizer.json").symlink_to(Path("kept") / "tokenizer.json")
@@ -243,12 +213,12 @@ def _hub_snapshot(folder: Path, hub: Path, repo: str = "models--org--tiny") -> P
     return snapshot
 
 
-def test_a_hub_cache_snapshot_reads_its_repositorys_blobs(folders, tmp_path, capsys):
+def test_a_hub_cache_snapshot_reads_its_repositorys_blobs(hf_folders, tmp_path, capsys):
     """The hub's cache is links from a snapshot to its repository's blobs: read; a link from it
     to another repository's blob, or beyond, is not."""
-    snapshot = _hub_snapshot(folders("gpt2"), tmp_path / "hub")
+    snapshot = _hub_snapshot(hf_folders("gpt2"), tmp_path / "hub")
     assert main(["import", str(snapshot), "--out", str(tmp_path / "run")]) == 0
-    assert main(["import", str(folders("gpt2")), "--out", str(tmp_path / "direct")]) == 0
+    assert main(["import", str(hf_folders("gpt2")), "--out", str(tmp_path / "direct")]) == 0
     ours, direct = load_model(tmp_path / "run")[0].state_dict(), load_model(tmp_path / "direct")[0].state_dict()
     assert all(torch.equal(ours[k], direct[k]) for k in direct)
 
@@ -263,7 +233,7 @@ def test_a_hub_cache_snapshot_reads_its_repositorys_blobs(folders, tmp_path, cap
 
 @pytest.mark.parametrize("family, name", [("gpt2", "tokenizer_config.json"), ("gpt2", "best.safetensors"),
                                           ("marian", "source.spm")])
-def test_a_link_in_the_run_being_written_is_not_written_through(folders, family, name, tmp_path, monkeypatch, capsys):
+def test_a_link_in_the_run_being_written_is_not_written_through(hf_folders, family, name, tmp_path, monkeypatch, capsys):
     """The run is filled in a new private folder; were a link there (planted here), the copy
     and the writes would have followed it: every file of the run is created new."""
     victim = tmp_path / "victim.txt"
@@ -277,7 +247,7 @@ def test_a_link_in_the_run_being_written_is_not_written_through(folders, family,
         return str(made)
 
     monkeypatch.setattr(tempfile, "mkdtemp", planted)
-    _refused(folders(family), tmp_path / "run", capsys, f"/{name}: a symbolic link is already there in the run being "
+    _refused(hf_folders(family), tmp_path / "run", capsys, f"/{name}: a symbolic link is already there in the run being "
                                                         "written; nothing is written through it")
     assert victim.read_text() == "mine"
 
@@ -292,10 +262,10 @@ class RunsCode:
 
 
 @pytest.mark.parametrize("family", ["gpt2", "marian"])
-def test_a_pickle_that_runs_code_is_refused_without_torchs_advice(folders, family, tmp_path, capsys):
+def test_a_pickle_that_runs_code_is_refused_without_torchs_advice(hf_folders, family, tmp_path, capsys):
     """The line passed on torch's advice to load the file again with weights_only=False, which
     runs the code; it now says what the file asks for and what to do instead."""
-    folder = _copy(folders(family), tmp_path / "hf")
+    folder = _copy(hf_folders(family), tmp_path / "hf")
     (folder / "model.safetensors").unlink()
     marker = tmp_path / "ran"
     torch.save({"model.shared.weight": RunsCode(marker)}, folder / "pytorch_model.bin")
@@ -309,9 +279,9 @@ def test_a_pickle_that_runs_code_is_refused_without_torchs_advice(folders, famil
 @pytest.mark.parametrize("content, says", [(b"not a pickle at all", "refused: not a file of tensors only "
                                                                       "(Unsupported operand 110), so it is not loaded"),
                                            (b"\x80\x02}q\x00(X\x01", "not a readable PyTorch weights file (unpack")])
-def test_a_pytorch_model_bin_that_is_no_pickle_is_one_line(folders, content, says, tmp_path, capsys):
+def test_a_pytorch_model_bin_that_is_no_pickle_is_one_line(hf_folders, content, says, tmp_path, capsys):
     """(the unpickler's own errors: none passes torch's advice on)"""
-    folder = _copy(folders("gpt2"), tmp_path / "hf")
+    folder = _copy(hf_folders("gpt2"), tmp_path / "hf")
     (folder / "model.safetensors").unlink()
     (folder / "pytorch_model.bin").write_bytes(content)
     err = _refused(folder, tmp_path / "run", capsys, f"{folder / 'pytorch_model.bin'}: {says}")

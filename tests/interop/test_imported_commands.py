@@ -245,7 +245,7 @@ def test_evaluate_text_stride_out_of_range_names_the_option(runs, stride, tmp_pa
 def test_gpt2_attention_reads_its_padding_id_as_text(runs):
     """GPT-2 has no spare id: the import pads with a real token's id. The served attention of a
     text holding that token is HF's, so are the logits."""
-    from transformer.serve.attention import lm_attention_maps
+    from transformer.serve.attention_maps import lm_attention_maps
 
     _, hf, run = runs("gpt2")
     generator = greedy(run)

@@ -17,7 +17,7 @@ import yaml
 from transformer.data.chars import Chars
 from transformer.data.text import WindowSampler, read_texts, split_text, windows
 from transformer.run import load_model
-from transformer.train.explain import explain_update
+from transformer.viz.walkthrough_training import explain_update
 
 
 def run_config(run: Path) -> dict:

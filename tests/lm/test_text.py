@@ -11,7 +11,7 @@ from transformer.model.config import ModelConfig
 from transformer.data.text import WindowSampler, read_texts, split_text, validation_windows, windows
 from transformer.model import build_model
 from transformer.train.schedule import cosine_lr
-from transformer.train.step import make_optimizer
+from transformer.train.update import make_optimizer
 
 
 def test_split_is_nanogpts_contiguous_90_10():
@@ -114,7 +114,7 @@ def test_a_language_models_pad_id_inside_its_text_is_trained_and_scored():
     from transformer.model.config import ModelConfig
     from transformer.data.text import NOT_SCORED, windows
     from transformer.model import LanguageModel
-    from transformer.train.step import train_step
+    from transformer.train.update import train_step
     from transformer.train.task import scored_nll
 
     torch.manual_seed(0)

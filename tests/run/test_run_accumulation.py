@@ -10,7 +10,7 @@ import torch
 
 from transformer import ModelConfig, Transformer
 from transformer.data import collate
-from transformer.train.step import train_step
+from transformer.train.update import train_step
 
 
 def _examples(n: int, seed: int) -> list[tuple[list[int], list[int]]]:

@@ -11,7 +11,7 @@ import pytest
 
 from transformer import hardware
 from transformer.decode.decoding_config import DecodingConfig
-from transformer.serve.attention import attention_maps
+from transformer.serve.attention_maps import attention_maps
 
 
 def test_one_text_equals_the_translator(server, translator, sentences):

@@ -12,7 +12,7 @@ import pytest
 from serve_lm import CONTEXT, lm_test_client
 
 from transformer.inference.generator import Generator
-from transformer.serve.attention import lm_attention_maps
+from transformer.serve.attention_maps import lm_attention_maps
 
 SSE = {"Accept": "text/event-stream"}
 

@@ -32,7 +32,7 @@ from transformer.data.chars import Chars
 from transformer.inference.generator import Generator
 from transformer.model import LanguageModel
 from transformer.serve import ServeConfig, create_app
-from transformer.serve.attention import COMPUTE_FACTOR, Bounds, attention_maps_tensors, lm_attention_maps, maps_json
+from transformer.serve.attention_maps import COMPUTE_FACTOR, Bounds, attention_maps_tensors, lm_attention_maps, maps_json
 
 from conftest import request  # noqa: E402  (tests/serve/conftest.py)
 
@@ -126,7 +126,7 @@ def test_bad_choices_of_layers_and_heads(body, mentions):
 
 
 def test_a_translation_servers_attention_is_bounded_too(translator, sentences):
-    from transformer.serve.attention import attention_maps
+    from transformer.serve.attention_maps import attention_maps
 
     everything = attention_maps(translator, sentences[1])
     cells = sum(len(m[0][0]) * len(m[0][0][0]) for m in (everything["encoder_self"], everything["decoder_self"],

@@ -105,7 +105,7 @@ def test_a_fine_tune_starts_from_the_source_and_keeps_its_tokenizer(source, user
 def test_explain_training_reads_a_fine_tune(source, user_text, tmp_path):
     """explain --training rebuilds a fine-tune's model from its source's architecture (the
     run's config has no model section), and its loss is that of the run's first batch."""
-    from transformer.train.explain import explain_update
+    from transformer.viz.walkthrough_training import explain_update
 
     run = tmp_path / "ft"
     Trainer(finetune(source, user_text, "max_steps=2"), run, log=quiet).train()

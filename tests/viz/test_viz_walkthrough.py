@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from transformer import ModelConfig, Transformer
-from transformer.viz.steps import dims
+from transformer.viz.records import dims
 from transformer.viz.walkthrough import walk
 
 STEPS = ["1", "2", "3a", "3b", "3c", "4", "5", "6", "7", "8", "9", "10"]

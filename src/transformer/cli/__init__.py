@@ -21,10 +21,10 @@ _ENVIRONMENT_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, er
 # with RUN unset) is the current folder to the filesystem, which was never what was meant.
 PATH_OPTIONS = ("model", "out", "output", "input", "text", "src", "ref", "config", "data_dir")
 
-# The order in `transformer --help` (by module: demo.py is the `toy` command); any other
-# command module follows alphabetically.
-ORDER = ["train", "translate", "generate", "evaluate", "average", "attention", "explain", "lens", "heads", "serve",
-         "export", "import_", "info", "demo"]
+# The order in `transformer --help` (by module: draw_attention.py is the `attention` command,
+# demo.py the `toy` command); any other command module follows alphabetically.
+ORDER = ["train", "translate", "generate", "evaluate", "average", "draw_attention", "explain", "lens", "heads",
+         "serve", "export", "import_", "info", "demo"]
 
 
 def command_modules() -> list[str]:

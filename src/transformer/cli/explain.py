@@ -110,7 +110,7 @@ def _training(args: argparse.Namespace) -> int:
     import json
 
     from ..errors import UserError
-    from ..train.explain import explain_update, format_update
+    from ..viz.walkthrough_training import explain_update, format_update
 
     if args.sentence is not None:
         raise UserError("--training explains an update on the run's own training batch; give no sentence with it")

@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     from ..data import Subwords
     from ..errors import UserError
     from ..extras import require
-    from ..run import find_subwords, load_model, read_model_config, run_root
+    from ..run import SUBWORDS, find_subwords, load_model, read_model_config, run_root
 
     _check(args)
     if read_model_config(args.model).decoder_only and args.format == "marian":
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     if model.cfg.decoder_only:
         return _language_model(args, model, meta)
     root = run_root(args.model)
-    if root is not None and not (root / "subwords.model").is_file() and (root / "source.spm").is_file():
+    if root is not None and not (root / SUBWORDS).is_file() and (root / "source.spm").is_file():
         raise UserError(f"{args.model}: an imported Marian model (Marian's own tokenizer files); export writes a "
                         "translation model trained here, with its subwords.model (the Hugging Face folder it was "
                         "imported from is a Marian model already)")
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         note = EXPORTERS[args.format](model, subwords, spm_path, tmp, args)
         return note, README[args.format].format(weights=meta["path"])
 
-    out, note = _write(args, export, spm_path, "subwords.model")
+    out, note = _write(args, export, spm_path, SUBWORDS)
     print(f"wrote {out} ({args.format}{note}) from {meta['path']}")
     return 0
 

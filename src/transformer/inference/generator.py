@@ -19,7 +19,7 @@ from ..decode.sample import generate_stream, until_stop
 from ..errors import UserError
 from .front_door import FrontDoor, given, open_model, run_decoding, vocabulary_fits
 from ..model import LanguageModel
-from ..run import run_file
+from ..run import CONFIG, run_file
 from ..run.layout import read_stop_ids
 
 
@@ -98,8 +98,8 @@ class Generator(FrontDoor):
         :class:`DecodingConfig` fields that override the run's ``decoding`` settings."""
         decoding = run_decoding(path, given(options))
         model = open_model(path, decoding, language_model=True)
-        if run_file(path, "config.yaml") is None:
-            raise UserError(f"{path}: no config.yaml beside the weights; give the run directory")
+        if run_file(path, CONFIG) is None:
+            raise UserError(f"{path}: no {CONFIG} beside the weights; give the run directory")
         tokenizer = load_tokenizer(path)
         if not vocabulary_fits(tokenizer.vocab_size, model.cfg.vocab_size, imported=_pretrained(tokenizer)):
             raise UserError(f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model was built for "

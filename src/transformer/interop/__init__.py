@@ -25,7 +25,7 @@ _WHERE = {
     **dict.fromkeys(("save_ctranslate2", "save_ctranslate2_lm", "to_ctranslate2_lm_spec", "to_ctranslate2_spec"),
                     "ctranslate2"),
     "from_gpt2": "gpt2", "to_gpt2": "gpt2", "from_llama": "llama", "to_llama": "llama",
-    "to_concat_layout": "sinusoid_layout",
+    "to_concat_layout": "sinusoid_permutation",
     **dict.fromkeys(("check_onnx", "export_onnx", "greedy_onnx"), "onnx"),
     **dict.fromkeys(("check_onnx_lm", "export_onnx_lm", "greedy_onnx_lm"), "onnx_lm"),
     "load_from_torch_nn": "torch_nn",

@@ -84,6 +84,7 @@ from torch import Tensor, nn
 from ..extras import require
 from ..model import Transformer
 from ..model.lm import LanguageModel
+from ..run.layout import SUBWORDS
 
 if TYPE_CHECKING:  # pragma: no cover
     from ctranslate2.specs import TransformerDecoderModelSpec, TransformerSpec
@@ -327,7 +328,7 @@ def save_ctranslate2(model: Transformer, out_dir: str | Path, vocab: list[str],
     """
     out_dir = _save_spec(lambda: to_ctranslate2_spec(model, vocab), out_dir, quantization)
     if subwords_model is not None:
-        shutil.copyfile(subwords_model, out_dir / "subwords.model")
+        shutil.copyfile(subwords_model, out_dir / SUBWORDS)
     return out_dir
 
 

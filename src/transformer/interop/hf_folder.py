@@ -10,7 +10,9 @@ import would read and copy into the run, or a shard index naming ``../../x.safet
 - a file that a file of the folder names (a shard index's shards) is a relative name inside
   the folder (:func:`folder_file`);
 - the run's files are created new (:func:`create`, :func:`copy_in`, :func:`write_new`): anything
-  already at the name, a link most of all, is an error, never written through.
+  already at the name, a link most of all, is an error, never written through;
+- the run is written whole or not at all (:func:`write_run`), by either import (the language
+  model's, hf_import.py, and Marian's, marian_run.py).
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import shutil
 from pathlib import Path, PurePosixPath
 
 from ..errors import UserError
+from ..run.files import atomic_dir
 
 HUB_SNAPSHOTS, HUB_BLOBS, HUB_REPO = "snapshots", "blobs", "models--"
 
@@ -84,3 +87,12 @@ def write_new(path: Path, text: str) -> None:
     """``text`` as the new UTF-8 file ``path`` (:func:`create`)."""
     with create(path) as f:
         f.write(text.encode("utf-8"))
+
+
+def write_run(out: Path, fill) -> None:
+    """Write the run directory ``out`` whole or not at all: ``fill(tmp)`` writes its files
+    into a temporary folder that then takes its name (:func:`~transformer.run.files.atomic_dir`)."""
+    try:
+        atomic_dir(out, fill)
+    except OSError as e:
+        raise UserError(f"{out}: cannot write the run ({e.strerror or e})") from None

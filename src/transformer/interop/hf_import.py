@@ -39,11 +39,10 @@ from ..data.hf_tokenizer import HF_TOKENIZER, SP_TOKENIZER, TOKENIZER_CONFIG, lo
 from ..errors import UserError
 from ..extras import require
 from ..model.lm import LanguageModel
-from ..run.files import atomic_dir
 from ..run.layout import BEST, CONFIG, IMPORT_RECORD
 from ..run.weights import FORMAT
 from .hf_files import HFWeights, write_safetensors
-from .hf_folder import copy_in, refuse_outside_links, write_new
+from .hf_folder import copy_in, refuse_outside_links, write_new, write_run
 from .hf_sizes import check_sizes
 from .hf_lm import FAMILIES, LLAMA_SHAPED, name_map, tensors_from_hf
 
@@ -71,15 +70,6 @@ def _read_json(path: Path) -> dict:
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a JSON object")
     return data
-
-
-def write_run(out: Path, fill) -> None:
-    """Write the run directory ``out`` whole or not at all: ``fill(tmp)`` writes its files
-    into a temporary folder that then takes its name (:func:`~transformer.run.files.atomic_dir`)."""
-    try:
-        atomic_dir(out, fill)
-    except OSError as e:
-        raise UserError(f"{out}: cannot write the run ({e.strerror or e})") from None
 
 
 def fetch(source: str) -> tuple[Path, str]:

@@ -37,7 +37,7 @@ from ..model import Transformer
 from ..model.embedding import sinusoid_table
 from ._hf import check as _check
 from ._hf import copy_ as _copy
-from .sinusoid_layout import to_concat_layout
+from .sinusoid_permutation import to_concat_layout
 
 if TYPE_CHECKING:  # pragma: no cover
     from transformers import MarianConfig, MarianMTModel
@@ -274,7 +274,7 @@ def to_marian(model: Transformer) -> "MarianMTModel":
     """A ``transformers.MarianMTModel`` computing the same logits as ``model``.
 
     A model with the paper's interleaved positions is first converted, exactly, to the
-    [sin | cos] layout (:func:`~transformer.interop.sinusoid_layout.to_concat_layout`).
+    [sin | cos] layout (:func:`~transformer.interop.sinusoid_permutation.to_concat_layout`).
     The model needs what HF Marian has: post-norm, no final
     LayerNorm, relu/gelu/silu and layer_norm_eps 1e-5 (ValueError otherwise). A model
     without ``output_bias`` gets a zero ``final_logits_bias``. The generation config blocks

@@ -70,8 +70,7 @@ def import_marian_run(source: Path, out: Path) -> None:
     complete Marian model or holds one our model cannot express."""
     from ..run.weights import FORMAT
     from .hf_files import HFWeights, write_safetensors
-    from .hf_folder import copy_in, refuse_outside_links, write_new
-    from .hf_import import write_run
+    from .hf_folder import copy_in, refuse_outside_links, write_new, write_run
     from .hf_sizes import check_sizes
     from .marian import check_positions, config_from_marian, name_map, tensor_shapes
 

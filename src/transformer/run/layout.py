@@ -29,6 +29,7 @@ from ..errors import UserError, shown
 
 CONFIG = "config.yaml"
 SUBWORDS = "subwords.model"
+SUBWORDS_VOCAB = "subwords.vocab"  # its pieces and scores as text, beside it
 METRICS = "metrics.jsonl"
 CURVE = "learning_curve.png"
 CKPT_DIR = "checkpoints"
@@ -42,14 +43,14 @@ PREFERRED = (AVERAGED, BEST)  # the weights a run directory is read from, in thi
 # The files beside the weights that decoding reads (:func:`run_file` finds them): the config and
 # every kind of vocabulary, ours, a Hugging Face import's and a Marian import's (the data
 # modules name them too; tests/cli/test_cli_evaluate_average.py checks that none is missing).
-DECODING_FILES = (CONFIG, SUBWORDS, "subwords.vocab", "chars.json", "tokenizer.json", "tokenizer.model",
+DECODING_FILES = (CONFIG, SUBWORDS, SUBWORDS_VOCAB, "chars.json", "tokenizer.json", "tokenizer.model",
                   "tokenizer_config.json", "special_tokens_map.json", "source.spm", "target.spm", "vocab.json",
                   "target_vocab.json")
 
 # Temporary names a crash can leave in a run directory (run.files writes them), swept by the
 # next ``transformer train`` (which holds the run's lock, run/lock.py, so none is a live writer's).
 STALE_PATTERNS = (f".{CONFIG}.*.tmp", f".{BEST}.*.tmp", f".{AVERAGED}.*.tmp", f".{METRICS}.*.tmp",
-                  f".{CURVE}.*.tmp", f".{SUBWORDS}.*.tmp", ".subwords.vocab.*.tmp", ".chars.json.*.tmp",
+                  f".{CURVE}.*.tmp", f".{SUBWORDS}.*.tmp", f".{SUBWORDS_VOCAB}.*.tmp", ".chars.json.*.tmp",
                   ".prepare.*")
 
 

@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
-from .attention import Bounds, TooMuchAttention, attention_maps_tensors, maps_json
+from .attention_maps import Bounds, TooMuchAttention, attention_maps_tensors, maps_json
 from .batching import Decode, DynamicBatcher
 from .serve_config import ServeConfig
 from .errors import ServeError, add_error_handlers

@@ -26,7 +26,7 @@ from starlette.responses import Response
 
 from ..errors import UserError
 from ..inference.generator import Generator
-from .attention import Bounds
+from .attention_maps import Bounds
 from .core import ServiceCore, check_default
 from .errors import ERRORS, ServeError, refuse_elsewhere
 from .inspect import add_inspect_routes

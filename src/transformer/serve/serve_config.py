@@ -28,7 +28,7 @@ class ServeConfig:
         attention_decimals: attention weights are rounded to this many decimals.
         max_attention: the most attention weights one /attention answer may return (its
             layers x heads x the cells of its maps); the model may compute
-            ``serve.attention.COMPUTE_FACTOR`` times as many for it. A text over it is a 413
+            ``serve.attention_maps.COMPUTE_FACTOR`` times as many for it. A text over it is a 413
             that says to ask for fewer layers or heads, or to send a shorter text.
         max_lens: the most logits one /lens request may compute (the lens's rows, layers + 1, x
             the positions x the vocabulary); a text over it is a 413 that says to send a

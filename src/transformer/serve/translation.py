@@ -6,7 +6,7 @@ from fastapi import FastAPI
 from fastapi.responses import Response
 
 from ..inference.translator import Translation, Translator
-from .attention import Bounds
+from .attention_maps import Bounds
 from .serve_config import ServeConfig
 from .core import ServiceCore, check_default
 from .errors import ERRORS, ServeError, refuse_elsewhere

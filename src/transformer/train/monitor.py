@@ -12,7 +12,7 @@ from ..errors import UserError
 from ..extras import require
 from ..run.files import open_to_append
 from ..run.layout import CURVE, METRICS
-from .step import StepStats
+from .update import StepStats
 
 
 def require_tensorboard() -> None:

@@ -21,19 +21,20 @@ from ..data import (Subwords, clean_pairs, filter_long, hold_out, load_multi30k,
                     train_subwords)
 from ..data.chars import CHARS_FILE as CHARS
 from ..data.chars import Chars
+from ..data.hf_tokenizer import HF_TOKENIZER, SP_TOKENIZER, TOKENIZER_CONFIG
 from ..data.registry import load_multi30k_text, tinyshakespeare_path
 from ..data.text import LineSubwords, load_tokenizer, read_text, read_texts, split_text
 from ..errors import UserError
 from ..run.files import atomic_write, file_sha256, write_text_atomic
-from ..run.layout import CONFIG, SUBWORDS, remove_stale_files
+from ..run.layout import CONFIG, SUBWORDS, SUBWORDS_VOCAB, remove_stale_files
 from .train_config import TrainConfig
 
 
 # A language model's tokenizer files, as a run (of ours, or imported) holds them: a fine-tune
 # copies whichever its source has. MAIN_TOKENIZER_FILES: the one that stands for the
 # tokenizer (its checksum is in each checkpoint), in the order load_tokenizer looks.
-MAIN_TOKENIZER_FILES = (CHARS, "tokenizer.json", "tokenizer.model", SUBWORDS)
-TOKENIZER_FILES = (*MAIN_TOKENIZER_FILES, "subwords.vocab", "tokenizer_config.json", "special_tokens_map.json")
+MAIN_TOKENIZER_FILES = (CHARS, HF_TOKENIZER, SP_TOKENIZER, SUBWORDS)
+TOKENIZER_FILES = (*MAIN_TOKENIZER_FILES, SUBWORDS_VOCAB, TOKENIZER_CONFIG, "special_tokens_map.json")
 
 
 @dataclass
@@ -316,7 +317,7 @@ def prepare_run(cfg: TrainConfig, run_dir: Path, max_len: int | None, log=print,
             data = prepare_data(cfg, staging, max_len,
                                 lambda *a: log(" ".join(map(str, a)).replace(str(staging), str(run_dir))),
                                 subwords_from)
-            for name in ("subwords.vocab", SUBWORDS, CHARS):
+            for name in (SUBWORDS_VOCAB, SUBWORDS, CHARS):
                 if (staging / name).is_file():
                     atomic_write(run_dir / name, lambda tmp, f=staging / name: shutil.copyfile(f, tmp))
             if isinstance(data, PreparedText):

@@ -14,7 +14,7 @@ from ..model.config import ModelConfig
 from ..decode import greedy_search
 from ..model import Transformer
 from .schedule import linear_decay_lr
-from .step import paper_adam, train_step
+from .update import paper_adam, train_step
 
 N_SPECIAL = 4  # pad 0, bos 1, eos 2, unk 3 (the data layer's ids)
 

@@ -27,7 +27,7 @@ from .train_config import TrainConfig
 from .distributed import Dist
 from .loss import label_smoothed_nll_loss
 from .prepare import PreparedData, PreparedText
-from .step import autocast
+from .update import autocast
 
 
 def on_device(batch, device: torch.device):

@@ -30,7 +30,7 @@ from ..model.attention import MultiHeadAttention
 from ..model.dropout import Dropout
 from ..model.embedding import LearnedPositions, TokenEmbedding
 from ..run.private import use_private_build_folder
-from .step import forward_loss
+from .update import forward_loss
 
 
 def compiled_training(model: nn.Module, wrapper: nn.Module | None, cpu: bool):

@@ -24,7 +24,7 @@ from ..decode.decoding_config import FIELDS as DECODING_FIELDS
 from ..decode.decoding_config import DecodingConfig
 from ..errors import UserError, shown
 from ..frozen import TYPE_NAMES, Frozen, has_type, part, unknown_keys, whole_numbers_as_floats
-from ..run.layout import DuplicateKey, load_yaml, read_yaml
+from ..run.layout import CONFIG, DuplicateKey, load_yaml, read_yaml
 
 LR_SCHEDULES = ("noam", "inverse_sqrt", "cosine")
 OPTIMIZERS = ("adam", "adamw")
@@ -381,8 +381,8 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     if path is not None:
         path = Path(path)
         if path.is_dir():  # a run directory, given as fairseq's --restore-file or HF's resume_from_checkpoint are
-            run = (path / "config.yaml").is_file()
-            resume = f" (to resume the run there: --config {path / 'config.yaml'} --out {path})" if run else ""
+            run = (path / CONFIG).is_file()
+            resume = f" (to resume the run there: --config {path / CONFIG} --out {path})" if run else ""
             raise UserError(f"{path}: a folder, not a config file; give a YAML config such as "
                             f"configs/demo.yaml{resume}")
         if not path.is_file():

@@ -42,7 +42,7 @@ from .prepare import PreparedData, PreparedText, data_checksums, prepare_data, p
 from .reuse import Start
 from .run_dir import check_run_dir, refuse_inside_checkpoints, undone_if_it_fails
 from .schedule import dropout_ramp, lr_at
-from .step import StepStats, finite_in_fp32, forward_loss, make_optimizer, read_back, resolve_precision, train_step
+from .update import StepStats, finite_in_fp32, forward_loss, make_optimizer, read_back, resolve_precision, train_step
 from .task import make_task
 from .validation import Validation
 

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..model import masks
-from . import steps as rec
+from . import records as rec
 from .engine import format_steps, run_stack, step_dicts
 
 __all__ = ["Walkthrough", "walk", "to_dict", "format_text", "format_steps", "step_dicts"]
@@ -35,7 +35,7 @@ __all__ = ["Walkthrough", "walk", "to_dict", "format_text", "format_steps", "ste
 class Walkthrough:
     source_pieces: list[str]
     target_pieces: list[str]  # decoder inputs: <s> + translation
-    steps: list[rec.Step]
+    steps: list[rec.Record]
     memory: Tensor  # (1, S, d_model) recomputed encoder output
     logits: Tensor  # (1, T, V) recomputed logits
     checks: dict[str, float]  # max |recomputed - model| for memory and logits (0.0 = bit-identical)
@@ -90,7 +90,7 @@ def walk(model, src_ids: list[int], tgt_ids: list[int], id_to_piece: Callable[[i
     return Walkthrough(src_p, tgt_p, steps, memory, logits, checks)
 
 
-def _encoder(model, x: Tensor, mask: Tensor, src_p: list[str], s_dims) -> tuple[Tensor, list[rec.Step]]:
+def _encoder(model, x: Tensor, mask: Tensor, src_p: list[str], s_dims) -> tuple[Tensor, list[rec.Record]]:
     """Encoder.forward: every layer; steps (3a)-(5) recorded for layer 1, a summary line for
     the others. Returns the memory (1, S, C) and the steps."""
     cfg = model.cfg
@@ -109,7 +109,7 @@ def _encoder(model, x: Tensor, mask: Tensor, src_p: list[str], s_dims) -> tuple[
     return x, steps
 
 
-def _decoder(model, y: Tensor, cache, src_p, tgt_p, s_dims, t_dims) -> tuple[Tensor, list[rec.Step], Tensor]:
+def _decoder(model, y: Tensor, cache, src_p, tgt_p, s_dims, t_dims) -> tuple[Tensor, list[rec.Record], Tensor]:
     """Decoder.forward on all T positions at once (teacher forcing): steps (6)-(8) recorded
     for layer 1. Returns the decoder output (1, T, C), the steps and the last layer's
     cross-attention weights (H, T, S)."""

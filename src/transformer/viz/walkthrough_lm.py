@@ -24,9 +24,9 @@ from torch import Tensor
 
 from ..model import masks
 from ..model.embedding import LearnedPositions
-from . import steps_lm as rec
+from . import records_lm as rec
 from .engine import format_steps, run_stack, step_dicts
-from .steps import positions_step
+from .records import positions_step
 
 STEPS = ["1", "2", "3a", "3b", "3c", "4", "5", "6", "7", "8", "9"]
 

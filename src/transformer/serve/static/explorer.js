@@ -2,7 +2,7 @@
 // attention map (which attention, layer, head or the heads' average) as a table heatmap.
 // When the server has a language model (GET /health says its kind), generate.js takes over.
 //
-// Data comes from POST /attention (see transformer/serve/attention.py): maps are
+// Data comes from POST /attention (see transformer/serve/attention_maps.py): maps are
 // [layer][head][query][key]; rows are queries (the token being processed or produced),
 // columns are keys (the tokens attended to). No framework, no build step, no external URLs.
 //

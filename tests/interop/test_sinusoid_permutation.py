@@ -5,7 +5,7 @@ import torch
 from transformer import ModelConfig, Transformer
 from transformer.interop import to_concat_layout, to_marian
 from transformer.model.embedding import sinusoid_table
-from transformer.interop.sinusoid_layout import interleaved_to_concat
+from transformer.interop.sinusoid_permutation import interleaved_to_concat
 
 
 def test_permutation_maps_the_tables():

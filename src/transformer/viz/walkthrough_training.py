@@ -24,22 +24,24 @@ import torch
 
 from ..errors import UserError
 from ..run import CONFIG, load_model, run_file
-from ..viz.steps import Step
-from .train_config import load_config
-from .distributed import Dist
-from .prepare import prepare_data, tokenizer_file
-from .reuse import finetune_model_config
-from .schedule import lr_at
-from .step import make_optimizer
-from .task import make_task
+from ..run.layout import IMPORT_RECORD
+from ..train.distributed import Dist
+from ..train.prepare import prepare_data, tokenizer_file
+from ..train.reuse import finetune_model_config
+from ..train.schedule import lr_at
+from ..train.task import make_task
+from ..train.train_config import load_config
+from ..train.update import make_optimizer
+from .records import Record
 
 CODE = "src/transformer/train/"
+HERE = "src/transformer/viz/walkthrough_training.py"
 
 
 @dataclass
 class Update:
     header: list[str]
-    steps: list[Step]
+    steps: list[Record]
     numbers: dict = field(default_factory=dict)  # everything printed, unrounded where it matters (--json, tests)
 
 
@@ -77,7 +79,7 @@ def _run_config(path: str | Path):
     found = run_file(path, CONFIG)
     if found is None:
         raise UserError(f"{path}: no {CONFIG} beside the weights; --training needs the run directory")
-    if (found.parent / "import.json").is_file():  # (interop/hf_import.py, interop/marian_run.py write it)
+    if (found.parent / IMPORT_RECORD).is_file():  # (interop/hf_import.py, interop/marian_run.py write it)
         raise UserError(f"{found.parent}: an imported model, with no training data of its own; --training explains "
                         "an update of a run trained here (fine-tune it with init_from, then explain that run)")
     return load_config(found), found.parent
@@ -111,7 +113,7 @@ def matrix_names(model) -> dict[str, str]:
     translation model's "encoder layer 1 WQ", "decoder layer 2 cross WK", ..., "We", "Whead"."""
     names = {n: n for n, p in model.named_parameters() if p.dim() == 2}
     if model.cfg.decoder_only:
-        from ..viz.matrices import weight_matrices
+        from .matrices import weight_matrices
 
         for seed_name, param, _, _ in weight_matrices(model):
             names[seed_name] = param.split(" ")[0]  # "embed.weight (tied: We)" -> embed.weight
@@ -239,7 +241,7 @@ def _token_text(data, batch, row: int, t: int) -> tuple[str, str]:
     """The named token (printable) and the text the model read before it."""
     gold = int(batch.tgt_out[row, t])
     if hasattr(data, "tokenizer"):  # a language model: the window's text up to the position
-        from ..viz.walkthrough_lm import token_shower
+        from .walkthrough_lm import token_shower
 
         x = batch.inputs[0][row, : t + 1].tolist()
         return token_shower(data.tokenizer)(gold), data.tokenizer.decode(x)[-60:]
@@ -265,14 +267,14 @@ def _header(n: dict, model) -> list[str]:
             f"(the run's schedule at update {n['weights_step'] + 1} unless --lr is given)", ""]
 
 
-def _steps(n: dict) -> list[Step]:
+def _steps(n: dict) -> list[Record]:
     return [_loss_step(n), _grad_step(n), _optimizer_step(n), _after_step(n)]
 
 
-def _loss_step(n: dict) -> Step:
-    st = Step("1", "Forward pass and Loss = -log p", "前向传播与损失 Loss = -log p",
-              "p = softmax(logits)[the right next token];  Loss = -log p, averaged over the batch's tokens",
-              CODE + "step.py: train_step; loss.py")
+def _loss_step(n: dict) -> Record:
+    st = Record("1", "Forward pass and Loss = -log p", "前向传播与损失 Loss = -log p",
+                "p = softmax(logits)[the right next token];  Loss = -log p, averaged over the batch's tokens",
+                CODE + "update.py: train_step; loss.py")
     st.shapes = [f"batch: (B={n['batch_shape'][0]} rows, T={n['batch_shape'][1]} positions)"]
     st.lines = [f"row {n['row'] + 1}, position {n['position'] + 1}: after ...{n['context']!r}",
                 f"the right next token is {n['token']!r}: p = {n['p']:.4f}, -log p = {n['minus_log_p']:.4f}",
@@ -285,10 +287,10 @@ def _loss_step(n: dict) -> Step:
     return st
 
 
-def _grad_step(n: dict) -> Step:
-    st = Step("2", "Backpropagation: dLoss/dW", "反向传播：dLoss/dW",
-              "loss.backward() fills W.grad = dLoss/dW for every matrix W",
-              "torch autograd; " + CODE + "step.py: train_step")
+def _grad_step(n: dict) -> Record:
+    st = Record("2", "Backpropagation: dLoss/dW", "反向传播：dLoss/dW",
+                "loss.backward() fills W.grad = dLoss/dW for every matrix W",
+                "torch autograd; " + CODE + "update.py: train_step")
     st.shapes = [f"{n['matrix']} ({n['parameter']}): {' x '.join(map(str, n['shape']))}, and so is its gradient"]
     st.lines = [f"|dLoss/dW| of {n['matrix']} = {n['grad_norm']:.4g}; "
                 f"of all parameters together {n['total_grad_norm']:.4g}"]
@@ -300,12 +302,12 @@ def _grad_step(n: dict) -> Step:
     return st
 
 
-def _optimizer_step(n: dict) -> Step:
+def _optimizer_step(n: dict) -> Record:
     adamw = n["optimizer"] == "adamw"
-    st = Step("3", "The optimizer's step", "优化器更新：W_new = W_old - 学习率 x 梯度",
-              "SGD: W_new = W_old - lr g;  Adam: m = b1 m + (1-b1) g, v = b2 v + (1-b2) g^2, "
-              "W_new = W_old - lr m_hat / (sqrt(v_hat) + eps)" + ("  - lr wd W_old (AdamW)" if adamw else ""),
-              CODE + "step.py: make_optimizer; torch.optim." + ("AdamW" if adamw else "Adam"))
+    st = Record("3", "The optimizer's step", "优化器更新：W_new = W_old - 学习率 x 梯度",
+                "SGD: W_new = W_old - lr g;  Adam: m = b1 m + (1-b1) g, v = b2 v + (1-b2) g^2, "
+                "W_new = W_old - lr m_hat / (sqrt(v_hat) + eps)" + ("  - lr wd W_old (AdamW)" if adamw else ""),
+                CODE + "update.py: make_optimizer; torch.optim." + ("AdamW" if adamw else "Adam"))
     lr = n["lr"]
     st.lines = [f"lr = {lr:.4g}; on Adam's first step m_hat = g and v_hat = g^2, so each entry moves by "
                 f"lr x g / (|g| + eps), about lr whatever the size of g"]
@@ -323,9 +325,9 @@ def _optimizer_step(n: dict) -> Step:
     return st
 
 
-def _after_step(n: dict) -> Step:
-    st = Step("4", "The loss after the step", "更新后的损失", "the same batch through the updated weights",
-              CODE + "explain.py: mean_loss")
+def _after_step(n: dict) -> Record:
+    st = Record("4", "The loss after the step", "更新后的损失", "the same batch through the updated weights",
+                HERE + ": mean_loss")
     st.lines = [f"Loss {n['loss']:.4f} -> {n['loss_after']:.4f} after Adam's step "
                 f"({n['loss_after'] - n['loss']:+.4f}); {n['loss_after_sgd']:.4f} after the SGD step with the same lr "
                 f"({n['loss_after_sgd'] - n['loss']:+.4f})"]
@@ -338,6 +340,6 @@ def _at(index: list[int]) -> str:
 
 
 def format_update(u: Update) -> str:
-    from ..viz.walkthrough import format_steps
+    from .engine import format_steps
 
     return "\n".join(u.header + format_steps(u.steps)).rstrip() + "\n"

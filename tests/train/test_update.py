@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from transformer.train import label_smoothed_nll_loss
-from transformer.train.step import paper_adam, train_step
+from transformer.train.update import paper_adam, train_step
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -168,7 +168,7 @@ def test_fp16_step_on_the_cpu_with_a_grad_scaler_matches_fp32_roughly(make_model
 def test_the_optimizers_are_torchs_fused_ones_which_skip_on_the_device(make_model, name):
     """torch 2.13 has fused Adam and AdamW on the CPU and on CUDA: one kernel for all parameters,
     which takes a found_inf flag, so that train_step's skip needs no read on the host."""
-    from transformer.train.step import make_optimizer
+    from transformer.train.update import make_optimizer
 
     opt = make_optimizer(make_model(), name, 0.01, [0.9, 0.98])
     assert all(group["fused"] for group in opt.param_groups)

@@ -3,7 +3,7 @@ their dimension names, and a few telling numbers (text for people, a dict for --
 
 The words of every step (title, Chinese title, formula, code), the language model's as well,
 stand in ``step_texts.toml``; :func:`record` starts a step with them, and the builders here
-and in :mod:`.steps_lm` add the shapes and numbers.
+and in :mod:`.records_lm` add the shapes and numbers.
 
 Each builder takes tensors that :func:`transformer.viz.walkthrough.walk` computed with the
 model's own sub-modules; nothing here runs the model.
@@ -23,7 +23,7 @@ from torch import Tensor
 
 
 @dataclass
-class Step:
+class Record:
     number: str  # the article's step: "1" .. "10", sub-steps "3a" .. "3c"
     title: str
     title_zh: str
@@ -37,7 +37,7 @@ class Step:
 TEXTS = tomllib.loads((files(__package__) / "step_texts.toml").read_text(encoding="utf-8"))
 
 
-def record(walk: str, number: str, *cases: str | None, **fill: str) -> Step:
+def record(walk: str, number: str, *cases: str | None, **fill: str) -> Record:
     """A new step ``number`` of ``walk`` ("translation" or "lm") with its words from
     ``step_texts.toml``: title, Chinese title, formula and code, each case's words (its
     sub-table; a None case is skipped) over the step's, ``{name}`` filled in from ``fill``."""
@@ -47,7 +47,7 @@ def record(walk: str, number: str, *cases: str | None, **fill: str) -> Step:
         words.update(table[case])
     for name, value in fill.items():
         words = {k: v.replace("{" + name + "}", value) for k, v in words.items()}
-    return Step(number, **words)
+    return Record(number, **words)
 
 
 def dims(*named: tuple[str, int, str | None]) -> str:
@@ -121,7 +121,7 @@ def head_shapes(cfg, names: str, q_dims, k_dims) -> list[str]:
     return [f"{names}: {dims(h_dims, q_dims, ('d_k', cfg.d_head, None))}", f"Score: {dims(h_dims, q_dims, k_dims)}"]
 
 
-def embedding_step(cfg, scale: float, looked_up: Tensor, x_embed: Tensor, src_p, src_ids, s_dims) -> Step:
+def embedding_step(cfg, scale: float, looked_up: Tensor, x_embed: Tensor, src_p, src_ids, s_dims) -> Record:
     """(1): looked_up = E[x] (1, S, C), x_embed = looked_up * sqrt(d_model)."""
     C = cfg.d_model
     pe_norm = math.sqrt(C / 2)
@@ -137,7 +137,7 @@ def embedding_step(cfg, scale: float, looked_up: Tensor, x_embed: Tensor, src_p,
     return st
 
 
-def positions_step(cfg, pe: Tensor, s_dims) -> Step:
+def positions_step(cfg, pe: Tensor, s_dims) -> Record:
     """(2): pe = the rows of the positional table added, (S, C)."""
     S, C = pe.size(0), cfg.d_model
     cos = lambda a, b: float(F.cosine_similarity(a, b, dim=0))  # noqa: E731
@@ -156,7 +156,7 @@ def positions_step(cfg, pe: Tensor, s_dims) -> Step:
     return st
 
 
-def attention_steps(cfg, a, rows, cols, q_dims, k_dims, where: str) -> list[Step]:
+def attention_steps(cfg, a, rows, cols, q_dims, k_dims, where: str) -> list[Record]:
     """(3a)-(3c) from one opened-up attention (``engine.AttentionParts``)."""
     H, D, C = cfg.n_heads, cfg.d_head, cfg.d_model
     h_dims, d_dims = ("H", H, "heads"), ("d_k", D, None)
@@ -187,7 +187,7 @@ def attention_steps(cfg, a, rows, cols, q_dims, k_dims, where: str) -> list[Step
     return [st_a, st_b, st_c]
 
 
-def add_norm_step(block, x_in: Tensor, y: Tensor, s: Tensor, s_dims, C: int) -> Step:
+def add_norm_step(block, x_in: Tensor, y: Tensor, s: Tensor, s_dims, C: int) -> Record:
     """(4): x_in the sub-layer's input, y its output, s the residual sum."""
     st = record("translation", "4", "pre-norm" if block.norm_first else None)
     st.shapes = [f"X + MultiHead(X): {dims(s_dims, ('d_model', C, None))}"]
@@ -211,7 +211,7 @@ def zeroed(ffn: dict[str, Tensor]) -> float:
     return float((ffn["hidden"] == 0).float().mean())
 
 
-def ffn_step(cfg, layer, ffn: dict[str, Tensor], s: Tensor, s_dims) -> Step:
+def ffn_step(cfg, layer, ffn: dict[str, Tensor], s: Tensor, s_dims) -> Record:
     """(5): ffn = the FFN's parts (``engine.ffn_parts``), s the residual sum."""
     act = cfg.ffn_activation
     st = record("translation", "5", ffn=FFN_FORMULA[act])
@@ -224,7 +224,7 @@ def ffn_step(cfg, layer, ffn: dict[str, Tensor], s: Tensor, s_dims) -> Step:
     return st
 
 
-def masked_step(cfg, a, tgt_p, t_dims) -> Step:
+def masked_step(cfg, a, tgt_p, t_dims) -> Record:
     w = a.weights[0]  # (H, T, T)
     above = above_diagonal(w)
     st = record("translation", "6")
@@ -242,7 +242,7 @@ def masked_step(cfg, a, tgt_p, t_dims) -> Step:
     return st
 
 
-def cross_step(cfg, a, tgt_p, src_p, t_dims, s_dims) -> Step:
+def cross_step(cfg, a, tgt_p, src_p, t_dims, s_dims) -> Record:
     h_dims, d_dims = ("H", cfg.n_heads, "heads"), ("d_k", cfg.d_head, None)
     w = a.weights[0]  # (H, T, S)
     st = record("translation", "7")
@@ -255,7 +255,7 @@ def cross_step(cfg, a, tgt_p, src_p, t_dims, s_dims) -> Step:
     return st
 
 
-def decoder_ffn_step(cfg, ffn: dict[str, Tensor], t_dims) -> Step:
+def decoder_ffn_step(cfg, ffn: dict[str, Tensor], t_dims) -> Record:
     zero = zeroed(ffn)
     st = record("translation", "8", ffn=FFN_FORMULA[cfg.ffn_activation])
     st.shapes = [f"hidden: {dims(t_dims, ('d_ff', cfg.d_ff, None))}", f"decoder output: {dims(t_dims, ('d_model', cfg.d_model, None))}"]
@@ -277,7 +277,7 @@ def output_shapes(cfg, matrix: str, note: str, t_dims, v_dims) -> list[str]:
     return [f"{matrix}: {dims(('d_model', cfg.d_model, None), v_dims)}{note}", f"Logits: {dims(t_dims, v_dims)}"]
 
 
-def linear_step(cfg, model, logits, t_dims, V) -> Step:
+def linear_step(cfg, model, logits, t_dims, V) -> Record:
     tied = model.out_proj is None
     st = record("translation", "9", "bias" if cfg.output_bias else None)
     st.shapes = output_shapes(cfg, "W_vocab", " = E^T, the embedding table shared (tied)" if tied else "", t_dims,
@@ -287,7 +287,7 @@ def linear_step(cfg, model, logits, t_dims, V) -> Step:
     return st
 
 
-def softmax_step(cfg, logits, tgt_p, tgt_ids, id_to_piece, t_dims, V) -> Step:
+def softmax_step(cfg, logits, tgt_p, tgt_ids, id_to_piece, t_dims, V) -> Record:
     probs = logits[0].float().softmax(-1)  # (T, V)
     st = record("translation", "10")
     st.shapes = [f"P: {dims(t_dims, ('V', V, 'subwords'))}"]

@@ -2,7 +2,7 @@
 numbers), in the article's terms: We, positions (or the rotation of q and k), masked
 self-attention, Add & Norm, the gated FFN's W_gate / W_up / W_down, the final norm, Whead,
 softmax and the choice of the next token. Their words stand in ``step_texts.toml`` beside the
-translation model's (:func:`~transformer.viz.steps.record`).
+translation model's (:func:`~transformer.viz.records.record`).
 
 Each builder takes tensors that :func:`transformer.viz.walkthrough_lm.walk_lm` computed with
 the model's own sub-modules; nothing here runs the model. Shape legend: T prompt tokens,
@@ -18,8 +18,8 @@ from torch import Tensor
 
 from ..decode.sample import filter_logits
 from ..model.rotary import apply_rotary
-from .steps import (Step, above_diagonal, clip, dims, head_shapes, output_shapes, projection_dims, record, rounded,
-                    row_norm, row_sum_error, strongest_links, top_pieces)
+from .records import (Record, above_diagonal, clip, dims, head_shapes, output_shapes, projection_dims, record,
+                      rounded, row_norm, row_sum_error, strongest_links, top_pieces)
 
 D_MODEL = "d_model"
 
@@ -33,7 +33,7 @@ def _vec(x: Tensor, n: int = 4) -> list[float]:
     return [rounded(v) for v in x[:n].tolist()]
 
 
-def embedding_step(cfg, scale: float, looked_up: Tensor, x: Tensor, pieces: list[str], ids: list[int], t_dims) -> Step:
+def embedding_step(cfg, scale: float, looked_up: Tensor, x: Tensor, pieces: list[str], ids: list[int], t_dims) -> Record:
     """(1): looked_up = We[x] (1, T, C); x = looked_up * scale (1.0 for GPT and Llama)."""
     C = cfg.d_model
     scaled = scale != 1.0
@@ -49,7 +49,7 @@ def embedding_step(cfg, scale: float, looked_up: Tensor, x: Tensor, pieces: list
     return st
 
 
-def learned_positions_step(cfg, wpos: Tensor, x_embed: Tensor, t_dims) -> Step:
+def learned_positions_step(cfg, wpos: Tensor, x_embed: Tensor, t_dims) -> Record:
     """(2), GPT-2: a trained row Wpos[p] added to each token's row; wpos (T, C)."""
     T = wpos.size(0)
     st = record("lm", "2")
@@ -65,7 +65,7 @@ def learned_positions_step(cfg, wpos: Tensor, x_embed: Tensor, t_dims) -> Step:
     return st
 
 
-def rotary_step(cfg, rotary, q: Tensor, k: Tensor, q_rot: Tensor, t_dims) -> Step:
+def rotary_step(cfg, rotary, q: Tensor, k: Tensor, q_rot: Tensor, t_dims) -> Record:
     """(2), Llama: nothing is added to X; layer l's queries and keys are rotated instead.
     q (1, H, T, D), k (1, H_kv, T, D): layer 1's before the rotation, q_rot after it; the
     angles are the model's own (``rotary``'s tables, Llama 3's scaling included)."""
@@ -135,7 +135,7 @@ def relative_shift(rotary, q: Tensor, k: Tensor, m: int, n: int, s: int) -> tupl
     return float(turned(q, m) @ turned(k, n)), float(turned(q, m + top) @ turned(k, n + top))
 
 
-def scores_step(cfg, a, pieces: list[str], t_dims) -> Step:
+def scores_step(cfg, a, pieces: list[str], t_dims) -> Record:
     """(3a): a is layer 1's opened-up attention (``engine.AttentionParts``)."""
     D = cfg.d_head
     raw = a.raw_scores[0]  # (H, T, T)
@@ -158,7 +158,7 @@ def scores_step(cfg, a, pieces: list[str], t_dims) -> Step:
     return st
 
 
-def mask_softmax_step(cfg, a, pieces: list[str], t_dims) -> Step:
+def mask_softmax_step(cfg, a, pieces: list[str], t_dims) -> Record:
     """(3b): the causal mask and softmax of layer 1."""
     w = a.weights[0]  # (H, T, T)
     T = w.size(-1)
@@ -181,7 +181,7 @@ def mask_softmax_step(cfg, a, pieces: list[str], t_dims) -> Step:
     return st
 
 
-def concat_step(cfg, a, t_dims) -> Step:
+def concat_step(cfg, a, t_dims) -> Record:
     """(3c): heads concatenated, then WO."""
     C = cfg.d_model
     st = record("lm", "3c")
@@ -225,7 +225,7 @@ def describe_norm(cfg, stats: dict[str, float]) -> str:
             "and bias")
 
 
-def add_norm_step(cfg, block, x_in: Tensor, y: Tensor, s: Tensor, t_dims) -> Step:
+def add_norm_step(cfg, block, x_in: Tensor, y: Tensor, s: Tensor, t_dims) -> Record:
     """(4): x_in the attention sub-layer's input, y its output, s = x_in + y."""
     pre = block.norm_first
     nm = norm_name(cfg)
@@ -238,7 +238,7 @@ def add_norm_step(cfg, block, x_in: Tensor, y: Tensor, s: Tensor, t_dims) -> Ste
     return st
 
 
-def ffn_step(cfg, parts: dict[str, Tensor], t_dims) -> Step:
+def ffn_step(cfg, parts: dict[str, Tensor], t_dims) -> Record:
     """(5): parts holds layer 1's FFN tensors: "up" (x W_up), "gate" (x W_gate, gated only),
     "hidden" (after the activation), "out"."""
     d_ff, C = cfg.d_ff, cfg.d_model
@@ -270,7 +270,7 @@ def ffn_step(cfg, parts: dict[str, Tensor], t_dims) -> Step:
     return st
 
 
-def layers_step(cfg, final_norm, before: Tensor, later: list[str], t_dims) -> Step:
+def layers_step(cfg, final_norm, before: Tensor, later: list[str], t_dims) -> Record:
     """(6): the other layers, then the final norm; ``before`` (1, T, C) the last layer's output."""
     nm = norm_name(cfg)
     st = record("lm", "6", None if final_norm is None else "final-norm", norm=nm)
@@ -283,7 +283,7 @@ def layers_step(cfg, final_norm, before: Tensor, later: list[str], t_dims) -> St
     return st
 
 
-def head_step(cfg, model, logits: Tensor, t_dims) -> Step:
+def head_step(cfg, model, logits: Tensor, t_dims) -> Record:
     """(7): logits (1, T, V) = H Whead."""
     tied = model.out_proj is None
     V = cfg.vocab_size
@@ -296,7 +296,7 @@ def head_step(cfg, model, logits: Tensor, t_dims) -> Step:
     return st
 
 
-def softmax_step(logits: Tensor, ids: list[int], show, t_dims, V: int) -> Step:
+def softmax_step(logits: Tensor, ids: list[int], show, t_dims, V: int) -> Record:
     """(8): P = softmax(logits); the prompt scored by the model it is fed to."""
     probs = logits[0].float().softmax(-1)  # (T, V)
     st = record("lm", "8")
@@ -317,7 +317,7 @@ def softmax_step(logits: Tensor, ids: list[int], show, t_dims, V: int) -> Step:
     return st
 
 
-def choice_step(logits: Tensor, show, decoding) -> Step:
+def choice_step(logits: Tensor, show, decoding) -> Record:
     """(9): the next token: greedy, and what sampling at ``decoding``'s temperature, top-k
     and top-p would draw (the run's own settings unless the command line changes them)."""
     last = logits[0, -1:].float()  # (1, V)
