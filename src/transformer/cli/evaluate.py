@@ -37,7 +37,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "context - N tokens before each (1 .. context-1; default: half the context; "
                         "context-1: windows that share one token, the fastest)")
     p.add_argument("--json", action="store_true", help="print the scores as JSON")
-    add_decoding_options(p, "beam", "alpha", "max_tokens", "precision", "device", "compile")
+    add_decoding_options(p, "beam", "alpha", "max_tokens", "precision", "device", "compile", "shortlist")
     p.set_defaults(func=run, memory_remedy="lower --beam, or --max-tokens (the source tokens decoded together)")
 
 

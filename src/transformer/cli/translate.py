@@ -31,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chunk-lines", type=int, metavar="N",
                    help=f"lines read and translated at a time; batches are sorted by length within a "
                         f"chunk (default: {CHUNK_LINES})")
-    add_decoding_options(p, "beam", "alpha", "n_best", "max_tokens", "precision", "device", "compile")
+    add_decoding_options(p, "beam", "alpha", "n_best", "max_tokens", "precision", "device", "compile", "shortlist")
     p.set_defaults(func=run, memory_remedy="lower --beam, or --max-tokens (the source tokens decoded together)")
 
 
