@@ -91,13 +91,14 @@ def main() -> None:
             for m in model.modules():
                 if isinstance(m, Int8Linear) and m.kernel == "fbgemm":
                     m.kernel = "int_mm"
-        if variant.startswith("int8-head-"):
+        # (fp32 asked of a model whose parameters are float32: the Translator decodes this very model)
+        translator = Translator(model, base.subwords, base.decoding.replace(precision="fp32"), warn=False)
+        if variant.startswith("int8-head-"):  # set afterwards: a bf16 head would have been converted to fp32
             dtype = torch.float32 if variant.endswith("fp32") else torch.bfloat16
             weight = base.model.output_layer()[0].detach().to(dtype)
             head = nn.utils.skip_init(nn.Linear, weight.size(1), weight.size(0), bias=False, dtype=dtype)
             head.weight = nn.Parameter(weight.clone(), requires_grad=False)
-            model.out_proj = nn.Sequential(Cast(dtype), head)
-        translator = Translator(model, base.subwords, base.decoding.replace(precision="fp32"), warn=False)
+            translator.model.out_proj = nn.Sequential(Cast(dtype), head)
         out, seconds = timed(lambda: translator.translate(src))
         report(variant, out, seconds, fp32)
     if args.ct2:
