@@ -42,7 +42,9 @@ class Translator(FrontDoor):
     decodes with a converted copy of the model; the model passed in is left as it was. An
     empty (or whitespace-only) line gives an empty translation. A line longer than the model
     can take is cut to its first ``max_len - 1`` subwords with a warning (``warn=False``:
-    only counted in ``truncated``).
+    only counted in ``truncated``). ``decoding.shortlist`` projects each batch onto its
+    vocabulary shortlist only (``shortlist``, :mod:`transformer.decode.shortlist`;
+    :meth:`from_pretrained` reads the run's, or builds it from the run's training corpus).
 
         translator = Translator.from_pretrained("runs/demo")   # the run's own decoding settings
         translator.translate(["A dog runs."])
