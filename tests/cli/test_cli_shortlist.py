@@ -74,8 +74,21 @@ def test_a_link_out_of_the_run_is_refused(run, cli, one_line_error, tmp_path):
 def test_a_run_without_its_corpus_is_refused_naming_the_option(run, cli, one_line_error):
     (run / "import.json").write_text(json.dumps({"source": "elsewhere"}))  # as an imported model's run
     r = cli("translate", "--model", run, "--shortlist", stdin=TEXT)
-    one_line_error(r, "translate", "--shortlist", "corpus")
+    one_line_error(r, "translate", "--shortlist-from SRC TGT", "corpus")
     assert not (run / "shortlist.safetensors").exists()
+
+
+def test_a_parallel_text_given_builds_it(run, trained, cli, one_line_error):
+    (run / "import.json").write_text(json.dumps({"source": "elsewhere"}))  # no corpus of its own
+    src, tgt = trained.corpus["train_src"], trained.corpus["train_tgt"]
+    r = cli("translate", "--model", run, "--shortlist-from", src, tgt, stdin=TEXT)
+    assert r.code == 0 and "from 400 given pairs" in r.err, r.err
+    again = cli("translate", "--model", run, "--shortlist", stdin=TEXT)  # read back, the same translations
+    assert again.code == 0 and again.out == r.out and "built" not in again.err
+    bad = cli("translate", "--model", run, "--shortlist-from", src, trained.corpus["valid_tgt"], stdin=TEXT)
+    one_line_error(bad, "translate", "differ in length")
+    off = cli("translate", "--model", run, "--no-shortlist", "--shortlist-from", src, tgt, stdin=TEXT)
+    one_line_error(off, "translate", "--no-shortlist")
 
 
 def test_an_ensemble_is_refused(run, cli, one_line_error):

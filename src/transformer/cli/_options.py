@@ -205,3 +205,28 @@ def prepare_compiled(decoder) -> None:
                   file=sys.stderr, flush=True)
         if compiles:
             decoder.prepare()
+
+
+def add_shortlist_from(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--shortlist-from", nargs=2, metavar=("SRC", "TGT"),
+                   help="build the run's vocabulary shortlist from this parallel text (two line-aligned files, "
+                        ".gz allowed; replacing any the run has) and decode with it: for an imported model, which "
+                        "has no training corpus here")
+
+
+def shortlist_pairs(args: argparse.Namespace) -> list[tuple[str, str]] | None:
+    """The sentence pairs of ``--shortlist-from`` (read, empty ones dropped), or None; refused
+    with ``--no-shortlist`` or a text without a pair."""
+    from ..errors import UserError
+
+    given = getattr(args, "shortlist_from", None)
+    if given is None:
+        return None
+    if getattr(args, "shortlist", None) is False:
+        raise UserError("--shortlist-from builds a shortlist to decode with; remove --no-shortlist or --shortlist-from")
+    from ..data import clean_pairs, read_parallel
+
+    pairs, _ = clean_pairs(read_parallel(*given))
+    if not pairs:
+        raise UserError(f"--shortlist-from {given[0]} {given[1]}: no sentence pairs; give a parallel text")
+    return pairs

@@ -3,8 +3,8 @@ in the run folder, built once, on first use, from the parallel corpus the run tr
 config.yaml names it), with the run's own subword model.
 
 An imported model (Marian, Hugging Face) has no training corpus here: its shortlist is built
-from a parallel text the user gives (:func:`build_run_shortlist`), or ``--shortlist`` is refused
-with one line. Reading the file never follows a symbolic link; writing replaces the file
+from a parallel text the user gives (``--shortlist-from SRC TGT``), or ``--shortlist`` is
+refused with one line naming that option. Reading the file never follows a symbolic link; writing replaces the file
 atomically (a link there is replaced, never written through).
 """
 from __future__ import annotations
@@ -18,20 +18,22 @@ from ..errors import UserError
 from ..run.layout import IMPORT_RECORD, SHORTLIST, read_run_config, run_root
 
 
-def run_shortlist(path: str | Path, subwords, cfg, log=None) -> Shortlist:
+def run_shortlist(path: str | Path, subwords, cfg, log=None, pairs: list[tuple[str, str]] | None = None) -> Shortlist:
     """The shortlist of the run ``path`` belongs to (its folder's ``shortlist.safetensors``),
-    built from its training corpus and saved there first when it has none. ``log(line)`` is
-    told when one is built (default: a line on stderr)."""
+    built from its training corpus and saved there first when it has none; built from
+    ``pairs`` (source, target sentences: ``--shortlist-from``) and saved, replacing it, when
+    they are given. ``log(line)`` is told when one is built (default: a line on stderr)."""
     root = run_root(path)
     if root is None:
         raise UserError(f"{path}: --shortlist needs a run folder (its {SHORTLIST}, or the training corpus its "
                         "config.yaml names); give the run directory, or decode without --shortlist")
     file = root / SHORTLIST
-    if file.exists() or file.is_symlink():
+    if pairs is None and (file.exists() or file.is_symlink()):
         return load_shortlist(file, cfg.vocab_size, cfg.target_vocab_size)
-    pairs = training_pairs(root)
+    kind = "training" if pairs is None else "given"
+    pairs = training_pairs(root) if pairs is None else pairs
     shortlist = build_run_shortlist(root, pairs, subwords, cfg)
-    (log or _stderr)(f"built the vocabulary shortlist of {root} from its {len(pairs):,} training pairs -> {file}")
+    (log or _stderr)(f"built the vocabulary shortlist of {root} from {len(pairs):,} {kind} pairs -> {file}")
     return shortlist
 
 
@@ -53,9 +55,8 @@ def training_pairs(root: Path) -> list[tuple[str, str]]:
     dataset = config.get("dataset")
     if (root / IMPORT_RECORD).is_file() or dataset not in ("multi30k", "files"):
         raise UserError(f"{root}: --shortlist needs the parallel corpus the model was trained on, and this run "
-                        f"(imported, or not a translation run trained here) names none; decode without "
-                        f"--shortlist, or build {root / SHORTLIST} from a parallel text "
-                        "(transformer.inference.run_shortlist.build_run_shortlist)")
+                        "(imported, or not a translation run trained here) names none; build it from a "
+                        "parallel text with --shortlist-from SRC TGT, or decode without --shortlist")
     if dataset == "multi30k":
         pairs = load_multi30k("train", config.get("src_lang", "en"), config.get("tgt_lang", "de"),
                               data_dir=config.get("data_dir"), download=False)

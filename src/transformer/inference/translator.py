@@ -159,14 +159,18 @@ class Translator(FrontDoor):
         return Translation(self.subwords.decode(ids), h.score, ids)
 
 
-def load_translator(models: str | Path | list[str | Path], *, warn: bool = True, **options) -> Translator:
+def load_translator(models: str | Path | list[str | Path], *, warn: bool = True,
+                    shortlist_pairs: list[tuple[str, str]] | None = None, **options) -> Translator:
     """A Translator from a run directory (its subword model, or the tokenizer of a run
     imported from Marian, :class:`~transformer.data.marian_tokenizer.MarianSubwords`; its
     preferred weights: averaged, else best, else the latest checkpoint, and the ``decoding`` settings of its
     config.yaml) or from a weights file inside one. ``options`` are fields of
     :class:`DecodingConfig` that override the run's settings (None: keep them). Several
     paths decode as an :class:`~transformer.decode.Ensemble`; they must share one subword
-    model (e.g. checkpoints of one run), and the first one's run gives the settings."""
+    model (e.g. checkpoints of one run), and the first one's run gives the settings.
+    ``shortlist_pairs`` (source, target sentences): build the run's vocabulary shortlist from
+    them, replacing any it has, and decode with it (an imported model has no training corpus
+    to build it from)."""
     paths = [Path(models)] if isinstance(models, (str, Path)) else [Path(p) for p in models]
     if not paths:
         raise UserError("no model given")
@@ -190,8 +194,10 @@ def load_translator(models: str | Path | list[str | Path], *, warn: bool = True,
             raise UserError(f"{subwords_file}: {subwords.vocab_size} subwords, but the model in {path} was built for "
                             f"{model.cfg.target_vocab_size}; these files belong to different runs")
     shortlist = None
+    if shortlist_pairs is not None:
+        decoding = decoding.replace(shortlist=True)
     if decoding.shortlist and len(loaded) == 1:  # (an ensemble is refused by the Translator)
-        shortlist = run_shortlist(paths[0], subwords, loaded[0].cfg)
+        shortlist = run_shortlist(paths[0], subwords, loaded[0].cfg, pairs=shortlist_pairs)
     translator = Translator(loaded[0] if len(loaded) == 1 else Ensemble(loaded), subwords, decoding, warn=warn,
                             shortlist=shortlist)
     if len(loaded) == 1:
