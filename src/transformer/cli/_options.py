@@ -25,6 +25,10 @@ _HELP = {
                             "transformer info shows the choice); the speed and BLEU cost: "
                             "benchmarks/decode/README.md"),
     "device": ("DEVICE", str, "auto (a CUDA GPU when there is one), cpu or cuda[:N]"),
+    "shortlist": (None, bool, "project onto a vocabulary shortlist only: the target tokens that co-occur with the "
+                              "batch's source tokens in the run's training corpus, and the 100 most frequent "
+                              "(faster at a large vocabulary; the run's shortlist.safetensors, built from its "
+                              "corpus on first use; --no-shortlist: the whole vocabulary)"),
     "max_new_tokens": ("N", int, "tokens to generate after the prompt"),
     "temperature": ("T", float, "sampling temperature; 0 = greedy (always the most probable token)"),
     "top_k": ("K", int, "sample only among the K most probable tokens (0 = all)"),
@@ -69,7 +73,7 @@ def refuse_output_over_inputs(output: str, inputs: dict, models) -> None:
     from pathlib import Path
 
     from ..errors import UserError
-    from ..run.layout import AVERAGED, BEST, CKPT_DIR, CURVE, DECODING_FILES, METRICS, run_root
+    from ..run.layout import AVERAGED, BEST, CKPT_DIR, CURVE, DECODING_FILES, METRICS, SHORTLIST, run_root
 
     out = Path(output).resolve()
     for option, given in inputs.items():
@@ -81,7 +85,7 @@ def refuse_output_over_inputs(output: str, inputs: dict, models) -> None:
         if run_dir is None:
             continue
         root = run_dir.resolve()
-        kept = {root / name for name in (*DECODING_FILES, METRICS, CURVE, BEST, AVERAGED)} | {Path(model).resolve()}
+        kept = {root / name for name in (*DECODING_FILES, METRICS, CURVE, BEST, AVERAGED, SHORTLIST)} | {Path(model).resolve()}
         if out in kept or root / CKPT_DIR in out.parents:
             raise UserError(f"--output {output} is a file of the run {run_dir}, which the translations would "
                             "replace; give another file")
@@ -118,6 +122,10 @@ def add_decoding_options(p: argparse.ArgumentParser, *names: str) -> None:
     ``choices``: a bad value is reported as one line naming the option, without the usage."""
     for name in names:
         metavar, kind, text = _HELP[name]
+        if kind is bool:  # --name / --no-name; unset (None): the run's setting
+            p.add_argument("--" + name.replace("_", "-"), dest=name, action=argparse.BooleanOptionalAction,
+                           default=None, help=f"{text} (default: the run's decoding.{name}, else {FIELDS[name]})")
+            continue
         p.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, default=None, metavar=metavar,
                        help=f"{text} (default: the run's decoding.{name}, else {FIELDS[name]})")
 
@@ -197,3 +205,28 @@ def prepare_compiled(decoder) -> None:
                   file=sys.stderr, flush=True)
         if compiles:
             decoder.prepare()
+
+
+def add_shortlist_from(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--shortlist-from", nargs=2, metavar=("SRC", "TGT"),
+                   help="build the run's vocabulary shortlist from this parallel text (two line-aligned files, "
+                        ".gz allowed; replacing any the run has) and decode with it: for an imported model, which "
+                        "has no training corpus here")
+
+
+def shortlist_pairs(args: argparse.Namespace) -> list[tuple[str, str]] | None:
+    """The sentence pairs of ``--shortlist-from`` (read, empty ones dropped), or None; refused
+    with ``--no-shortlist`` or a text without a pair."""
+    from ..errors import UserError
+
+    given = getattr(args, "shortlist_from", None)
+    if given is None:
+        return None
+    if getattr(args, "shortlist", None) is False:
+        raise UserError("--shortlist-from builds a shortlist to decode with; remove --no-shortlist or --shortlist-from")
+    from ..data import clean_pairs, read_parallel
+
+    pairs, _ = clean_pairs(read_parallel(*given))
+    if not pairs:
+        raise UserError(f"--shortlist-from {given[0]} {given[1]}: no sentence pairs; give a parallel text")
+    return pairs

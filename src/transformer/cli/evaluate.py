@@ -8,7 +8,7 @@ import json
 import sys
 import time
 
-from ._options import (SEARCH_OPTIONS, add_decoding_options, decoding_options, prepare_compiled, refuse_options,
+from ._options import (add_shortlist_from, shortlist_pairs, SEARCH_OPTIONS, add_decoding_options, decoding_options, prepare_compiled, refuse_options,
                        refuse_output_over_inputs)
 
 
@@ -37,7 +37,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "context - N tokens before each (1 .. context-1; default: half the context; "
                         "context-1: windows that share one token, the fastest)")
     p.add_argument("--json", action="store_true", help="print the scores as JSON")
-    add_decoding_options(p, "beam", "alpha", "max_tokens", "precision", "device", "compile")
+    add_decoding_options(p, "beam", "alpha", "max_tokens", "precision", "device", "compile", "shortlist")
+    add_shortlist_from(p)
     p.set_defaults(func=run, memory_remedy="lower --beam, or --max-tokens (the source tokens decoded together)")
 
 
@@ -87,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.tgt_lang and run_config is None:
         run_config = _run_config(args.model[0])  # before the slow part: fail fast
     lang = args.tgt_lang or run_config.get("tgt_lang")
-    translator = load_translator(args.model, warn=False, **decoding.to_dict())
+    translator = load_translator(args.model, warn=False, shortlist_pairs=shortlist_pairs(args), **decoding.to_dict())
     prepare_compiled(translator)
     decoding = translator.decoding  # precision auto resolved for this machine
     t0 = time.perf_counter()
@@ -124,7 +125,8 @@ def run_text(args: argparse.Namespace) -> int:
     from ..hardware import device_line, slow_precision_warning
     from ..run import read_model_config
 
-    refuse_options(args, ("src", "ref", "split", "data_dir", "tgt_lang", "limit", "output", *SEARCH_OPTIONS),
+    refuse_options(args, ("src", "ref", "split", "data_dir", "tgt_lang", "limit", "output", "shortlist_from",
+                          *SEARCH_OPTIONS),
                    "for translation", "--text scores a language model")
     refuse_options(args, ("compile",), "for decoding (a search, token by token)",
                    "--text scores a language model in one forward pass per window")

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import TextIO
 
-from ._options import (add_decoding_options, check_count, decoding_options, prepare_compiled, refuse_options,
+from ._options import (add_shortlist_from, shortlist_pairs, add_decoding_options, check_count, decoding_options, prepare_compiled, refuse_options,
                        refuse_output_over_inputs)
 
 CHUNK_LINES = 2000  # lines read and translated at a time: enough to fill batches of similar lengths
@@ -31,7 +31,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chunk-lines", type=int, metavar="N",
                    help=f"lines read and translated at a time; batches are sorted by length within a "
                         f"chunk (default: {CHUNK_LINES})")
-    add_decoding_options(p, "beam", "alpha", "n_best", "max_tokens", "precision", "device", "compile")
+    add_decoding_options(p, "beam", "alpha", "n_best", "max_tokens", "precision", "device", "compile", "shortlist")
+    add_shortlist_from(p)
     p.set_defaults(func=run, memory_remedy="lower --beam, or --max-tokens (the source tokens decoded together)")
 
 
@@ -49,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         # (the --input file itself may be named: it is read whole before the output replaces it)
         refuse_output_over_inputs(args.output, {}, args.model)
     with _input_lines(args.input) as lines:  # opened first: a missing file fails before the model loads
-        translator = load_translator(args.model, warn=False, **decoding_options(args))
+        translator = load_translator(args.model, warn=False, shortlist_pairs=shortlist_pairs(args), **decoding_options(args))
         prepare_compiled(translator)
         if typed:
             return _interactive(translator)

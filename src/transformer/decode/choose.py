@@ -61,7 +61,7 @@ class MeasureWarning(OneLineWarning):
 
 
 _memory: dict[str, dict[str, dict[str, float]]] = {}  # cache file name -> shape -> candidate -> seconds
-_failed: set[str] = set()  # machines whose measurement failed in this process (warned once)
+_failed: set[tuple[str, str]] = set()  # (machine, what) whose measurement failed in this process (warned once)
 
 
 def switched_off() -> bool:
@@ -199,7 +199,7 @@ def _read(path: Path) -> dict[str, dict[str, float]]:
 
 
 def _ignored(path: Path, why: str) -> dict:
-    warnings.warn(f"{path}: {why}; ignored, measuring decoding's kernels again", MeasureWarning, stacklevel=2)
+    warnings.warn(f"{path}: {why}; ignored, measuring again", MeasureWarning, stacklevel=2)
     return {}
 
 
@@ -208,7 +208,7 @@ def _write(path: Path, key: dict, shapes: dict) -> None:
     try:
         atomic_write(path, lambda tmp: Path(tmp).write_text(text + "\n", encoding="utf-8"))
     except Exception as e:  # noqa: BLE001 (a full disk: the times hold for this process)
-        warnings.warn(f"{path}: cannot keep the measured kernels ({e}); measured again next time",
+        warnings.warn(f"{path}: cannot keep the measured times ({e}); measured again next time",
                       MeasureWarning, stacklevel=3)
 
 
@@ -216,28 +216,38 @@ def measured(shapes) -> dict[str, dict[str, float]] | None:
     """Seconds per call of each candidate (:func:`names_to_time`) at each (in, out) of
     ``shapes``: from this process's memory, else the cache file, else timed now and kept.
     None when measuring is switched off or failed (one warning line a process)."""
+    names = names_to_time()
+    return kept_times([f"{i}x{o}" for i, o in dict.fromkeys(shapes)], names, "decoding's kernels",
+                      lambda shape: time_shape(*(int(n) for n in shape.split("x")), names))
+
+
+def kept_times(want: list[str], names, what: str, time_one) -> dict[str, dict[str, float]] | None:
+    """The times of each entry of ``want`` (an entry: name -> seconds for each of ``names``),
+    from this process's memory, else this machine's cache file (:func:`machine`), else
+    ``time_one(entry)`` now, kept in both. None when measuring is switched off, or failed
+    (``what`` is named in one warning line a process; the caller's flags decide). Decoding's
+    kernels and training's precision (train/auto_precision.py) share it: one cache, one way
+    of keeping it."""
     if switched_off():
         return None
     key = machine()
     name = json.dumps(key, sort_keys=True)
-    if name in _failed:
+    if (name, what) in _failed:
         return None
-    want = [f"{i}x{o}" for i, o in dict.fromkeys(shapes)]
     known = _memory.get(name)
     if known is None or any(s not in known for s in want):
         path = cache_file(key)
         known = {**(_read(path) if path is not None else {}), **(known or {})}
-        missing = [s for s in want if s not in known or set(known[s]) != set(names_to_time())]
+        missing = [s for s in want if s not in known or set(known[s]) != set(names)]
         if missing:
             try:
-                for shape in missing:
-                    d_in, d_out = (int(n) for n in shape.split("x"))
-                    known[shape] = time_shape(d_in, d_out, names_to_time())
+                for entry in missing:
+                    known[entry] = time_one(entry)
             except Exception as e:  # noqa: BLE001 (a kernel this build or CPU lacks, memory)
-                _failed.add(name)
+                _failed.add((name, what))
                 first = (str(e).strip().splitlines() or [""])[0][:200]
-                warnings.warn(f"cannot measure decoding's kernels on this CPU ({type(e).__name__}: {first}); "
-                              "choosing by its flags", MeasureWarning, stacklevel=3)
+                warnings.warn(f"cannot measure {what} on this CPU ({type(e).__name__}: {first}); "
+                              "choosing by its flags", MeasureWarning, stacklevel=4)
                 return None
             if path is not None:
                 _write(path, key, known)

@@ -76,6 +76,7 @@ class SearchConfig:
     n_best: int = 1  # hypotheses returned per input, best first (at most beam)
     max_len_a: float = 1.0  # outputs stop at max_len_a * source length + max_len_b tokens
     max_len_b: int = 50  # the output length limit's constant term: max_len_a * source length + max_len_b tokens
+    shortlist: bool = False  # project onto a vocabulary shortlist only: the target tokens that co-occur with the batch's source tokens in the training corpus, and the most frequent (the run's shortlist.safetensors, built from its corpus on first use); decode/shortlist.py
 
     def __post_init__(self) -> None:
         _numbers(self, SearchConfig)
@@ -90,6 +91,7 @@ class SearchConfig:
               self.max_len_a)
         _need(isinstance(self.max_len_b, int) and self.max_len_b >= 0, "max_len_b", "must not be negative",
               self.max_len_b)
+        _need(isinstance(self.shortlist, bool), "shortlist", "must be true or false", self.shortlist)
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,16 @@ class TextPieces:
         return piece
 
 
+def refuse_shortlist(decoding: DecodingConfig | None, path=None) -> None:
+    """A one-line UserError for a vocabulary shortlist asked of a language model: it restricts a
+    translation's output to what its source's tokens co-occur with, and a prompt has no such
+    source."""
+    if decoding is not None and decoding.shortlist:
+        where = f"{path}: " if path is not None else ""
+        raise UserError(f"{where}a language model; shortlist is for translation models (set decoding.shortlist: "
+                        "false, or drop --shortlist)")
+
+
 class Generator(FrontDoor):
     """Continue prompts with a trained :class:`~transformer.model.LanguageModel`.
 
@@ -86,6 +96,7 @@ class Generator(FrontDoor):
 
     def __init__(self, model: LanguageModel, tokenizer, decoding: DecodingConfig | None = None,
                  *, warn: bool = True) -> None:
+        refuse_shortlist(decoding)
         super().__init__(model, decoding, warn)
         self.tokenizer = tokenizer
         # a pretrained model ends its text with EOS; a model trained here has none (characters) or
@@ -97,6 +108,7 @@ class Generator(FrontDoor):
         """A generator for a run directory (or a weights file in one); ``options`` are
         :class:`DecodingConfig` fields that override the run's ``decoding`` settings."""
         decoding = run_decoding(path, given(options))
+        refuse_shortlist(decoding, path)  # before the weights load
         model = open_model(path, decoding, language_model=True)
         if run_file(path, CONFIG) is None:
             raise UserError(f"{path}: no {CONFIG} beside the weights; give the run directory")

@@ -14,8 +14,10 @@ from ..data import Subwords
 from ..data.marian_tokenizer import SOURCE_SPM, TARGET_SPM, TARGET_VOCAB, VOCAB, MarianSubwords
 from ..decode import Ensemble, Hypothesis, beam_search, greedy_search, pad_batch
 from ..decode.decoding_config import DecodingConfig
+from ..decode.shortlist import Shortlist, search_shortlisted
 from ..errors import UserError
 from .front_door import GPU_MAX_TOKENS, FrontDoor, given, open_model, run_decoding, vocabulary_fits
+from .run_shortlist import run_shortlist
 from ..model import Transformer
 from ..run import SUBWORDS, find_subwords, run_file
 
@@ -40,7 +42,9 @@ class Translator(FrontDoor):
     decodes with a converted copy of the model; the model passed in is left as it was. An
     empty (or whitespace-only) line gives an empty translation. A line longer than the model
     can take is cut to its first ``max_len - 1`` subwords with a warning (``warn=False``:
-    only counted in ``truncated``).
+    only counted in ``truncated``). ``decoding.shortlist`` projects each batch onto its
+    vocabulary shortlist only (``shortlist``, :mod:`transformer.decode.shortlist`;
+    :meth:`from_pretrained` reads the run's, or builds it from the run's training corpus).
 
         translator = Translator.from_pretrained("runs/demo")   # the run's own decoding settings
         translator.translate(["A dog runs."])
@@ -52,9 +56,17 @@ class Translator(FrontDoor):
     keep_last = False
 
     def __init__(self, model: Transformer | Ensemble, subwords: Subwords | MarianSubwords,
-                 decoding: DecodingConfig | None = None, *, warn: bool = True) -> None:
+                 decoding: DecodingConfig | None = None, *, warn: bool = True,
+                 shortlist: Shortlist | None = None) -> None:
         super().__init__(model, decoding, warn)
         self.subwords = subwords
+        self.shortlist = shortlist  # read when decoding.shortlist is on (decode/shortlist.py)
+        self._check_shortlist()
+
+    def with_decoding(self, **changes) -> "Translator":
+        other = super().with_decoding(**changes)
+        other._check_shortlist()
+        return other
 
     @classmethod
     def from_pretrained(cls, path: str | Path | list[str | Path], *, warn: bool = True, **options) -> "Translator":
@@ -117,8 +129,25 @@ class Translator(FrontDoor):
     def search_kind(self) -> tuple[int, bool, int]:
         return self.decoding.beam, True, 0  # a row per beam, log-probabilities
 
+    def compiles(self, rows: int | None = None) -> tuple[bool, bool]:
+        """As :meth:`FrontDoor.compiles`; never with the shortlist on (the compiled step
+        projects onto the whole vocabulary; the shortlisted one is eager)."""
+        return (False, False) if self.decoding.shortlist else super().compiles(rows)
+
+    def _check_shortlist(self) -> None:
+        if not self.decoding.shortlist:
+            return
+        if isinstance(self.model, Ensemble):
+            raise UserError("--shortlist decodes one model, not an ensemble; give one --model, or drop --shortlist")
+        if self.shortlist is None:
+            raise UserError("--shortlist needs the run's vocabulary shortlist: load the model with "
+                            "Translator.from_pretrained (or give shortlist=), or drop --shortlist")
+
     def _decode(self, src: torch.Tensor, n_best: int) -> list[list[Hypothesis]]:
         d = self.decoding
+        if d.shortlist:
+            return search_shortlisted(self.model, src, self.shortlist, d.beam, d.alpha, n_best, d.max_len_a,
+                                      d.max_len_b, d.length_norm)
         step = self.search_step(src.size(0) * d.beam)
         if d.beam == 1:
             return greedy_search(self.model, src, d.max_len_a, d.max_len_b, step=step)
@@ -130,14 +159,18 @@ class Translator(FrontDoor):
         return Translation(self.subwords.decode(ids), h.score, ids)
 
 
-def load_translator(models: str | Path | list[str | Path], *, warn: bool = True, **options) -> Translator:
+def load_translator(models: str | Path | list[str | Path], *, warn: bool = True,
+                    shortlist_pairs: list[tuple[str, str]] | None = None, **options) -> Translator:
     """A Translator from a run directory (its subword model, or the tokenizer of a run
     imported from Marian, :class:`~transformer.data.marian_tokenizer.MarianSubwords`; its
     preferred weights: averaged, else best, else the latest checkpoint, and the ``decoding`` settings of its
     config.yaml) or from a weights file inside one. ``options`` are fields of
     :class:`DecodingConfig` that override the run's settings (None: keep them). Several
     paths decode as an :class:`~transformer.decode.Ensemble`; they must share one subword
-    model (e.g. checkpoints of one run), and the first one's run gives the settings."""
+    model (e.g. checkpoints of one run), and the first one's run gives the settings.
+    ``shortlist_pairs`` (source, target sentences): build the run's vocabulary shortlist from
+    them, replacing any it has, and decode with it (an imported model has no training corpus
+    to build it from)."""
     paths = [Path(models)] if isinstance(models, (str, Path)) else [Path(p) for p in models]
     if not paths:
         raise UserError("no model given")
@@ -160,7 +193,13 @@ def load_translator(models: str | Path | list[str | Path], *, warn: bool = True,
                                imported=isinstance(subwords, MarianSubwords)):
             raise UserError(f"{subwords_file}: {subwords.vocab_size} subwords, but the model in {path} was built for "
                             f"{model.cfg.target_vocab_size}; these files belong to different runs")
-    translator = Translator(loaded[0] if len(loaded) == 1 else Ensemble(loaded), subwords, decoding, warn=warn)
+    shortlist = None
+    if shortlist_pairs is not None:
+        decoding = decoding.replace(shortlist=True)
+    if decoding.shortlist and len(loaded) == 1:  # (an ensemble is refused by the Translator)
+        shortlist = run_shortlist(paths[0], subwords, loaded[0].cfg, pairs=shortlist_pairs)
+    translator = Translator(loaded[0] if len(loaded) == 1 else Ensemble(loaded), subwords, decoding, warn=warn,
+                            shortlist=shortlist)
     if len(loaded) == 1:
         translator.keep_compiled_steps(paths[0])
     return translator

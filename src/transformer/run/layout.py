@@ -38,6 +38,7 @@ STATE = "state.pt"  # inside a checkpoint directory
 BEST = "best.safetensors"
 AVERAGED = "averaged.safetensors"
 COMPILED = "compiled"  # a folder earlier versions kept compiled decoding steps in: never read (see above)
+SHORTLIST = "shortlist.safetensors"  # a translation run's vocabulary shortlist (decode/shortlist.py)
 IMPORT_RECORD = "import.json"  # written by transformer import (interop/hf_import.py, interop/marian_run.py)
 PREFERRED = (AVERAGED, BEST)  # the weights a run directory is read from, in this order
 # The files beside the weights that decoding reads (:func:`run_file` finds them): the config and

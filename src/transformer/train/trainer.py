@@ -42,7 +42,8 @@ from .prepare import PreparedData, PreparedText, data_checksums, prepare_data, p
 from .reuse import Start
 from .run_dir import check_run_dir, refuse_inside_checkpoints, undone_if_it_fails
 from .schedule import dropout_ramp, lr_at
-from .update import StepStats, finite_in_fp32, forward_loss, make_optimizer, read_back, resolve_precision, train_step
+from .auto_precision import choose_precision
+from .update import StepStats, finite_in_fp32, forward_loss, make_optimizer, read_back, train_step
 from .task import make_task
 from .validation import Validation
 
@@ -119,7 +120,8 @@ class Trainer:
         if self.dist.rank:
             seed_all(cfg.seed + self.dist.rank)  # but each rank its own dropout masks
         self.optimizer = make_optimizer(self.model, cfg.optimizer, cfg.weight_decay, cfg.betas)
-        self.amp_dtype = resolve_precision(cfg.precision, self.device)
+        # auto on a CPU with native bf16: bf16 or fp32, whichever measured faster (train/auto_precision.py)
+        self.amp_dtype = choose_precision(cfg, self.model, self.task, self.device, self.dist.world_size, self.log)
         if note := slow_precision_warning(cfg.precision, self.device):
             self.log(f"warning: {note}")
         # fp16's range needs loss scaling on every device (its small gradients flush to zero), the CPU too
