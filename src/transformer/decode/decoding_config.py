@@ -126,7 +126,7 @@ class SamplingConfig:
 class RuntimeConfig:
     """How the work runs, for either kind of model."""
     # ---- how the work runs ----
-    max_tokens: int | None = None  # source tokens per batch (padded); unset (null): 4000, or 20000 for a translation on a GPU (MAX_TOKENS, GPU_MAX_TOKENS)
+    max_tokens: int | None = None  # source tokens per batch (padded); unset (null): 4000, or 20000 for a translation on a GPU (front_door.py)
     precision: str = "auto"  # auto (on a CPU fp32 or bf16, whichever measured faster there; on a GPU bf16 where native), fp32, bf16 or int8 (CPU); decode/precision.py, decode/choose.py
     device: str = "auto"  # auto (a CUDA GPU when there is one, else the CPU; the CPU for int8), cpu or cuda[:N]
     compile: str = "auto"  # on, off, auto: a compiled decoding step (on: built if missing; auto: if built); compiled/
