@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from transformer import ModelConfig
-from transformer.decode import length_penalty, max_output_lengths, pad_batch
+from transformer.decode import length_batches, length_penalty, max_output_lengths, pad_batch
 from transformer.decode.scoring import force_eos, next_token_logprobs
 
 CFG = ModelConfig(vocab_size=10, d_model=8, n_heads=2, max_len=40)
@@ -97,3 +97,12 @@ def test_next_token_logprobs_equal_the_float_copys_bit_for_bit(dtype):
         if cfg.bos_id != cfg.eos_id:
             expected[:, cfg.bos_id] = float("-inf")
         assert torch.equal(next_token_logprobs(logits, cfg), expected)
+
+
+def test_length_batches_by_hand():
+    """Shortest first, equal lengths in input order; a batch grows while rows x its longest
+    fits the budget; an input over the budget is a batch of its own."""
+    lengths = [5, 2, 9, 2, 4, 30, 4]
+    assert length_batches(lengths, 12) == [[1, 3, 4], [6, 0], [2], [5]]  # 3 x 4 = 12; 2 x 5; 9; 30 alone
+    assert length_batches(lengths, 1000) == [[1, 3, 4, 6, 0, 2, 5]]
+    assert length_batches([], 12) == []

@@ -308,9 +308,9 @@ def test_off_the_cpu_every_call_without_weights_is_the_fused_kernel(sdpa_calls, 
 
 
 def test_a_compiled_graph_takes_causal_as_the_eager_attention_does(sdpa_calls):
-    """Training's graph form (compiled.graph.graph_attention): off the CPU the fused kernel with
+    """Training's graph form (kernels.attention.graph_attention): off the CPU the fused kernel with
     is_causal for CAUSAL; on the CPU the matmul-softmax-matmul with the causal mask built."""
-    from transformer.compiled.graph import graph_attention
+    from transformer.kernels.attention import graph_attention
 
     q, k, v = (torch.empty(B, H, 7, D, device="meta") for _ in range(3))
     graph_attention(q, k, v, masks.CAUSAL)

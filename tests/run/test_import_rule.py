@@ -16,6 +16,9 @@
         is named in KNOWN_CIRCLES)
     training imports none of the pictures, the service or the commands (the walkthrough of one
         update lives in viz/ and imports training, not the other way round)
+    training imports no compiled decoding and no front door (inference/): its compiled update
+        and the compiled step share the graph's attention from transformer.kernels, below both;
+        its validation BLEU runs the searches itself; kernels/ imports nothing above the model
 
 A rule is checked on the source (direct, relative and function-local imports all count) and,
 for the data layer, in a fresh interpreter: importing every data module loads no model."""
@@ -104,7 +107,7 @@ def test_the_rule_sees_every_kind_of_import():
 
 # the layers above the model: it knows no corpus, search, optimizer, file layout or screen
 ABOVE_MODEL = ("decode", "train", "data", "run", "serve", "viz", "inspect", "cli", "interop", "compiled",
-               "inference", "evaluation")
+               "inference", "evaluation", "kernels")
 
 
 def test_the_model_imports_nothing_above_it():
@@ -196,6 +199,50 @@ def test_training_imports_nothing_that_shows_or_serves():
 def test_decoding_imports_no_training():
     found = offenders("decode", is_training)
     assert not found, f"decode modules importing transformer.train: {found}"
+
+
+def above_training(module: str) -> bool:
+    """What training may not import: compiled decoding and the front doors."""
+    return under(module, "compiled") or under(module, "inference")
+
+
+def test_training_imports_no_compiled_decoding_and_no_front_door():
+    found = offenders("train", above_training)
+    assert not found, f"train modules importing transformer.compiled or transformer.inference: {found}"
+
+
+def test_the_training_rule_sees_the_imports_it_refuses():
+    for source in ("from ..compiled.graph import TranslationStep", "from .. import compiled",
+                   "from ..inference.translator import Translator", "import transformer.inference",
+                   "def f():\n    from ..compiled import step\n"):
+        assert any(map(above_training, imported_modules(source, "transformer.train"))), source
+    for source in ("from ..kernels.attention import graph_attention", "from ..decode import greedy_search"):
+        assert not any(map(above_training, imported_modules(source, "transformer.train"))), source
+
+
+TRAINING_LOADS = """
+import importlib, json, pkgutil, sys
+import transformer.train
+for info in pkgutil.iter_modules(transformer.train.__path__):
+    importlib.import_module(f"transformer.train.{info.name}")
+print(json.dumps(sorted(m for m in sys.modules if m.startswith("transformer."))))
+"""
+
+
+def test_importing_training_loads_no_compiled_decoding_and_no_front_door():
+    """In a fresh interpreter: every training module imported, and nothing of compiled
+    decoding or the front doors came with them, however indirectly."""
+    done = subprocess.run([sys.executable, "-c", TRAINING_LOADS], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    loaded = json.loads(done.stdout)
+    assert "transformer.train.torch_compile" in loaded and "transformer.kernels.attention" in loaded
+    assert not [m for m in loaded if above_training(m)]
+
+
+# the graph's attention sits just above the model: nothing it imports may stand higher
+def test_the_graph_kernels_import_only_the_model():
+    found = offenders("kernels", lambda m: any(under(m, layer) for layer in ABOVE_MODEL if layer != "kernels"))
+    assert not found, f"kernels modules importing layers above the model: {found}"
 
 
 def test_no_search_imports_compiled_decoding():

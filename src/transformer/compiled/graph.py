@@ -1,74 +1,75 @@
-"""One decoding step as the graph that is exported and built: the model's own embeddings, layers
-and projection on fixed-shape buffers, attention as a graph takes it. The new tokens (B, T_new)
+"""One decoding step as the graph that is exported and built: the model's own embeddings, decoder
+(its layers' wiring included) and projection on fixed-shape buffers, which stand in for the
+model's cache, with attention as a graph takes it (:mod:`transformer.kernels`). The new tokens (B, T_new)
 take slots ``index`` (T_new,) of each layer's ``k``, ``v`` (B, H_kv, L, D), written in place;
 attention reads the first U slots (``slots``, (U,): a size kept symbolic, like the rows, the
 source length and the capacity). Returns the last position's logits (B, V) or log-probabilities.
 """
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+from dataclasses import dataclass
+
 from torch import Tensor, nn
 
 from ..decode.scoring import next_token_logprobs
+from ..kernels.attention import graph_attention
 from ..model import masks
-from ..model.attention import attention_weights
 from ..model.lm import next_positions
-from ..model.rotary import apply_rotary
 
 
-def graph_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | masks.Causal | None,
-                    dropout_p: float = 0.0) -> Tensor:
-    """:func:`transformer.model.attention`'s output (B, H, T_q, D) as a graph computes it: on a
-    CPU always the matmul-softmax-matmul, whose mask, softmax and sums inductor fuses into its
-    own loops, dropout from ``torch.rand`` (traced, unlike the eager mask's ``random_``);
-    elsewhere torch's fused kernel (``masks.CAUSAL`` as ``is_causal``: the flash kernel may run)."""
-    if q.device.type != "cpu":
-        causal = mask is masks.CAUSAL
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=None if causal else mask, dropout_p=dropout_p,
-                                              is_causal=causal)
-    weights = attention_weights(q, k, mask)  # (B, H, T_q, T_k)
-    if dropout_p > 0:
-        weights = weights * ((torch.rand(weights.shape, device=q.device) >= dropout_p).to(weights.dtype)
-                             * (1.0 / (1.0 - dropout_p)))
-    return weights @ v
+def _kernel(q: Tensor, k: Tensor, v: Tensor, mask, dropout_p: float = 0.0,  # noqa: ARG001
+            need_weights: bool = False) -> tuple[Tensor, None]:  # noqa: ARG001
+    """The model's attention function as the step computes it (:func:`graph_attention`; a
+    decoding step asks for no weights and drops nothing)."""
+    return graph_attention(q, k, v, mask), None
 
 
-def _self_attention(attn, h: Tensor, k_buf: Tensor, v_buf: Tensor, index: Tensor, upto: int, mask: Tensor, rotary):
-    q, k, v = attn.project_qkv(h)  # (B, H, T_new, D); K, V (B, H_kv, T_new, D)
-    if rotary is not None:  # keys are kept rotated, as in the model's cache
-        q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
-    k_buf.index_copy_(2, index, k)
-    v_buf.index_copy_(2, index, v)
-    k, v = attn.expand_kv(k_buf[:, :, :upto], v_buf[:, :, :upto])  # (B, H, U, D)
-    return attn.out_proj(attn.merge_heads(graph_attention(q, k, v, mask))), None
+@dataclass(frozen=True)
+class _Slots:
+    """One layer's self-attention cache as the model's layer asks for it (``extend``), on the
+    fixed buffers ``k``, ``v`` (B, H_kv, L, D): the new positions' K, V are written in place at
+    slots ``index``; attention reads the first ``upto`` slots."""
+
+    k: Tensor
+    v: Tensor
+    index: Tensor
+    upto: int
+
+    def extend(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        self.k.index_copy_(2, self.index, k)
+        self.v.index_copy_(2, self.index, v)
+        return self.k[:, :, :self.upto], self.v[:, :, :self.upto]  # (B, H_kv, U, D)
 
 
-def _cross_attention(attn, h: Tensor, kv: tuple[Tensor, Tensor], mask: Tensor, group: int):
-    n, t, c = h.shape  # the `group` rows of a sentence attend as one row of group * T_new queries
-    q = attn.split_heads(attn.q_proj(h if group == 1 else h.reshape(n // group, group * t, c)))
-    out = attn.out_proj(attn.merge_heads(graph_attention(q, *attn.expand_kv(*kv), mask)))
-    return (out if group == 1 else out.reshape(n, t, c)), None
+@dataclass(frozen=True)
+class _SlotCache:
+    """The cache the model's decoder reads (:mod:`transformer.model.cache`'s interface) on the
+    step's buffers: ``self_mask`` given whole; an encoder-decoder's cross-attention (K, V) per
+    layer, source mask (applied even unpadded) and rows per sentence."""
+
+    k: tuple[Tensor, ...]
+    v: tuple[Tensor, ...]
+    index: Tensor
+    upto: int
+    mask: Tensor
+    cross_kv: tuple
+    attend_mask: Tensor | None = None
+    group: int = 1
+
+    def layer(self, i: int) -> _Slots:
+        return _Slots(self.k[i], self.v[i], self.index, self.upto)
+
+    def self_mask(self, t_new: int, key_mask=None, device=None) -> Tensor:  # noqa: ARG002
+        return self.mask
+
+    def grown(self, self_kv) -> "_SlotCache":  # noqa: ARG002 (written in place)
+        return self
 
 
-def decoder_layers(model: nn.Module, x: Tensor, k: tuple, v: tuple, index: Tensor, upto: int, self_mask: Tensor,
-                   rotary=None, cross_kv=None, memory_mask=None, group: int = 1) -> Tensor:
-    """``model.decoder`` on the new positions' input ``x`` (B, T_new, C), each layer's
-    parameters and sub-layer connections the model's own; an encoder-decoder's cross-attention
-    (K, V) per layer, source mask and rows per sentence (``group``) as in its cache."""
-    for i, layer in enumerate(model.decoder.layers):
-        x, _ = layer.self_block(x, lambda h: _self_attention(layer.self_attn, h, k[i], v[i], index, upto, self_mask,
-                                                             rotary))
-        if layer.cross_attn is not None:
-            x, _ = layer.cross_block(x, lambda h: _cross_attention(layer.cross_attn, h, cross_kv[i], memory_mask,
-                                                                   group))
-        x, _ = layer.ffn_block(x, lambda h: (layer.ffn(h), None))
-    return x if model.decoder.norm is None else model.decoder.norm(x)
-
-
-def causal_slots(index: Tensor, upto: int) -> Tensor:
-    """(1, 1, T_new, U): the query at slot ``index[i]`` may attend to slots 0 .. ``index[i]``."""
-    return (torch.arange(upto, device=index.device)[None, :] <= index[:, None])[None, None]
+def decoder(model: nn.Module, x: Tensor, cache: _SlotCache, rotary=None) -> Tensor:
+    """``model.decoder`` (its layers' wiring, its final norm) on the new positions' input ``x``
+    (B, T_new, C), on the step's buffers, attention as the graph computes it."""
+    return model.decoder(x, cache, rotary=rotary, kernel=_kernel)[0]
 
 
 class _Step(nn.Module):
@@ -88,8 +89,9 @@ class TranslationStep(_Step):
     def forward(self, tgt, index, slots, k, v, cross_k, cross_v, memory_mask):
         model, upto = self.model, slots.size(0)
         x = model.dropout(model.positions.at(model.tgt_embed(tgt), index[None, :].expand(tgt.size(0), -1)))
-        return self._out(decoder_layers(model, x, k, v, index, upto, causal_slots(index, upto), None,
-                                        tuple(zip(cross_k, cross_v)), memory_mask, self.group))
+        cache = _SlotCache(k, v, index, upto, masks.causal_slots(index, upto), tuple(zip(cross_k, cross_v)),
+                           memory_mask, self.group)
+        return self._out(decoder(model, x, cache))
 
 
 class GenerationStep(_Step):
@@ -103,5 +105,6 @@ class GenerationStep(_Step):
         positions = next_positions(next_position, real)
         next_position.add_(real.sum(1))
         x, rotary = model.decoder_input(tokens, positions)
-        self_mask = masks.combine(masks.real_keys(key_mask[:, :upto]), causal_slots(index, upto))
-        return self._out(decoder_layers(model, x, k, v, index, upto, self_mask, rotary))
+        self_mask = masks.combine(masks.real_keys(key_mask[:, :upto]), masks.causal_slots(index, upto))
+        cache = _SlotCache(k, v, index, upto, self_mask, (None,) * len(k))
+        return self._out(decoder(model, x, cache, rotary))

@@ -14,7 +14,7 @@ from .._lazy import lazy_names
 # public name -> the module that defines it
 _LAZY = {
     "beam_search": ".beam",
-    **dict.fromkeys(("Hypothesis", "length_penalty", "max_output_lengths", "pad_batch"), ".scoring"),
+    **dict.fromkeys(("Hypothesis", "length_batches", "length_penalty", "max_output_lengths", "pad_batch"), ".scoring"),
     "Ensemble": ".ensemble",
     "greedy_search": ".greedy",
     **dict.fromkeys(("filter_logits", "generate", "generate_stream"), ".sample"),
@@ -23,7 +23,7 @@ __all__ = list(_LAZY)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .beam import beam_search
-    from .scoring import Hypothesis, length_penalty, max_output_lengths, pad_batch
+    from .scoring import Hypothesis, length_batches, length_penalty, max_output_lengths, pad_batch
     from .ensemble import Ensemble
     from .greedy import greedy_search
     from .sample import filter_logits, generate, generate_stream

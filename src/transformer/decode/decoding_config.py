@@ -34,6 +34,14 @@ PRECISIONS = ("auto", "fp32", "bf16", "int8")
 # Whether a search runs the compiled step (front_door.py decides, compiled/ builds it): on builds it if missing, auto
 # uses it when it is built already (or a generation is long enough to pay for building it).
 COMPILE_CHOICES = ("auto", "on", "off")
+# Source tokens (padded) a decoding batch holds when ``max_tokens`` is not set: MAX_TOKENS, and
+# GPU_MAX_TOKENS for a translation on a GPU, which decodes a larger batch in about the time of
+# a small one (on an H200, test2016 with beam 4 took 8.2 s in batches of 20,000 against 17.5 s
+# in batches of 4,000: bf16, before decoding's GPU work; benchmarks/gpu/README.md). A language
+# model's scoring keeps MAX_TOKENS everywhere: its logits (tokens x vocabulary) are the memory.
+# (The front door sets them, inference/front_door.py; training's validation BLEU batches as it does.)
+MAX_TOKENS = 4000
+GPU_MAX_TOKENS = 20000
 # How beam search divides a hypothesis's log-probability by its length (decode/scoring.py).
 LENGTH_NORMS = ("gnmt", "length")
 # The largest seed: torch's generators take up to 2**64 - 1, and sample n or row i of a batch

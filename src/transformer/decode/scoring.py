@@ -1,5 +1,5 @@
 """What greedy and beam search share: hypotheses and their scores (the length penalty, next-token
-log-probabilities, the top k of each row), length limits, a padded batch."""
+log-probabilities, the top k of each row), length limits, batches by length, a padded batch."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -98,6 +98,21 @@ def force_eos(lp: Tensor, rows: Tensor, eos_id: int) -> None:
     eos_lp = lp[:, eos_id].clone()
     lp.masked_fill_(rows[:, None], float("-inf"))
     lp[:, eos_id] = eos_lp
+
+
+def length_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """The inputs of these ``lengths`` (their positions in the list), shortest first (equal
+    lengths in input order), in batches whose padded size (rows x the longest) fits
+    ``max_tokens``; an input longer than that is a batch of its own."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    batches, start = [], 0
+    while start < len(order):
+        end = start + 1  # grow the batch while its padded size fits the budget
+        while end < len(order) and (end + 1 - start) * lengths[order[end]] <= max_tokens:
+            end += 1
+        batches.append(order[start:end])
+        start = end
+    return batches
 
 
 def pad_batch(seqs: list[list[int]], pad_id: int, device: torch.device | None = None) -> Tensor:

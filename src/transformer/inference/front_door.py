@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from .. import compiled, hardware
-from ..decode.decoding_config import DecodingConfig
+from ..decode.decoding_config import GPU_MAX_TOKENS, MAX_TOKENS, DecodingConfig
 from ..decode.eager_step import EagerStep, is_translation
 from ..decode.precision import decoding_device, decoding_model, uses_int8_gemm
 from ..errors import UserError
@@ -47,13 +47,6 @@ AUTO_MIN_STEPS = 32768
 # compiled step saves a step's fixed costs, which matter less the larger the batch, and beyond
 # about this many rows the eager step was as fast or faster (benchmarks/decode/README.md).
 MAX_COMPILED_ROWS = 64
-# Source tokens (padded) a decoding batch holds when ``max_tokens`` is not set: MAX_TOKENS, and
-# GPU_MAX_TOKENS for a translation on a GPU, which decodes a larger batch in about the time of
-# a small one (on an H200, test2016 with beam 4 took 8.2 s in batches of 20,000 against 17.5 s
-# in batches of 4,000: bf16, before decoding's GPU work; benchmarks/gpu/README.md). A language
-# model's scoring keeps MAX_TOKENS everywhere: its logits (tokens x vocabulary) are the memory.
-MAX_TOKENS = 4000
-GPU_MAX_TOKENS = 20000
 
 
 def run_decoding(path: str | Path, options: dict | None = None) -> DecodingConfig:

@@ -12,7 +12,7 @@ import torch
 
 from ..data import Subwords
 from ..data.marian_tokenizer import SOURCE_SPM, TARGET_SPM, TARGET_VOCAB, VOCAB, MarianSubwords
-from ..decode import Ensemble, Hypothesis, beam_search, greedy_search, pad_batch
+from ..decode import Ensemble, Hypothesis, beam_search, greedy_search, length_batches, pad_batch
 from ..decode.decoding_config import DecodingConfig
 from ..decode.shortlist import Shortlist, search_shortlisted
 from ..errors import UserError
@@ -94,19 +94,13 @@ class Translator(FrontDoor):
                 results[i] = [Translation("", 0.0, [])] * n_best
         if progress is not None and len(todo) < len(lines):
             progress(len(lines) - len(todo))
-        todo.sort(key=lambda x: len(x[1]))
-        start = 0
-        while start < len(todo):
-            end = start + 1  # grow the batch while its padded size fits the budget
-            while end < len(todo) and (end + 1 - start) * len(todo[end][1]) <= self.decoding.max_tokens:
-                end += 1
-            chunk = todo[start:end]
+        for batch in length_batches([len(ids) for _, ids in todo], self.decoding.max_tokens):
+            chunk = [todo[j] for j in batch]
             src = pad_batch([ids for _, ids in chunk], self.model.cfg.pad_id, self.device)
             for (i, _), hyps in zip(chunk, self._decode(src, n_best)):
                 results[i] = [self._to_text(h) for h in hyps]
             if progress is not None:
                 progress(len(chunk))
-            start = end
         return results
 
     def translate(self, lines: list[str], progress: Callable[[int], object] | None = None) -> list[str]:

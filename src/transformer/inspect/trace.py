@@ -8,13 +8,16 @@ a stable name, and replaces any of them on the way (ablation, patching).
 
 It runs the model's own parts (embeddings, ``project_qkv`` / ``q_proj``, ``apply_rotary``,
 ``expand_kv``, the pure :func:`~transformer.model.attention.attention`, ``merge_heads``,
-``out_proj``, the norms, ``FeedForward.hidden`` and ``fc2``, ``project``) in the order of
-``Transformer.forward`` / ``LanguageModel.forward``; only the glue between them is written
-here. Attention calls the kernel the model calls (torch's fused one where the model uses it),
-so a trace without replacements gives the forward pass's logits bit for bit; the weights it
-keeps are computed beside it by ``attention_weights``. ``attention="explicit"`` computes each
-head's output from those weights (the model's ``need_weights`` path, as the walkthrough shows
-it). The model itself has no hooks: the plain forward pass costs what it cost.
+``out_proj``, ``FeedForward.hidden`` and ``fc2``, ``project``) in the order of
+``Transformer.forward`` / ``LanguageModel.forward``. Each layer is the layer's own wiring
+(``EncoderLayer.sublayers`` / ``DecoderLayer.sublayers``: residual connections and norms)
+given the trace's sub-layers, with the recorder as its ``tap``; only the stacks' loops and
+the embeddings are written here. Attention calls the kernel the model calls (torch's fused one
+where the model uses it), so a trace without replacements gives the forward pass's logits bit
+for bit; the weights it keeps are computed beside it by ``attention_weights``.
+``attention="explicit"`` computes each head's output from those weights (the model's
+``need_weights`` path, as the walkthrough shows it). The plain forward pass records nothing:
+its tap passes every value as it is.
 
 Names (layers counted from 0; ``s`` is the stack, ``enc`` or ``dec``; a language model has
 only ``dec``). Shapes: B rows, T positions of the stack, S source positions, H heads, H_kv
@@ -236,39 +239,28 @@ def _attend(rec: Recorder, p: str, mha, q: Tensor, k: Tensor, v: Tensor, mask, e
     return rec(f"{p}.out", mha.out_proj(mha.merge_heads(head_out.transpose(1, 2))))
 
 
-def _sublayer(rec: Recorder, p: str, block, x: Tensor, run: Callable[[Tensor], Tensor]) -> Tensor:
-    """SublayerConnection.forward, keeping ``p``.in (what the sub-layer reads) and ``p``.sum."""
-    if block.norm_first:
-        y = run(rec(f"{p}.in", block.norm(x)))
-        return rec(f"{p}.sum", x + block.dropout(y))
-    y = run(rec(f"{p}.in", x))
-    return block.norm(rec(f"{p}.sum", x + block.dropout(y)))
-
-
 def run_layer(rec: Recorder, p: str, layer, x: Tensor, self_mask, rotary=None, cross_kv=None, memory_mask=None,
               explicit: bool = False) -> Tensor:
     """EncoderLayer.forward or DecoderLayer.forward (no cache) on x (B, T, C), named ``p``
-    ("enc.3"). ``cross_kv``: a translation decoder layer's K, V (B, H, S, D)."""
-    x = rec(f"{p}.resid_pre", x)
+    ("enc.3"): the layer's own wiring (its ``sublayers``) with sub-layers that keep their
+    values, ``rec`` as its tap. ``cross_kv``: a translation decoder layer's K, V (B, H, S, D)."""
 
-    def attend_self(h: Tensor) -> Tensor:
+    def attend_self(h: Tensor):
         q, k, v = layer.self_attn.project_qkv(h)  # (B, H, T, D); K, V (B, H_kv, T, D)
         if rotary is not None:
             q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
-        return _attend(rec, f"{p}.attn", layer.self_attn, q, k, v, self_mask, explicit)
+        return _attend(rec, f"{p}.attn", layer.self_attn, q, k, v, self_mask, explicit), None
 
-    def attend_memory(h: Tensor) -> Tensor:
+    def attend_memory(h: Tensor):
         mha = layer.cross_attn
-        return _attend(rec, f"{p}.cross", mha, mha.split_heads(mha.q_proj(h)), *cross_kv, memory_mask, explicit)
+        return _attend(rec, f"{p}.cross", mha, mha.split_heads(mha.q_proj(h)), *cross_kv, memory_mask, explicit), None
 
-    def feed_forward(h: Tensor) -> Tensor:
-        return rec(f"{p}.ffn.out", layer.ffn.fc2(rec(f"{p}.ffn.hidden", layer.ffn.hidden(h))))
+    def feed_forward(h: Tensor):
+        return rec(f"{p}.ffn.out", layer.ffn.fc2(rec(f"{p}.ffn.hidden", layer.ffn.hidden(h)))), None
 
-    self_block = layer.attn_block if hasattr(layer, "attn_block") else layer.self_block  # encoder / decoder
-    x = rec(f"{p}.resid_mid", _sublayer(rec, f"{p}.attn", self_block, x, attend_self))
-    if cross_kv is not None:
-        x = rec(f"{p}.resid_cross", _sublayer(rec, f"{p}.cross", layer.cross_block, x, attend_memory))
-    return rec(f"{p}.resid_post", _sublayer(rec, f"{p}.ffn", layer.ffn_block, x, feed_forward))
+    cross = {} if cross_kv is None else {"cross_attention": attend_memory}
+    return layer.sublayers(x, attend_self, feed_forward=feed_forward, tap=lambda name, value: rec(f"{p}.{name}", value),
+                           **cross)[0]
 
 
 def run_stack(rec: Recorder, s: str, stack, x: Tensor, self_mask, rotary=None, cross_kv=None, memory_mask=None,

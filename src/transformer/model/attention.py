@@ -39,7 +39,7 @@ def attention(
             it is the faster one: on a GPU (where ``is_causal`` lets it pick the flash kernel),
             and on a CPU in float32. (In bf16 / fp16 it was 1.5-7x slower on a CPU than the
             matmul-softmax-matmul below, forward + backward, at translation-sized shapes:
-            torch 2.13 on an AVX512-BF16 CPU, benchmarks/README.md.)
+            torch 2.13 on an AVX512-BF16 CPU, benchmarks/training.md.)
 
     Returns:
         output (B, H, T_q, D) and weights (B, H, T_q, T_k) or None.
@@ -118,20 +118,21 @@ class MultiHeadAttention(nn.Module):
         return fused_projection(x, linears, self.d_head)
 
     def forward(self, x: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
-                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+                need_weights: bool = False, kernel=attention) -> tuple[Tensor, Tensor | None]:
         """Attend from queries ``x`` (B, T_q, C) to projected ``k``, ``v`` (B, H, T_k, D).
 
         Returns (B, T_q, C) and, on request, the weights (B, H, T_q, T_k).
         """
-        return self.attend(self.split_heads(self.q_proj(x)), k, v, mask, need_weights)
+        return self.attend(self.split_heads(self.q_proj(x)), k, v, mask, need_weights, kernel)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | masks.Causal | None = None,
-               need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+               need_weights: bool = False, kernel=attention) -> tuple[Tensor, Tensor | None]:
         """Attention of projected ``q`` (B, H, T_q, D) over ``k``, ``v``, then the heads
-        concatenated and projected by W^O: (B, T_q, C) and the weights or None."""
+        concatenated and projected by W^O: (B, T_q, C) and the weights or None. ``kernel``:
+        :func:`attention`, or another form of it taking and giving what it does."""
         p = self.attn_dropout if self.training else 0.0
         k, v = self.expand_kv(k, v)  # (B, H, T_k, D)
-        out, weights = attention(q, k, v, mask, p, need_weights)  # (B, H, T_q, D)
+        out, weights = kernel(q, k, v, mask, p, need_weights)  # (B, H, T_q, D)
         return self.out_proj(self.merge_heads(out)), weights  # (B, T_q, C)
 
 

@@ -3,6 +3,11 @@
 Post-norm (the paper):  x = LayerNorm(x + Dropout(Sublayer(x)))
 Pre-norm  (option):     x = x + Dropout(Sublayer(LayerNorm(x)))
 Masks: boolean, True = may attend (see :mod:`transformer.model.masks`).
+
+Each layer's wiring (which sub-layer comes first, each inside its residual connection and norm)
+is written once, in its ``sublayers`` method: its own ``forward`` passes the paper's attention,
+and whoever computes attention another way (the trace that keeps every value, a step on
+fixed-size buffers) passes its own sub-layers to the same wiring.
 """
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ from torch import Tensor, nn
 
 from .config import ModelConfig
 from . import masks
-from .attention import MultiHeadAttention
+from .attention import MultiHeadAttention, attention
 from .dropout import Dropout
 from .rotary import apply_rotary
 
@@ -60,6 +65,15 @@ class FeedForward(nn.Module):
         return self.fc2(self.hidden(x))
 
 
+def untapped(name: str, value: Tensor) -> Tensor:  # noqa: ARG001
+    """The default ``tap`` of a layer's wiring: every value passes as it is."""
+    return value
+
+
+Tap = Callable[[str, Tensor], Tensor]
+Sublayer = Callable[[Tensor], tuple[Tensor, object]]
+
+
 class SublayerConnection(nn.Module):
     """Residual connection and LayerNorm around one sub-layer (post- or pre-norm)."""
 
@@ -69,13 +83,14 @@ class SublayerConnection(nn.Module):
         self.dropout = Dropout(cfg.dropout)
         self.norm_first = cfg.norm_first
 
-    def forward(self, x: Tensor, sublayer: Callable[[Tensor], tuple[Tensor, object]]):
-        """Returns (new x, whatever else the sub-layer returned)."""
+    def forward(self, x: Tensor, sublayer: Sublayer, tap: Tap = untapped, name: str = ""):
+        """Returns (new x, whatever else the sub-layer returned). ``tap`` sees, and may
+        replace, what the sub-layer reads (``name``.in) and the residual sum (``name``.sum)."""
         if self.norm_first:
-            y, extra = sublayer(self.norm(x))
-            return x + self.dropout(y), extra
-        y, extra = sublayer(x)
-        return self.norm(x + self.dropout(y)), extra
+            y, extra = sublayer(tap(f"{name}.in", self.norm(x)))
+            return tap(f"{name}.sum", x + self.dropout(y)), extra
+        y, extra = sublayer(tap(f"{name}.in", x))
+        return self.norm(tap(f"{name}.sum", x + self.dropout(y))), extra
 
 
 class EncoderLayer(nn.Module):
@@ -93,9 +108,20 @@ class EncoderLayer(nn.Module):
             q, k, v = self.self_attn.project_qkv(h)  # (B, H, S, D) each
             return self.self_attn.attend(q, k, v, mask, need_weights)
 
-        x, weights = self.attn_block(x, self_attention)
-        x, _ = self.ffn_block(x, lambda h: (self.ffn(h), None))
-        return x, weights
+        return self.sublayers(x, self_attention)
+
+    def sublayers(self, x: Tensor, self_attention: Sublayer, feed_forward: Sublayer | None = None,
+                  tap: Tap = untapped):
+        """The layer's wiring: self-attention, then the FFN (default: this layer's), each a
+        function of the sub-layer's input h (B, S, C) -> (output (B, S, C), anything) inside
+        its Add & Norm. ``tap(name, value)`` sees, and may replace, each value on the way:
+        "resid_pre" (the layer's input), "attn.in", "attn.sum", "resid_mid", "ffn.in",
+        "ffn.sum", "resid_post" (the output). Returns x and what self-attention returned."""
+        x = tap("resid_pre", x)
+        x, self_out = self.attn_block(x, self_attention, tap, "attn")
+        x = tap("resid_mid", x)
+        x, _ = self.ffn_block(x, feed_forward or (lambda h: (self.ffn(h), None)), tap, "ffn")
+        return tap("resid_post", x), self_out
 
 
 class DecoderLayer(nn.Module):
@@ -122,6 +148,7 @@ class DecoderLayer(nn.Module):
         need_weights: bool = False,
         group: int = 1,
         rotary: tuple[Tensor, Tensor] | None = None,
+        kernel=attention,
     ):
         """One decoder layer on the new target positions.
 
@@ -138,6 +165,9 @@ class DecoderLayer(nn.Module):
             memory_mask: (B / group, 1, 1, S) source padding mask.
             group: consecutive rows of x that belong to one source sentence (beams).
             rotary: cos, sin of the new positions (rotary position embeddings), or None.
+            kernel: the attention function both attentions call:
+                :func:`~transformer.model.attention.attention`, or another form of it with
+                its arguments and results.
 
         Returns:
             x (B, T_new, C), the self-attention K, V now covering T_past + T_new
@@ -149,26 +179,40 @@ class DecoderLayer(nn.Module):
             if rotary is not None:  # keys are cached rotated: each turned once, at its own position
                 q, k = apply_rotary(q, *rotary), apply_rotary(k, *rotary)
             k, v = self_kv.extend(k, v)  # (B, H_kv, T_past + T_new, D)
-            out, w = self.self_attn.attend(q, k, v, self_mask, need_weights)
+            out, w = self.self_attn.attend(q, k, v, self_mask, need_weights, kernel)
             return out, (k, v, w)
 
         def cross_attention(h: Tensor):
             if group == 1:
-                return self.cross_attn(h, cross_kv[0], cross_kv[1], memory_mask, need_weights)
+                return self.cross_attn(h, cross_kv[0], cross_kv[1], memory_mask, need_weights, kernel)
             # The `group` rows of a sentence share its K/V: attend as one row with
             # group * T_new queries (queries are independent), then split the rows again.
             n, t, c = h.shape
             out, w = self.cross_attn(h.reshape(n // group, group * t, c), cross_kv[0], cross_kv[1],
-                                     memory_mask, need_weights)
+                                     memory_mask, need_weights, kernel)
             if w is not None:  # (B_src, H, group*T, S) -> (B_src*group, H, T, S)
                 b, heads, _, s_len = w.shape
                 w = w.view(b, heads, group, t, s_len).transpose(1, 2).reshape(n, heads, t, s_len)
             return out.reshape(n, t, c), w
 
-        x, (k, v, self_w) = self.self_block(x, masked_self_attention)
-        cross_w = None
-        if self.cross_attn is not None:
-            x, cross_w = self.cross_block(x, cross_attention)
-        x, _ = self.ffn_block(x, lambda h: (self.ffn(h), None))
+        x, (k, v, self_w), cross_w = self.sublayers(x, masked_self_attention, cross_attention)
         return x, (k, v), (self_w, cross_w)
+
+    def sublayers(self, x: Tensor, self_attention: Sublayer, cross_attention: Sublayer | None = None,
+                  feed_forward: Sublayer | None = None, tap: Tap = untapped):
+        """The layer's wiring: masked self-attention, then cross-attention (an encoder-decoder's
+        layer), then the FFN (default: this layer's), each a function of the sub-layer's input
+        h (B, T_new, C) -> (output (B, T_new, C), anything) inside its Add & Norm. ``tap`` as in
+        :meth:`EncoderLayer.sublayers`, with "cross.in", "cross.sum" and "resid_cross" after
+        the cross-attention. Returns x and what the two attentions returned (None: no
+        cross-attention)."""
+        x = tap("resid_pre", x)
+        x, self_out = self.self_block(x, self_attention, tap, "attn")
+        x = tap("resid_mid", x)
+        cross_out = None
+        if self.cross_attn is not None:
+            x, cross_out = self.cross_block(x, cross_attention, tap, "cross")
+            x = tap("resid_cross", x)
+        x, _ = self.ffn_block(x, feed_forward or (lambda h: (self.ffn(h), None)), tap, "ffn")
+        return tap("resid_post", x), self_out, cross_out
 

@@ -50,6 +50,13 @@ class Causal:
 CAUSAL = Causal()
 
 
+def causal_slots(index: Tensor, upto: int) -> Tensor:
+    """(1, 1, T_new, U): the causal mask of new positions written at cache slots ``index``
+    (T_new,) among the first ``upto`` slots: the query at slot ``index[i]`` may attend to slots
+    0 .. ``index[i]``."""
+    return (torch.arange(upto, device=index.device)[None, :] <= index[:, None])[None, None]
+
+
 def real_keys(real: Tensor) -> Tensor:
     """(B, T_k) True at real tokens -> (B, 1, 1, T_k): the keys that may be attended to
     (a decoder-only model's left-padded batch)."""

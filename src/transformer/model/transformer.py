@@ -12,6 +12,7 @@ from torch import Tensor, nn
 
 from .config import ModelConfig
 from . import masks
+from .attention import attention
 from .cache import KVCache
 from .dropout import Dropout
 from .embedding import PositionalEncoding, TokenEmbedding
@@ -71,17 +72,20 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_layers))
         self.norm = make_norm(cfg) if cfg.use_final_norm else None
 
-    def forward(self, x: Tensor, cache: KVCache, need_weights: bool = False, rotary=None, key_mask=None):
+    def forward(self, x: Tensor, cache: KVCache, need_weights: bool = False, rotary=None, key_mask=None,
+                kernel=attention):
         """x (B, T_new, C) -> (B, T_new, C), the grown cache, and per-layer (self, cross) weights.
 
         ``cache``: a :class:`~transformer.model.cache.KVCache`, or any cache with its
         interface (see :mod:`transformer.model.cache`). ``key_mask`` (B, T_past + T_new),
         True = a real token, masks the padding of a decoder-only model's left-padded batch;
-        ``rotary`` is the new positions' cos, sin."""
+        ``rotary`` is the new positions' cos, sin; ``kernel`` the attention function
+        (:meth:`DecoderLayer.forward`)."""
         self_mask = cache.self_mask(x.size(1), key_mask, x.device)
         new_self_kv, weights = [], []
         for i, (layer, cross) in enumerate(zip(self.layers, cache.cross_kv)):
-            x, kv, w = layer(x, cache.layer(i), cross, self_mask, cache.attend_mask, need_weights, cache.group, rotary)
+            x, kv, w = layer(x, cache.layer(i), cross, self_mask, cache.attend_mask, need_weights, cache.group, rotary,
+                             kernel)
             new_self_kv.append(kv)
             weights.append(w)
         if self.norm is not None:

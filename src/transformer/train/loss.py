@@ -133,7 +133,7 @@ def compile_loss(dtype: torch.dtype = torch.bfloat16) -> LossKernels | None:
     """Kernels for :func:`fused_label_smoothed_nll_loss` (its ``kernels`` argument) that make one
     loop over the logits each way on CPU, where the eager code makes several passes over each
     block of rows. Measured on the en->de recipe's batches: +4.5-6.5% training tokens/s
-    (benchmarks/README.md).
+    (benchmarks/training.md).
 
     The kernels are built here (with symbolic shapes, so one build serves every batch) and
     checked against the eager code on a small input of ``dtype``, the logits' dtype in

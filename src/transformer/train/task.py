@@ -10,6 +10,7 @@ of the selected positions), ``tgt_out`` (the labels, ``pad_id`` where there is n
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Iterator
 
 import torch
@@ -18,11 +19,12 @@ from ..model.config import ModelConfig
 from ..data import Batch, TokenBatchSampler, collate, example_lengths
 from ..data.chars import Chars
 from ..data.text import NOT_SCORED, TextBatch, WindowSampler, validation_windows, windows
-from ..decode.decoding_config import DecodingConfig
+from ..decode import greedy_search, length_batches, pad_batch
+from ..decode.decoding_config import GPU_MAX_TOKENS, MAX_TOKENS, DecodingConfig
+from ..decode.precision import for_inference
 from ..errors import UserError
 from ..evaluation.translation import score
 from ..model import LanguageModel, Transformer, build_model
-from ..inference.translator import Translator
 from .train_config import TrainConfig
 from .distributed import Dist
 from .loss import label_smoothed_nll_loss
@@ -127,12 +129,37 @@ class TranslationTask(Scores):
         rec = {"valid_nll": self.validation_nll(model, device, amp_dtype)}
         rec["valid_ppl"] = math.exp(min(rec["valid_nll"], 50))
         if self.cfg.eval_bleu:
-            # fp32 whatever the machine: the scores that pick the best checkpoint are the same everywhere
-            decoding = DecodingConfig(beam=1, device=str(device), precision="fp32")
-            translator = Translator(model, self.data.subwords, decoding)
-            scores = score(translator.translate([s for s, _ in self.data.valid]), [t for _, t in self.data.valid])
+            hyps = greedy_translations(model, self.data.subwords, [s for s, _ in self.data.valid], device)
+            scores = score(hyps, [t for _, t in self.data.valid])
             rec.update(valid_bleu=scores.bleu, valid_chrf=scores.chrf)
         return rec
+
+
+@torch.inference_mode()
+def greedy_translations(model: Transformer, subwords, lines: list[str], device: torch.device) -> list[str]:
+    """``lines`` translated by greedy search as ``transformer translate --beam 1 --precision
+    fp32`` translates them (the default length limits and batches, eagerly): fp32 whatever the
+    machine, so the scores that pick the best checkpoint are the same everywhere. A line longer
+    than the model takes is cut to its first ``max_len - 1`` subwords, with a warning."""
+    model = for_inference(model, "fp32")  # the model itself (in eval mode) when it is float32 already
+    cfg, decoding = model.cfg, DecodingConfig(beam=1)
+    room = cfg.max_len - 1
+    todo = []
+    for i, line in enumerate(lines):
+        if line.strip():
+            ids = subwords.encode(line)
+            if len(ids) > room:
+                warnings.warn(f"a validation line of {len(ids)} subwords is longer than the model's limit ({room}); "
+                              f"translating its first {room} subwords only", stacklevel=2)
+            todo.append((i, ids[:room] + [cfg.eos_id]))
+    out = [""] * len(lines)  # an empty line's translation is empty
+    max_tokens = GPU_MAX_TOKENS if device.type == "cuda" else MAX_TOKENS
+    for batch in length_batches([len(ids) for _, ids in todo], max_tokens):
+        chunk = [todo[j] for j in batch]
+        src = pad_batch([ids for _, ids in chunk], cfg.pad_id, device)
+        for (i, _), (hyp,) in zip(chunk, greedy_search(model, src, decoding.max_len_a, decoding.max_len_b)):
+            out[i] = subwords.decode([t for t in hyp.tokens if t != cfg.eos_id])
+    return out
 
 
 class LanguageModelTask(Scores):

@@ -11,7 +11,7 @@ validation, checkpoints and decoding see the model as it always was):
   from ``torch.rand``, which inductor draws inside the fused kernel, seeded from torch's
   generator (a compiled run drops other elements than an eager one with the same seed).
 - attention: on a CPU the matmul-softmax-matmul, which inductor fuses into its own loops,
-  rather than torch's fused kernel (:func:`~transformer.compiled.graph.graph_attention`), its
+  rather than torch's fused kernel (:func:`~transformer.kernels.attention.graph_attention`), its
   dropout drawn as above; on a GPU torch's fused kernel, with ``is_causal=True`` where only
   the future is masked (a language model's windows), so that it may pick the flash kernel.
 - the embedding lookups: their gradient is torch's own embedding backward, kept out of the
@@ -25,8 +25,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..compiled.graph import graph_attention
-from ..model.attention import MultiHeadAttention
+from ..kernels.attention import graph_attention
+from ..model.attention import MultiHeadAttention, attention
 from ..model.dropout import Dropout
 from ..model.embedding import LearnedPositions, TokenEmbedding
 from ..run.private import use_private_build_folder
@@ -95,9 +95,9 @@ class GraphDropout(Dropout):
 
 class GraphAttention(MultiHeadAttention):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
-               need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        if not torch.compiler.is_compiling() or need_weights:
-            return super().attend(q, k, v, mask, need_weights)
+               need_weights: bool = False, kernel=attention) -> tuple[Tensor, Tensor | None]:
+        if not torch.compiler.is_compiling() or need_weights or kernel is not attention:
+            return super().attend(q, k, v, mask, need_weights, kernel)
         k, v = self.expand_kv(k, v)  # (B, H, T_k, D)
         out = graph_attention(q, k, v, mask, self.attn_dropout if self.training else 0.0)
         return self.out_proj(self.merge_heads(out)), None

@@ -2,9 +2,9 @@
 computed, for both model kinds (the translation model's encoder and decoder, a language
 model's decoder-only stack).
 
-The layers run through the trace (:mod:`transformer.inspect.trace`), which calls the model's own
-parts in the order of :class:`~transformer.model.layers.SublayerConnection`, ``EncoderLayer``
-and ``DecoderLayer``; here its named values are gathered into what the steps read, with the
+The layers run through the trace (:mod:`transformer.inspect.trace`), which runs each through
+the layer's own wiring (``EncoderLayer.sublayers``, ``DecoderLayer.sublayers``: residual
+connections and norms) with the trace's recording sub-layers; here its named values are gathered into what the steps read, with the
 attention weights times V computed as the model's explicit-attention path computes them, so a
 walkthrough's outputs equal that path bit for bit (each walkthrough records that check).
 
