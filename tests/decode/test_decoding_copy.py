@@ -49,8 +49,10 @@ def test_fused_attention_weights_give_the_models_numbers_bit_for_bit(measuring, 
     assert not isinstance(getattr(full, "project"), OneDnnProjection)
     assert not any(type(m) is OneDnnLinear for m in full.modules())
     attns = [m for m in full.modules() if isinstance(m, DecodingAttention)]
-    assert attns and all(m.fused for m in attns)
-    assert len(attns[len(attns) // 2].fused) + len(full.decoder.layers[0].cross_attn.fused) >= 3  # q/k/v, memory K/V
+    selves = [layer.self_attn for layer in (*full.encoder.layers, *full.decoder.layers)]
+    assert selves and all(len(a.fused) == 1 for a in selves)  # each layer's q/k/v
+    assert len(full.decoder.layers[0].cross_attn.fused) == 1  # the memory's K, V of every layer
+    assert not any(a.cross_attn.fused for a in full.decoder.layers[1:])  # (a cross-attention's q runs alone)
     src, tgt = rand_tokens([7, 4, 6]), rand_tokens([5, 5, 3], vocab=11)
     assert torch.equal(logits(full, src, tgt), logits(model, src, tgt))
     assert decoded(full, src) == decoded(model, src)

@@ -108,13 +108,14 @@ def prepare(model: nn.Module, onednn: set[tuple[int, int]] = frozenset()) -> nn.
     weight = model.output_layer()[0] if hasattr(model, "output_layer") and one_bias else None
     if isinstance(weight, Tensor) and (weight.size(1), weight.size(0)) in onednn:
         model.project = OneDnnProjection(model)  # (an instance attribute: the class's method stays)
-    for m in model.modules():
+    for name, m in model.named_modules():
         if type(m) is nn.Linear and (m.in_features, m.out_features) in onednn:
             m.__class__ = OneDnnLinear
         if type(m) is MultiHeadAttention:
             m.__class__ = DecodingAttention
             m.fused = {}
-            m.fuse((m.q_proj, m.k_proj, m.v_proj))
+            if name.rpartition(".")[2] == "self_attn":  # (a cross-attention projects its q alone)
+                m.fuse((m.q_proj, m.k_proj, m.v_proj))
     decoder = getattr(model, "decoder", None)
     if hasattr(decoder, "cross_kv"):  # the memory's K, V: every layer's, in one matmul from the first's attention
         attns = [layer.cross_attn for layer in decoder.layers]
