@@ -58,6 +58,19 @@ def test_fused_attention_weights_give_the_models_numbers_bit_for_bit(measuring, 
     assert decoded(full, src) == decoded(model, src)
 
 
+def test_the_copy_keeps_its_hooks_and_modules_to_itself(make_model):
+    """A hook on the copy's module (a profiler's marks) never runs on the caller's model."""
+    model = make_model()
+    full = for_inference(model, "fp32")
+    seen = []
+    full.decoder.layers[0].ffn.register_forward_hook(lambda *a: seen.append(1))
+    full.decoder.layers[0].ffn.extra = torch.nn.Identity()
+    with torch.inference_mode():
+        model.encode(torch.tensor([[5, 6, 2]]))
+        model.decoder.layers[0].ffn(torch.zeros(1, 1, model.cfg.d_model))
+    assert seen == [] and not hasattr(model.decoder.layers[0].ffn, "extra")
+
+
 @needs_onednn
 @pytest.mark.parametrize("overrides", [{}, {"tie_embeddings": False, "tgt_vocab_size": 11, "output_bias": True},
                                        {"output_bias": True}])

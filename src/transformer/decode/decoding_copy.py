@@ -92,10 +92,12 @@ class DecodingAttention(MultiHeadAttention):
 
 def shallow_copy(module: nn.Module) -> nn.Module:
     """``module`` and every submodule copied, their parameters and buffers the same tensors:
-    changing the copy's modules leaves the original's alone, and no weight is duplicated."""
+    changing the copy's modules (their children, parameters, buffers, hooks) leaves the
+    original's alone, and no weight is duplicated."""
     out = copy.copy(module)
-    out._parameters = dict(module._parameters)
-    out._buffers = dict(module._buffers)
+    for key, value in vars(module).items():  # _parameters, _buffers, the hooks' dicts, ...
+        if isinstance(value, (dict, set)):
+            vars(out)[key] = copy.copy(value)
     out._modules = {name: None if child is None else shallow_copy(child) for name, child in module._modules.items()}
     return out
 
