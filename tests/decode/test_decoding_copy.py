@@ -112,3 +112,13 @@ def test_info_names_the_float_kernels(measuring, monkeypatch, make_model):
     fake_times(monkeypatch, slow={"fp32"}, fastest="fp32-onednn")
     report = choose.report(make_model())
     assert {s["fp32"] for s in report["shapes"]} == {"oneDNN"} and {s["bf16"] for s in report["shapes"]} == {"F.linear"}
+
+
+def test_measuring_draws_nothing_from_the_global_rng():
+    """Training validates in fp32, which now measures its kernels: the candidates' random layers
+    come from a generator of their own, so a resumed run stays exact."""
+    state = torch.get_rng_state()
+    calls = choose.candidates(8, 12, 4, choose.names_to_time())
+    for call, arg in calls.values():
+        call(arg)
+    assert torch.equal(torch.get_rng_state(), state)

@@ -97,9 +97,12 @@ def candidates(d_in: int, d_out: int, rows: int, names) -> dict[str, tuple]:
     """name -> (call, its argument): one decoding call of a (d_in -> d_out) layer on ``rows``
     rows in each way ``names`` lists (fp32, bf16, or an int8 kernel), random weights."""
     gen = torch.Generator().manual_seed(0)
-    linear = nn.Linear(d_in, d_out)
+    # skip_init and a generator of its own: measuring draws nothing from the global RNG (training's
+    # validation decodes in fp32, which measures too, and a resumed run must stay exact)
+    linear = nn.utils.skip_init(nn.Linear, d_in, d_out)
     with torch.no_grad():
         linear.weight.copy_(torch.randn(d_out, d_in, generator=gen) * d_in ** -0.5)
+        linear.bias.copy_(torch.randn(d_out, generator=gen) * d_in ** -0.5)
     x = torch.randn(rows, d_in, generator=gen)
     out = {}
     for name in names:
