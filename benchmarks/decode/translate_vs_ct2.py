@@ -101,23 +101,31 @@ def main() -> None:
         return out
 
     times = {"ours": [], "ct2": []}
+    cpu = {"ours": [], "ct2": []}  # the process's CPU seconds: what other load on a shared machine stretches less
     outputs = {}
     for r in range(args.rounds):
         for who in (("ours", "ct2") if r % 2 == 0 else ("ct2", "ours")):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             outputs[who] = (run_ours if who == "ours" else run_ct2)()
             times[who].append(time.perf_counter() - t0)
-            print(f"round {r + 1}: {who} {times[who][-1]:.2f} s", file=sys.stderr, flush=True)
+            cpu[who].append(time.process_time() - c0)
+            print(f"round {r + 1}: {who} {times[who][-1]:.2f} s ({cpu[who][-1]:.2f} s of CPU)", file=sys.stderr,
+                  flush=True)
     ratios = [c / o for o, c in zip(times["ours"], times["ct2"])]
+    cpu_ratios = [c / o for o, c in zip(cpu["ours"], cpu["ct2"])]
     same = sum(a == b for a, b in zip(outputs["ours"], outputs["ct2"]))
     result = {"machine": hardware.describe(), "sentences": len(lines), "beam": args.beam, "precision": d.precision,
               "ct2_compute_type": args.compute_type, "ours_s": statistics.median(times["ours"]),
               "ct2_s": statistics.median(times["ct2"]), "ct2_over_ours_per_round": ratios,
+              "ours_cpu_s": statistics.median(cpu["ours"]), "ct2_cpu_s": statistics.median(cpu["ct2"]),
+              "ct2_over_ours_cpu_per_round": cpu_ratios,
               "identical_outputs": same}
     print(f"{len(lines)} sentences, beam {args.beam}: ours ({d.precision}) {result['ours_s']:.2f} s, "
           f"CTranslate2 ({args.compute_type}) {result['ct2_s']:.2f} s (medians of {args.rounds}); "
           f"ours takes {min(1 / x for x in ratios):.2f}-{max(1 / x for x in ratios):.2f}x CTranslate2's time "
-          f"per round; identical outputs {same}/{len(lines)}")
+          f"per round; in CPU time {result['ours_cpu_s']:.2f} s against {result['ct2_cpu_s']:.2f} s "
+          f"({min(1 / x for x in cpu_ratios):.2f}-{max(1 / x for x in cpu_ratios):.2f}x); identical outputs "
+          f"{same}/{len(lines)}")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
 

@@ -11,7 +11,9 @@ from torch import nn
 
 from transformer.decode import beam_search, greedy_search
 from transformer.decode import choose, precision
+from transformer.decode.decoding_copy import DecodingAttention
 from transformer.decode.precision import INT8_KERNELS, PRECISIONS, Int8Linear, fbgemm_available, for_inference
+from transformer.model.attention import MultiHeadAttention
 
 QUANTISED = Int8Linear
 
@@ -21,9 +23,16 @@ def logits_of(model, src, tgt):
         return model(src, tgt).float()
 
 
-def test_fp32_is_the_model_itself(make_model):
-    model = make_model()
-    assert for_inference(model, "fp32") is model
+def test_fp32_decodes_the_models_own_weights_and_leaves_its_modules_alone(make_model):
+    """fp32 of a float32 model copies no weight (the copy's parameters are the model's), and
+    what decoding changes in its copy (attention weights fused, eval mode) stays there."""
+    model = make_model().train()
+    full = for_inference(model, "fp32")
+    assert full is not model and not full.training and model.training
+    assert all(a is b for a, b in zip(full.parameters(), model.parameters()))
+    assert {type(m) for m in model.modules()} >= {MultiHeadAttention} and DecodingAttention not in {
+        type(m) for m in model.modules()}
+    assert DecodingAttention in {type(m) for m in full.modules()}
 
 
 def test_fp32_of_a_bf16_model_is_a_float32_copy(make_model):

@@ -48,7 +48,8 @@ def others(model) -> list[tuple[str, int]]:
 
 def decoding_lines(report: dict) -> list[str]:
     """:func:`transformer.decode.choose.report` as the lines ``info`` prints: per shape, each
-    candidate's rate in multiply-adds per second (GMAC/s) and the int8 kernel chosen."""
+    candidate's rate in multiply-adds per second (GMAC/s), the int8 kernel chosen and whether
+    fp32 and bf16 multiply through ``F.linear`` or oneDNN's linear."""
     rows = report["rows"]
     how = (f"measured on one thread at {' and '.join(map(str, rows))} rows" if report["source"] == "measured"
            else "chosen by the CPU's flags (nothing measured)")
@@ -57,7 +58,8 @@ def decoding_lines(report: dict) -> list[str]:
         d_in, d_out = (int(n) for n in entry["shape"].split("x"))
         rates = "" if entry["seconds"] is None else "  " + ", ".join(
             f"{name} {d_in * d_out * sum(rows) / s / 1e9:.1f}" for name, s in entry["seconds"].items())
-        lines.append(f"  {entry['shape']:>11}: int8 kernel {entry['int8']}{rates and ';  GMAC/s:' + rates}")
+        lines.append(f"  {entry['shape']:>11}: int8 kernel {entry['int8']}, fp32 {entry['fp32']}, bf16 {entry['bf16']}"
+                     f"{rates and ';  GMAC/s:' + rates}")
     return lines
 
 

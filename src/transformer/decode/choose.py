@@ -10,6 +10,10 @@ the demo model's width (128) float32 can beat both (``benchmarks/decode/README.m
     int8 kernels     for each linear layer of an int8 model, the fastest of
                      :data:`~transformer.decode.precision.INT8_KERNELS` at its shape
                      (:func:`int8_kernels`)
+    oneDNN           for each linear layer of an fp32 or bf16 model, the output projection
+                     included, whether oneDNN's linear multiplies its shape clearly faster
+                     than ``F.linear`` (:func:`onednn_shapes`; in float32 ``F.linear`` runs
+                     MKL's GEMM, on an AMD EPYC 1.6-1.8x slower at an opus-mt vocabulary)
 
 Each (in, out) shape is timed at a few decoding batch sizes (:data:`ROWS`) with random
 weights, every candidate in turn (seconds for a model on an idle machine), and kept as JSON in the user's private
@@ -40,6 +44,7 @@ from .. import hardware
 from ..errors import OneLineWarning
 from ..run import private
 from ..run.files import atomic_write
+from .decoding_copy import onednn_available, onednn_linear
 from .precision import INT8_KERNELS, Int8Linear, fbgemm_available, int_mm_exact
 
 ENV_VAR = "TRANSFORMER_MEASURE"  # off: the CPU's flags decide, nothing is timed
@@ -54,6 +59,9 @@ CUT_S, GIVE_UP = 0.02, 4.0  # after 3 rounds, a candidate whose call costs over 
 MAX_OUT = 16384  # a wider layer (a vocabulary) is timed at this width and scaled
 MAX_CACHE_BYTES = 1 << 20
 TIMING = "one thread, its CPU time, fastest call"  # how the times were taken: another way is another cache
+ONEDNN = {"fp32": "fp32-onednn", "bf16": "bf16-onednn"}  # a precision's candidate through oneDNN's linear
+ONEDNN_GAIN = 0.85  # oneDNN is taken where it measured at most this fraction of F.linear's time: a
+# shape where the two are level (most layer shapes) keeps F.linear, and its outputs, from run to run
 
 
 class MeasureWarning(OneLineWarning):
@@ -89,18 +97,21 @@ def candidates(d_in: int, d_out: int, rows: int, names) -> dict[str, tuple]:
     """name -> (call, its argument): one decoding call of a (d_in -> d_out) layer on ``rows``
     rows in each way ``names`` lists (fp32, bf16, or an int8 kernel), random weights."""
     gen = torch.Generator().manual_seed(0)
-    linear = nn.Linear(d_in, d_out)
+    # skip_init and a generator of its own: measuring draws nothing from the global RNG (training's
+    # validation decodes in fp32, which measures too, and a resumed run must stay exact)
+    linear = nn.utils.skip_init(nn.Linear, d_in, d_out)
     with torch.no_grad():
         linear.weight.copy_(torch.randn(d_out, d_in, generator=gen) * d_in ** -0.5)
+        linear.bias.copy_(torch.randn(d_out, generator=gen) * d_in ** -0.5)
     x = torch.randn(rows, d_in, generator=gen)
     out = {}
     for name in names:
-        if name == "fp32":
-            w, b = linear.weight.detach(), linear.bias.detach()
-            out[name] = (lambda v, w=w, b=b: F.linear(v, w, b), x)
-        elif name == "bf16":  # a bf16 model's activations are bf16 already
-            w, b = linear.weight.detach().bfloat16(), linear.bias.detach().bfloat16()
-            out[name] = (lambda v, w=w, b=b: F.linear(v, w, b), x.bfloat16())
+        dtype = torch.bfloat16 if name.startswith("bf16") else torch.float32  # a bf16 model's activations are bf16
+        w, b = linear.weight.detach().to(dtype), linear.bias.detach().to(dtype)
+        if name in ("fp32", "bf16"):
+            out[name] = (lambda v, w=w, b=b: F.linear(v, w, b), x.to(dtype))
+        elif name in ONEDNN.values():
+            out[name] = (lambda v, w=w, b=b: onednn_linear(v, w, b), x.to(dtype))
         else:
             out[name] = (Int8Linear.from_linear(linear, name), x)
     return out
@@ -161,9 +172,10 @@ def _seconds(call, arg) -> float:
 
 
 def names_to_time() -> tuple[str, ...]:
-    """fp32, bf16 and the int8 kernels this torch build has (``int_mm`` where its sums are exact)."""
-    return ("fp32", "bf16", *(k for k in INT8_KERNELS if (k != "fbgemm" or fbgemm_available())
-                              and (k != "int_mm" or int_mm_exact())))
+    """fp32, bf16, both through oneDNN's linear, and the int8 kernels this torch build has
+    (``int_mm`` where its sums are exact)."""
+    return ("fp32", "bf16", *(ONEDNN.values() if onednn_available() else ()),
+            *(k for k in INT8_KERNELS if (k != "fbgemm" or fbgemm_available()) and (k != "int_mm" or int_mm_exact())))
 
 
 # --- the cache ---------------------------------------------------------------------------------
@@ -296,8 +308,29 @@ def auto_precision(model: nn.Module, device: str | torch.device = "cpu") -> str:
     times = measured(shapes)
     if times is None:
         return by_flags("auto", device)
-    cost = {p: sum(times[f"{i}x{o}"][p] for i, o in shapes) for p in ("fp32", "bf16")}
+    cost = {p: sum(_float_kernel(times[f"{i}x{o}"], p)[1] for i, o in shapes) for p in ("fp32", "bf16")}
     return min(cost, key=cost.get)
+
+
+def _float_kernel(times: dict[str, float], precision: str) -> tuple[str, float]:
+    """The kernel a ``precision`` ("fp32" or "bf16") layer with these measured ``times``
+    multiplies with, and its time: oneDNN's where it took at most :data:`ONEDNN_GAIN` of
+    ``F.linear``'s, else ``F.linear`` (named by the precision)."""
+    onednn = times.get(ONEDNN[precision])
+    if onednn is not None and onednn <= ONEDNN_GAIN * times[precision]:
+        return ONEDNN[precision], onednn
+    return precision, times[precision]
+
+
+def onednn_shapes(shapes, precision: str) -> set[tuple[int, int]]:
+    """Those of the (in, out) ``shapes`` that a ``precision`` ("fp32" or "bf16") decoding copy
+    multiplies through oneDNN's linear (:func:`_float_kernel`); none where nothing is measured
+    (``F.linear``, as before there was a choice)."""
+    shapes = list(dict.fromkeys(shapes))
+    times = measured(shapes) if precision in ONEDNN else None
+    if times is None:
+        return set()
+    return {(i, o) for i, o in shapes if _float_kernel(times[f"{i}x{o}"], precision)[0] != precision}
 
 
 def int8_kernels(shapes) -> dict[tuple[int, int], str]:
@@ -320,4 +353,6 @@ def report(model: nn.Module) -> dict[str, object]:
     return {"source": "flags" if times is None else "measured", "machine": hardware.describe_line(),
             "rows": list(ROWS), "auto": auto_precision(model, "cpu"),
             "shapes": [{"shape": f"{i}x{o}", "int8": kernels[i, o],
+                        **{p: "F.linear" if times is None or _float_kernel(times[f"{i}x{o}"], p)[0] == p else "oneDNN"
+                           for p in ONEDNN},
                         "seconds": None if times is None else times[f"{i}x{o}"]} for i, o in shapes]}

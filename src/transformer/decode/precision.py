@@ -30,6 +30,7 @@ from torch.nn import functional as F
 
 from .. import hardware
 from ..model.attention import MultiHeadAttention, split_projections
+from . import decoding_copy
 from .decoding_config import PRECISIONS, DecodingConfig, check_precision  # noqa: F401 (PRECISIONS: the choices, named here too)
 from .ensemble import Ensemble
 
@@ -74,19 +75,21 @@ def decoding_model(model: nn.Module, decoding, warn: bool = True):
 
 
 def for_inference(model: nn.Module, precision: str = "fp32") -> nn.Module:
-    """``model`` in eval mode at ``precision`` (``auto`` resolved for the model and its
-    device): the model itself when it is already float32 and fp32 is asked for, a converted
-    copy otherwise (the caller's model keeps its dtype). int8: each linear layer with the
-    kernel measured fastest at its shape (:func:`transformer.decode.choose.int8_kernels`)."""
+    """A copy of ``model`` for decoding, in eval mode, at ``precision`` (``auto`` resolved for
+    the model and its device); the caller's model keeps its dtype, mode and modules. fp32 of
+    a float32 model: its own weights (shared, not copied), bf16 and int8: converted ones.
+    Float copies fuse their attention weights once and multiply each shape measured faster
+    through oneDNN there (:mod:`transformer.decode.decoding_copy`); int8: each linear layer
+    with the kernel measured fastest at its shape (:func:`transformer.decode.choose.int8_kernels`)."""
     precision = resolve_precision(precision, next(model.parameters()).device, model)
     if isinstance(model, Ensemble):  # each member on its own: the int8 path rebuilds a member's projection
         return Ensemble([for_inference(m, precision) for m in model.members])
     float32 = all(p.dtype == torch.float32 for p in model.parameters() if p.is_floating_point())
-    if precision == "fp32" and float32:
-        return model.eval()
+    if precision == "fp32" and float32:  # the model's own weights, modules of the copy's own
+        return decoding_copy.prepare(decoding_copy.shallow_copy(model).eval(), _onednn_shapes(model, precision))
     out = copy.deepcopy(model).to(torch.bfloat16 if precision == "bf16" else torch.float32).eval()
     if precision != "int8":
-        return out
+        return decoding_copy.prepare(out, _onednn_shapes(out, precision))
     from .choose import int8_kernels
 
     if getattr(out, "out_proj", "absent") is None:  # tied: a projection of its own to quantise
@@ -100,6 +103,16 @@ def for_inference(model: nn.Module, precision: str = "fp32") -> nn.Module:
         if type(m) is MultiHeadAttention:  # (the copy's own module: its int8 form)
             m.__class__ = Int8Attention
     return out
+
+
+def _onednn_shapes(model: nn.Module, precision: str) -> set[tuple[int, int]]:
+    """The (in, out) shapes of ``model``'s decoding step that multiply faster through oneDNN
+    than through ``F.linear`` at ``precision``, as measured on this CPU (none elsewhere)."""
+    if next(model.parameters()).device.type != "cpu":
+        return set()
+    from .choose import decoder_shapes, onednn_shapes
+
+    return onednn_shapes(decoder_shapes(model), precision)
 
 
 def uses_int8_gemm(model: nn.Module) -> bool:
