@@ -15,7 +15,8 @@ import torch
 from transformer import hardware
 from transformer.decode.decoding_config import DecodingConfig
 from transformer.decode import choose
-from transformer.decode.precision import Int8Linear, decoding_model, for_inference
+from transformer.decode.int8 import Int8Linear
+from transformer.decode.precision import decoding_model, for_inference
 
 AMX = frozenset("fpu sse avx avx2 fma avx512f avx512bw avx512_bf16 amx_bf16 amx_tile amx_int8".split())
 AVX512_NO_BF16 = frozenset("fpu sse avx avx2 fma avx512f avx512bw avx512_vnni".split())

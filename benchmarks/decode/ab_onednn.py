@@ -39,6 +39,7 @@ def main() -> None:
     from transformer.decode import choose, decoding_copy
     from transformer.inference.translator import load_translator
 
+    print(hardware.describe_line(), flush=True)
     run = Path(args.run) if args.run else Path(args.work) / "run"
     import yaml
 

@@ -44,7 +44,8 @@ def main() -> None:
 
     from transformer import hardware
     from transformer.data import load_multi30k
-    from transformer.decode.precision import Int8Linear, for_inference
+    from transformer.decode.int8 import Int8Linear
+    from transformer.decode.precision import for_inference
     from transformer.evaluation.translation import score
     from transformer.inference.translator import Translator, load_translator
     from transformer.run.layout import read_run_config

@@ -1,5 +1,5 @@
 """One linear layer at decoding shapes, in every way decoding can multiply it: float32, bfloat16
-weights, and int8 weights by each of :class:`~transformer.decode.precision.Int8Linear`'s
+weights, and int8 weights by each of :class:`~transformer.decode.int8.Int8Linear`'s
 kernels (weight-only in bf16 and in fp32; ``torch._int_mm`` on the input quantised per row;
 fbgemm's dynamically quantised linear). Each case is what a decoding call costs, the input's
 quantisation and the output's rescaling included; bf16 takes a bf16 input (a bf16 model's
@@ -22,7 +22,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from transformer import hardware
-from transformer.decode.precision import INT8_KERNELS, Int8Linear, fbgemm_available
+from transformer.decode.int8 import INT8_KERNELS, Int8Linear, fbgemm_available
 
 SHAPES = "512x2048,2048x512,512x1536,512x58101,128x256,256x128,128x384,128x8000"
 

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from transformer.cli import main
-from transformer.decode import choose, precision
-from transformer.decode.precision import INT8_KERNELS, Int8Linear, for_inference
+from transformer.decode import choose, int8
+from transformer.decode.int8 import INT8_KERNELS, Int8Linear
+from transformer.decode.precision import for_inference
 from transformer.run.weights import save_weights
 
 
@@ -27,7 +28,7 @@ def measuring(monkeypatch, tmp_path):
     monkeypatch.setattr(choose, "_failed", set())
     # int_mm a candidate on every machine: these tests fake the times and check the choice (where
     # its sums are not exact it is never timed: test_precision.py's int_mm test)
-    monkeypatch.setattr(precision, "_INT_MM_EXACT", [True])
+    monkeypatch.setattr(int8, "_INT_MM_EXACT", [True])
     return tmp_path / "cache"
 
 

@@ -9,7 +9,8 @@ import torch
 
 from table_model import EOS, TableModel
 from transformer.decode import Ensemble, beam_search, greedy_search
-from transformer.decode.precision import Int8Linear, for_inference
+from transformer.decode.int8 import Int8Linear
+from transformer.decode.precision import for_inference
 
 # Member A prefers token 3, member B token 4; on average token 5 is the most probable.
 A_FIRST = {3: 0.5, 5: 0.4, 4: 0.1}

@@ -10,9 +10,10 @@ import torch
 from torch import nn
 
 from transformer.decode import beam_search, greedy_search
-from transformer.decode import choose, precision
+from transformer.decode import choose, int8, precision
 from transformer.decode.decoding_copy import DecodingAttention
-from transformer.decode.precision import INT8_KERNELS, PRECISIONS, Int8Linear, fbgemm_available, for_inference
+from transformer.decode.int8 import INT8_KERNELS, Int8Linear, fbgemm_available
+from transformer.decode.precision import PRECISIONS, for_inference
 from transformer.model.attention import MultiHeadAttention
 
 QUANTISED = Int8Linear
@@ -120,7 +121,7 @@ def test_int8_decoding_warns_about_nothing_and_stays_close_to_fp32(make_model, r
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         q = for_inference(model, "int8")
-        exact = kernel != "int_mm" or precision.int_mm_exact()  # elsewhere int_mm layers take fbgemm
+        exact = kernel != "int_mm" or int8.int_mm_exact()  # elsewhere int_mm layers take fbgemm
         expected = kernel if exact else "fbgemm" if fbgemm_available() else "weight-only-fp32"
         assert {m.kernel for m in q.modules() if isinstance(m, Int8Linear)} == {expected}
         got = logits_of(q, src, tgt)
@@ -189,9 +190,9 @@ def test_int_mm_is_used_only_where_its_sums_are_exact(monkeypatch):
     """oneDNN without VNNI (an AVX2-only CPU, the AVX2 stand-in) adds int8 products in
     saturating 16-bit pairs: there an int_mm layer takes fbgemm's GEMM, and precision auto's
     measurement never times int_mm."""
-    from transformer.decode import choose, precision
+    from transformer.decode import choose, int8
 
-    monkeypatch.setattr(precision, "_INT_MM_EXACT", [])
+    monkeypatch.setattr(int8, "_INT_MM_EXACT", [])
     real = torch._int_mm
 
     def saturating(a, b):  # as oneDNN's AVX2 kernels: a shifted to uint8, 16-bit pair sums, compensated
@@ -200,13 +201,13 @@ def test_int_mm_is_used_only_where_its_sums_are_exact(monkeypatch):
         return (pairs.clamp(-32768, 32767).sum(1) - 128 * b.int().sum(0)).int()
 
     monkeypatch.setattr(torch, "_int_mm", saturating)
-    assert not precision.int_mm_exact()
+    assert not int8.int_mm_exact()
     lin = torch.nn.Linear(16, 8)
-    layer = precision.Int8Linear.from_linear(lin, "int_mm")
-    assert layer.kernel == ("fbgemm" if precision.fbgemm_available() else "weight-only-fp32")
+    layer = int8.Int8Linear.from_linear(lin, "int_mm")
+    assert layer.kernel == ("fbgemm" if int8.fbgemm_available() else "weight-only-fp32")
     assert "int_mm" not in choose.names_to_time()
-    monkeypatch.setattr(precision, "_INT_MM_EXACT", [])
+    monkeypatch.setattr(int8, "_INT_MM_EXACT", [])
     monkeypatch.setattr(torch, "_int_mm", real)
-    assert precision.int_mm_exact() == torch.equal(real(torch.full((8, 256), 127, dtype=torch.int8),
+    assert int8.int_mm_exact() == torch.equal(real(torch.full((8, 256), 127, dtype=torch.int8),
                                                         torch.full((256, 16), -127, dtype=torch.int8)),
                                                    torch.full((8, 16), -127 * 127 * 256, dtype=torch.int32))

@@ -198,7 +198,7 @@ def test_fused_projections_of_int8_quantised_layers():
     by one, and close to the float ones (int8 weights, ~1% error)."""
     import copy
 
-    from transformer.decode.precision import Int8Attention, Int8Linear
+    from transformer.decode.int8 import Int8Attention, Int8Linear
 
     mha, _ = paired_modules()
     qmha = copy.deepcopy(mha)

@@ -189,7 +189,8 @@ def test_int8_quantised_model_decodes_like_its_full_forward(make_model, rand_tok
     int8 GEMM (torch._int_mm, fbgemm's), which quantises the activations too (a looser bound
     on this 16-wide model)."""
     from transformer.decode import choose
-    from transformer.decode.precision import fbgemm_available, for_inference
+    from transformer.decode.int8 import fbgemm_available
+    from transformer.decode.precision import for_inference
 
     if kernel == "fbgemm" and not fbgemm_available():
         pytest.skip("this torch build has no fbgemm")

@@ -8,7 +8,7 @@ the demo model's width (128) float32 can beat both (``benchmarks/decode/README.m
     precision auto   fp32 or bf16, whichever multiplies the model's decoder layers and its
                      output projection in less time (:func:`auto_precision`)
     int8 kernels     for each linear layer of an int8 model, the fastest of
-                     :data:`~transformer.decode.precision.INT8_KERNELS` at its shape
+                     :data:`~transformer.decode.int8.INT8_KERNELS` at its shape
                      (:func:`int8_kernels`)
     oneDNN           for each linear layer of an fp32 or bf16 model, the output projection
                      included, whether oneDNN's linear multiplies its shape clearly faster
@@ -45,7 +45,7 @@ from ..errors import OneLineWarning
 from ..run import private
 from ..run.files import atomic_write
 from .decoding_copy import onednn_available, onednn_linear
-from .precision import INT8_KERNELS, Int8Linear, fbgemm_available, int_mm_exact
+from .int8 import INT8_KERNELS, Int8Linear, fbgemm_available, int_mm_exact
 
 ENV_VAR = "TRANSFORMER_MEASURE"  # off: the CPU's flags decide, nothing is timed
 #: decoder rows (sentences x beam) each shape is timed at; a candidate's score is the sum of its

@@ -34,7 +34,7 @@ from torch.nn import functional as F
 
 from ..errors import UserError
 from .eager_step import EagerStep
-from .precision import Int8Linear
+from .int8 import Int8Linear
 from .rows import expand_rows
 from .scoring import Hypothesis, max_output_lengths, next_token_logprobs
 
