@@ -9,8 +9,9 @@ folder. Greedy, ``--new`` new tokens after a ``--prompt``-token random prompt, e
 forced to make all of them (no stop id), at each batch of ``--batches``:
 
     ours-P    ``transformer.decode.generate`` (temperature 0) on ``for_inference(model, P)``:
-              ``auto`` is what ``transformer generate`` does by default (bf16 on a CPU with
-              native bf16), eager
+              ``auto`` is what ``transformer generate`` does by default (fp32 or bf16, whichever
+              measured faster here), ``int8`` what ``--precision int8`` does (each layer's
+              kernel measured), eager
     hf-fp32   ``Qwen2ForCausalLM.generate()`` (greedy, ``min_new_tokens`` = ``max_new_tokens``)
 
 Rounds rotate which system goes first (after one untimed short warm-up each); figures are
@@ -37,7 +38,7 @@ from matmul_rate import matmul_rate  # noqa: E402
 
 from transformer import hardware  # noqa: E402
 
-SYSTEMS = ("ours-auto", "ours-fp32", "hf-fp32")
+SYSTEMS = ("ours-auto", "ours-int8", "ours-fp32", "hf-fp32")
 
 
 def positive(text: str) -> int:
@@ -54,7 +55,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--new", type=positive, default=128, help="new tokens")
     ap.add_argument("--rounds", type=positive, default=3)
     ap.add_argument("--threads", type=positive, default=2)
-    ap.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated: ours-P (auto, fp32, bf16), hf-fp32")
+    ap.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated: ours-P (auto, fp32, bf16, int8), hf-fp32")
     ap.add_argument("--hidden", type=positive, default=896)
     ap.add_argument("--layers", type=positive, default=24)
     ap.add_argument("--heads", type=positive, default=14)
@@ -74,8 +75,9 @@ def parse() -> argparse.Namespace:
         ap.error("--batches and --matmul-sizes: give positive integers, comma-separated")
     args.names = [s for s in args.systems.split(",") if s]
     for name in args.names:
-        if name not in ("ours-auto", "ours-fp32", "ours-bf16", "hf-fp32") or args.names.count(name) > 1:
-            ap.error(f"--systems: {name!r} is not one of ours-auto, ours-fp32, ours-bf16, hf-fp32, once each")
+        if name not in (*SYSTEMS, "ours-bf16") or args.names.count(name) > 1:
+            ap.error(f"--systems: {name!r} is not one of ours-auto, ours-fp32, ours-bf16, ours-int8, hf-fp32, "
+                     "once each")
     return args
 
 
@@ -128,7 +130,7 @@ def main() -> int:
         return out[:, ids.size(1):].tolist()
 
     systems = {n: hf_generate if n == "hf-fp32" else ours(n[5:]) for n in args.names}
-    auto = resolve_precision("auto", "cpu")
+    auto = resolve_precision("auto", "cpu", ours_fp32)  # measured, as for_inference resolves it
     labels = {n: "HF generate() fp32" if n == "hf-fp32" else f"ours --precision {n[5:]}"
               + (f" ({auto})" if n == "ours-auto" else "") for n in args.names}
     gen = torch.Generator().manual_seed(1)

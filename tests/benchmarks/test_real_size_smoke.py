@@ -88,7 +88,7 @@ def test_qwen_shaped_reports_every_system_at_each_batch(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads(out.read_text())
     rows = {(row["batch"], row["system"]): row for row in res["rows"]}
-    assert set(rows) == {(b, s) for b in (1, 2) for s in ("ours-auto", "ours-fp32", "hf-fp32")}
+    assert set(rows) == {(b, s) for b in (1, 2) for s in ("ours-auto", "ours-int8", "ours-fp32", "hf-fp32")}
     assert all(row["all_new_tokens"] and row["median_s"] > 0 for row in rows.values())
     assert rows[(2, "ours-fp32")]["same_as_ours_fp32"] == 2 and rows[(2, "hf-fp32")]["same_as_ours_fp32"] in (0, 1, 2)
     assert "batch 8" not in r.stdout and "batch 2: ours at its fastest" in r.stdout

@@ -59,7 +59,11 @@ def test_int8_quantises_every_linear_and_the_tied_output_projection(make_model):
     q = for_inference(model, "int8")
     assert isinstance(q.out_proj, QUANTISED)
     assert not any(type(m) is nn.Linear for m in q.modules())
-    assert sum(isinstance(m, QUANTISED) for m in q.modules()) == sum(type(m) is nn.Linear for m in model.modules()) + 1
+    # each self-attention's Q, K, V also as one layer of their rows (decode/int8_fused.py)
+    fused = [m.qkv for m in q.modules() if hasattr(m, "qkv")]
+    assert len(fused) == model.cfg.n_layers * 2  # (the encoder's and the decoder's)
+    assert sum(isinstance(m, QUANTISED) for m in q.modules()) == sum(
+        type(m) is nn.Linear for m in model.modules()) + 1 + len(fused)
     assert model.out_proj is None and not any(isinstance(m, QUANTISED) for m in model.modules())
     assert all(m.qweight.dtype == torch.int8 and m.scale.shape == (m.out_features,)
                for m in q.modules() if isinstance(m, QUANTISED))

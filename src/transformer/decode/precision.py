@@ -80,7 +80,8 @@ def for_inference(model: nn.Module, precision: str = "fp32") -> nn.Module:
     a float32 model: its own weights (shared, not copied), bf16 and int8: converted ones.
     Float copies fuse their attention weights once and multiply each shape measured faster
     through oneDNN there (:mod:`transformer.decode.decoding_copy`); int8: each linear layer
-    with the kernel measured fastest at its shape (:func:`transformer.decode.choose.int8_kernels`)."""
+    with the kernel measured fastest at its shape (:func:`transformer.decode.choose.int8_kernels`),
+    the projections that read the same input fused (:mod:`transformer.decode.int8_fused`)."""
     precision = resolve_precision(precision, next(model.parameters()).device, model)
     if isinstance(model, Ensemble):  # each member on its own: the int8 path rebuilds a member's projection
         return Ensemble([for_inference(m, precision) for m in model.members])
@@ -102,7 +103,9 @@ def for_inference(model: nn.Module, precision: str = "fp32") -> nn.Module:
     for m in out.modules():
         if type(m) is MultiHeadAttention:  # (the copy's own module: its int8 form)
             m.__class__ = Int8Attention
-    return out
+    from .int8_fused import fuse_projections
+
+    return fuse_projections(out)  # each attention's Q, K, V and a gated FFN's up and gate: one int8 layer each
 
 
 def _onednn_shapes(model: nn.Module, precision: str) -> set[tuple[int, int]]:
