@@ -199,3 +199,16 @@ def test_an_ensemble_is_measured_by_its_members_shapes(measuring, monkeypatch, m
     small, wide = make_model(), make_model(d_model=32, d_ff=64)
     assert choose.auto_precision(Ensemble([small, wide])) == "fp32"
     assert set(timed) == {f"{i}x{o}" for m in (small, wide) for i, o in choose.decoder_shapes(m)}
+
+
+def test_a_library_limited_below_the_cpu_is_another_cache(monkeypatch):
+    """Times measured with oneDNN or MKL told to use fewer instructions (the AVX2 stand-in's
+    variables) are kept apart from the times without the limit, and vice versa."""
+    for name in choose.KERNEL_LIMITS:
+        monkeypatch.delenv(name, raising=False)
+    plain = choose.machine()
+    assert "limits" not in plain
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    limited = choose.machine()
+    assert limited["limits"] == {"ONEDNN_MAX_CPU_ISA": "AVX2"}
+    assert choose.cache_file(limited) != choose.cache_file(plain)

@@ -76,10 +76,17 @@ def switched_off() -> bool:
     return os.environ.get(ENV_VAR, "").strip().lower() == "off"
 
 
+# the variables that limit a kernel library's instructions below what the CPU has (as the AVX2
+# stand-in sets them): times measured under one are not the times without it
+KERNEL_LIMITS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
+                 "FBGEMM_ENABLE_INSTRUCTIONS")
+
+
 def machine() -> dict[str, object]:
     """What the measured times depend on, and so what the cache is keyed by."""
+    limits = {name: os.environ[name] for name in KERNEL_LIMITS if os.environ.get(name)}
     return {"cpu": hardware.cpu_name(), "flags": sorted(hardware.cpu_flags()), "capability": hardware.cpu_capability(),
-            "torch": torch.__version__, "rows": list(ROWS), "timing": TIMING}
+            "torch": torch.__version__, "rows": list(ROWS), "timing": TIMING, **({"limits": limits} if limits else {})}
 
 
 def cache_file(key: dict[str, object]) -> Path | None:
