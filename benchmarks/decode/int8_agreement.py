@@ -20,14 +20,9 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import resource
 import tempfile
+import time
 from pathlib import Path
-
-
-def cpu_seconds() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 def main() -> None:
@@ -69,9 +64,9 @@ def main() -> None:
     base = load_translator(args.run, warn=False, beam=args.beam, alpha=args.alpha, precision="fp32", compile="off")
 
     def timed(translate) -> tuple[list[str], float]:
-        start = cpu_seconds()
+        start = time.process_time()
         out = translate()
-        return out, cpu_seconds() - start
+        return out, time.process_time() - start
 
     def report(name: str, out: list[str], seconds: float, against: list[str]) -> None:
         same = sum(a == b for a, b in zip(out, against))
@@ -151,7 +146,7 @@ def _ct2(base, src: list[str], args) -> dict:
     for compute_type in ("float32", "int8"):
         translator = ctranslate2.Translator(str(folder), device="cpu", compute_type=compute_type, intra_threads=1)
         out = [""] * len(src)
-        begin = cpu_seconds()
+        begin = time.process_time()
         for batch in batches:
             limit = int(d.max_len_a * max(len(encoded[i]) for i in batch) + d.max_len_b)
             results = translator.translate_batch([[vocab[t] for t in encoded[i][:-1]] for i in batch],
@@ -159,7 +154,7 @@ def _ct2(base, src: list[str], args) -> dict:
                                                  max_decoding_length=limit)
             for i, r in zip(batch, results):
                 out[i] = sw.decode([index[p] for p in r.hypotheses[0]])
-        outs[compute_type] = (out, cpu_seconds() - begin)
+        outs[compute_type] = (out, time.process_time() - begin)
     return outs
 
 
