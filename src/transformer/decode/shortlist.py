@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from ..errors import UserError
+from .decoding_copy import shallow_copy
 from .eager_step import EagerStep
 from .int8 import Int8Linear
 from .rows import expand_rows
@@ -212,17 +213,17 @@ class ShortlistStep(EagerStep):
     onto the shortlist ``ids`` only: tokens in and scores out are in the shortlist's numbering."""
 
     def __init__(self, model: nn.Module, ids: Tensor) -> None:
-        super().__init__(model, logprobs=True)
-        device = model.tgt_embed.weight.device
-        self.ids = ids.to(device)
+        self.ids = ids.to(model.tgt_embed.weight.device)
         self.local = LocalIds.of(model.cfg, ids)
-        self.project = sliced_projection(model, self.ids)
+        # the model's own decode, on a copy of its modules (the weights shared) whose projection
+        # is the sliced one: the caller's model is left as it is
+        sliced = shallow_copy(model)
+        sliced.project = sliced_projection(model, self.ids)
+        super().__init__(sliced, logprobs=True)
 
     def __call__(self, tokens: Tensor, cache):
-        model = self.model  # model.decode up to its projection (model/transformer.py)
-        x = model.dropout(model.positions(model.tgt_embed(self.ids[tokens]), start=cache.length))
-        h, cache, _ = model.decoder(x, cache, False)
-        return next_token_logprobs(self.project(h)[:, -1], self.local), cache
+        logits, cache = self.model.decode(self.ids[tokens], cache)
+        return next_token_logprobs(logits[:, -1], self.local), cache
 
 
 @torch.inference_mode()
