@@ -265,7 +265,7 @@ def test_a_sentence_whose_scores_go_nan_stops_while_the_others_decode_as_before(
     class NanForTheFirst(EagerStep):
         calls = 0
 
-        def __call__(self, last, cache):
+        def __call__(self, last, cache, top=None):  # noqa: ARG002 (the whole rows, to poison)
             lp, cache = super().__call__(last, cache)
             self.calls += 1
             if self.calls == 1:  # the first sentence's K rows, at the first step (it ends there)

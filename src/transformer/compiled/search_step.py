@@ -87,8 +87,9 @@ class CompiledStep:
         ids, real = left_pad(prompts, self.model.cfg.pad_id, cache.key_mask.device)
         return cache, self._advance(GenerationStep(self.model), cache, ids, real)
 
-    def __call__(self, tokens: Tensor, cache: FixedKVCache):
-        """(N, 1) ids -> (N, V) scores of the next token, the cache written in place."""
+    def __call__(self, tokens: Tensor, cache: FixedKVCache, top: int | None = None):  # noqa: ARG002
+        """(N, 1) ids -> (N, V) scores of the next token, the cache written in place (all of
+        them, whatever ``top`` asks: the graph returns the whole row)."""
         if self.translation:
             index = cache.next_slots(1)
             cache.length += 1

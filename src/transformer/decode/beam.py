@@ -22,7 +22,7 @@ from torch import Tensor
 
 from .eager_step import EagerStep
 from .rows import expand_rows
-from .scoring import Hypothesis, force_eos, length_penalty, max_output_lengths, top_k_rows
+from .scoring import Hypothesis, best_of_rows, length_penalty, max_output_lengths
 
 
 def _best_reachable(raw: Tensor, step: int, limit_lp: Tensor, alpha: float, norm: str = "gnmt") -> Tensor:
@@ -107,19 +107,17 @@ def decode_beams(step, cache, limits: Tensor, cfg, k: int, alpha: float = 0.6, n
         # every placed row steps; the alive sentences' rows are read
         at = torch.searchsorted(placed, alive)  # their groups in the cache (both sorted)
         every_last[at] = last.view(n_alive, k)
-        lp, cache = step(every_last.view(-1, 1), cache)  # (P*K, V) log-probabilities
-        if n_alive < placed.numel():  # (else `at` is every group, in order)
-            lp = lp.view(placed.numel(), k, -1)[at].view(n_alive * k, -1)
-        if step_i < min_length:
-            lp[:, cfg.eos_id] = float("-inf")
-        at_limit = limits[alive] <= step_i  # (A,)
-        force_eos(lp, at_limit.repeat_interleave(k), cfg.eos_id)
-
         # The 2K best extensions of a sentence are among the 2K best of each of its beams
         # (a beam's score is a constant shift of its row), so rank each row first and the
-        # K x 2K survivors then, instead of adding the scores to all K x V candidates.
+        # K x 2K survivors then, instead of adding the scores to all K x V candidates; the
+        # step is asked for one more a row, in case EOS, blocked, is among them.
         n_top = min(2 * k, vocab)
-        row_lp, row_tok = top_k_rows(lp, n_top)  # (A*K, n_top)
+        lp, cache = step(every_last.view(-1, 1), cache, top=n_top + 1)  # (P*K, V) log-probabilities, or a RowTop
+        if n_alive < placed.numel():  # (else `at` is every group, in order)
+            lp = lp.index_select(0, (at[:, None] * k + torch.arange(k, device=device)).view(-1))
+        at_limit = limits[alive] <= step_i  # (A,)
+        row_lp, row_tok = best_of_rows(lp, n_top, cfg.eos_id, step_i < min_length,
+                                       at_limit.repeat_interleave(k))  # (A*K, n_top)
         cand = (scores[:, :, None] + row_lp.view(n_alive, k, n_top)).view(n_alive, k * n_top)
         top_scores, top_idx = cand.topk(min(2 * k, k * n_top), dim=1)  # (A, 2K)
         top_beam = top_idx // n_top

@@ -5,12 +5,16 @@ the cache the step keeps. Each search is written once, over a step it is handed 
     cache = step.start(model.start_cache(memory, src), need)   # translation: need target positions
     cache, logits = step.prefill(prompts, need)               # generation: the prompts (+ new tokens)
     scores, cache = step(tokens, cache)      # (N, 1) ids -> (N, V) scores of the next token
+    top, cache = step(tokens, cache, top=n)  # or, a step that can: each row's n best (RowTop)
     cache = step.keep(cache, rows)           # keep / reorder rows (beams, finished rows)
     step.drops(live, rows)                   # whether a search drops its finished rows now
     step.full(cache)                         # generation: no room for the next token
 
 The scores are log-probabilities (:func:`~transformer.decode.scoring.next_token_logprobs`,
-``logprobs=True``, what greedy and beam search read) or the logits (sampling). A search never
+``logprobs=True``, what greedy and beam search read) or the logits (sampling). Greedy and beam
+search read only each row's best few, and say how many (``top``): the eager step then returns
+a :class:`~transformer.decode.scoring.RowTop`, the vocabulary projected a chunk of rows at a
+time, with no (N, V) tensor made; a step that cannot returns the (N, V) scores. A search never
 asks how its step was made: the front door hands it the eager step or a compiled one
 (:mod:`transformer.compiled`, which keeps a fixed-shape cache and drops finished rows a few
 times per search rather than at once).
@@ -21,8 +25,9 @@ import torch
 from torch import Tensor, nn
 
 from ..model import KVCache
+from .decoding_copy import shallow_copy
 from .rows import select_rows
-from .scoring import next_token_logprobs
+from .scoring import next_token_logprobs, row_top
 
 
 def is_translation(model) -> bool:
@@ -42,12 +47,17 @@ def left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[Tensor, Ten
     return out, real
 
 
+def _unprojected(h: Tensor) -> Tensor:
+    return h
+
+
 class EagerStep:
     """``model.decode`` on the growing cache (a new, longer one every step), eagerly; finished
     rows leave at once."""
 
     def __init__(self, model: nn.Module, logprobs: bool = True) -> None:
         self.model, self.logprobs = model, logprobs
+        self._hidden = None  # the model's decode without its projection (made when first asked)
 
     def start(self, cache, need: int):  # noqa: ARG002 (the cache grows as it needs)
         return cache
@@ -58,13 +68,27 @@ class EagerStep:
         logits, cache = model.decode(ids, model.start_cache(len(prompts), ids.device), real=real)
         return cache, logits[:, -1]
 
-    def __call__(self, tokens: Tensor, cache):
-        if is_translation(self.model):
-            logits, cache = self.model.decode(tokens, cache)
+    def __call__(self, tokens: Tensor, cache, top: int | None = None):
+        """(N, 1) ids -> the (N, V) scores of the next token, or with ``top`` (log-probabilities
+        only, a model with one projection: not an ensemble) each row's ``top`` best."""
+        ranked = top is not None and self.logprobs and hasattr(self.model, "output_layer")
+        model = self._without_projection() if ranked else self.model
+        if is_translation(model):
+            out, cache = model.decode(tokens, cache)
         else:  # a generated token is real, whatever its id
-            logits, cache = self.model.decode(tokens, cache, real=torch.ones_like(tokens, dtype=torch.bool))
-        logits = logits[:, -1]
-        return (next_token_logprobs(logits, self.model.cfg) if self.logprobs else logits), cache
+            out, cache = model.decode(tokens, cache, real=torch.ones_like(tokens, dtype=torch.bool))
+        out = out[:, -1]
+        if ranked:
+            return row_top(out, self.model.project, self.model.cfg, top), cache
+        return (next_token_logprobs(out, self.model.cfg) if self.logprobs else out), cache
+
+    def _without_projection(self) -> nn.Module:
+        """A copy of the model's modules (its weights shared) whose ``decode`` returns the last
+        hidden states, not logits: :func:`~transformer.decode.scoring.row_top` projects them."""
+        if self._hidden is None:
+            self._hidden = shallow_copy(self.model)
+            self._hidden.project = _unprojected
+        return self._hidden
 
     def keep(self, cache, rows: Tensor):
         """As many rows as the cache holds: a search's beams, reordered within their sentences

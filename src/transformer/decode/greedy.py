@@ -5,7 +5,7 @@ import torch
 from torch import Tensor
 
 from .eager_step import EagerStep
-from .scoring import Hypothesis, force_eos, max_output_lengths, top_k_rows
+from .scoring import Hypothesis, best_of_rows, max_output_lengths
 
 
 @torch.inference_mode()
@@ -47,8 +47,9 @@ def decode_greedily(step, cache, limits: Tensor, cfg, min_length: int = 0) -> li
     live = torch.ones(batch, dtype=torch.bool, device=device)  # rows still decoding
     last = torch.full((batch, 1), cfg.bos_id, dtype=torch.long, device=device)
     for t in range(1, longest + 1):
-        lp, cache = step(last, cache)
-        best_lp, best = _choose(lp, cfg, t, limits[rows], min_length)
+        lp, cache = step(last, cache, top=2)  # (the best, and the next in case the best is a blocked EOS)
+        best_lp, best = best_of_rows(lp, 1, cfg.eos_id, t < min_length, limits[rows] <= t)
+        best_lp, best = best_lp[:, 0], best[:, 0]
         tokens[rows, t - 1] = torch.where(live, best, cfg.pad_id)
         logprob[rows] += torch.where(live, best_lp.double(), 0.0)
         lengths[rows] += live.long()
@@ -64,13 +65,3 @@ def decode_greedily(step, cache, limits: Tensor, cfg, min_length: int = 0) -> li
     tokens, lengths, logprob = tokens.tolist(), lengths.tolist(), logprob.tolist()
     return [[Hypothesis(ids[:n], lp, lp)] for ids, n, lp in zip(tokens, lengths, logprob)]
 
-
-def _choose(lp: Tensor, cfg, step: int, limits: Tensor, min_length: int) -> tuple[Tensor, Tensor]:
-    """(N, V) log-probabilities of step ``step`` (:func:`next_token_logprobs`; changed in
-    place) -> each row's best token and its log-probability, with EOS blocked before
-    ``min_length`` and forced at the row's limit."""
-    if step < min_length:
-        lp[:, cfg.eos_id] = float("-inf")
-    force_eos(lp, limits <= step, cfg.eos_id)
-    best_lp, best = top_k_rows(lp, 1)
-    return best_lp[:, 0], best[:, 0]

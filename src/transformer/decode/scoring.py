@@ -1,5 +1,6 @@
 """What greedy and beam search share: hypotheses and their scores (the length penalty, next-token
-log-probabilities, the top k of each row), length limits, batches by length, a padded batch."""
+log-probabilities, the top k of each row, each row's best few found a chunk of rows at a time),
+length limits, batches by length, a padded batch."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -85,6 +86,72 @@ def next_token_logprobs(logits: Tensor, cfg: ModelConfig) -> Tensor:
     if cfg.bos_id != cfg.eos_id:
         lp[:, cfg.bos_id] = float("-inf")
     return lp
+
+
+# Rows of log-probabilities projected and normalised at a time by :func:`row_top`: 8M float32
+# values (32 MiB). A larger per-step tensor is, with glibc, a fresh mmap every step, its pages
+# faulted in again: at 200 beam rows of a 58,101-token vocabulary that was a third of fp32
+# decoding's time (benchmarks/decode/README.md, "the output projection in chunks").
+CHUNK_VALUES = 1 << 23
+
+
+@dataclass(frozen=True)
+class RowTop:
+    """Each row's best ``n`` next-token log-probabilities, what a search reads of a step's
+    (N, V) scores: ``values`` (N, n) in descending order, their ``tokens`` (N, n), and each
+    row's EOS log-probability ``eos`` (N,), which a search may need when EOS is not among
+    them (forced at the length limit)."""
+
+    values: Tensor
+    tokens: Tensor
+    eos: Tensor
+
+    def index_select(self, dim: int, index: Tensor) -> "RowTop":
+        """These rows (``dim`` 0), as ``Tensor.index_select`` picks rows of full scores."""
+        assert dim == 0
+        return RowTop(self.values.index_select(0, index), self.tokens.index_select(0, index), self.eos.index_select(0, index))
+
+
+def row_top(h: Tensor, project, cfg: ModelConfig, n: int) -> RowTop:
+    """The :class:`RowTop` of the ``n`` best of each row of ``project(h)``'s log-probabilities
+    (:func:`next_token_logprobs`), ``h`` (N, C) the decoder's last hidden states: the rows
+    are projected and normalised a chunk at a time (:data:`CHUNK_VALUES`), so that no (N, V)
+    tensor is made; each row's values are those of the whole (N, V) log-probabilities."""
+    vocab = cfg.target_vocab_size
+    chunks = -(-h.size(0) * vocab // CHUNK_VALUES)
+    values, tokens, eos = [], [], []
+    for part in h.tensor_split(max(1, chunks)):
+        lp = next_token_logprobs(project(part), cfg)
+        v, t = top_k_rows(lp, min(n, vocab))
+        values.append(v), tokens.append(t), eos.append(lp[:, cfg.eos_id])
+    return RowTop(torch.cat(values), torch.cat(tokens), torch.cat(eos))
+
+
+def best_of_rows(scores: Tensor | RowTop, n: int, eos_id: int, block_eos: bool, at_limit: Tensor
+                 ) -> tuple[Tensor, Tensor]:
+    """Each row's ``n`` best log-probabilities and their tokens, as a search ranks them:
+    EOS blocked where ``block_eos`` (before ``min_length``), and only EOS, with its real
+    log-probability, for the rows ``at_limit`` (bool, N). ``scores`` is a step's (N, V)
+    log-probabilities (changed in place) or its :class:`RowTop` of at least ``n + 1`` a row
+    (one more than ``n``, in case EOS, blocked, is among them)."""
+    if isinstance(scores, Tensor):
+        if block_eos:
+            scores[:, eos_id] = float("-inf")
+        force_eos(scores, at_limit, eos_id)
+        return top_k_rows(scores, n)
+    values, tokens, eos = scores.values, scores.tokens, scores.eos
+    if block_eos:
+        values, eos = values.masked_fill(tokens == eos_id, float("-inf")), torch.full_like(eos, float("-inf"))
+        values, at = values.topk(n, dim=1)  # (the n best of the n + 1 left)
+        tokens = tokens.gather(1, at)
+    else:
+        values, tokens = values[:, :n].contiguous(), tokens[:, :n].contiguous()
+    if at_limit.device.type != "cpu" or at_limit.any():  # (see force_eos)
+        only = torch.full_like(values, float("-inf"))
+        only[:, 0] = eos
+        values = torch.where(at_limit[:, None], only, values)
+        tokens = torch.where(at_limit[:, None] & (torch.arange(n, device=tokens.device) == 0), eos_id, tokens)
+    return values, tokens
 
 
 def force_eos(lp: Tensor, rows: Tensor, eos_id: int) -> None:

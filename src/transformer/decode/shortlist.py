@@ -221,7 +221,7 @@ class ShortlistStep(EagerStep):
         sliced.project = sliced_projection(model, self.ids)
         super().__init__(sliced, logprobs=True)
 
-    def __call__(self, tokens: Tensor, cache):
+    def __call__(self, tokens: Tensor, cache, top: int | None = None):  # noqa: ARG002 (a shortlist's rows are short)
         logits, cache = self.model.decode(self.ids[tokens], cache)
         return next_token_logprobs(logits[:, -1], self.local), cache
 
