@@ -36,6 +36,7 @@ from ..decode.precision import decoding_device, decoding_model, uses_int8_gemm
 from ..errors import UserError
 from ..model import LanguageModel, Transformer
 from ..run import CONFIG, load_model, read_run_config, run_file, run_root
+from .allocator import keep_freed_memory
 
 
 # compile="auto" builds a step for a generation of at least this many new tokens (steps: a
@@ -127,6 +128,8 @@ class FrontDoor:
         if warn and (note := hardware.slow_precision_warning(decoding.precision, decoding.device)):
             warnings.warn(note, stacklevel=3)
         self.device = torch.device(self.decoding.device)
+        if self.device.type == "cpu":  # (a process that decodes keeps what it frees for its next step)
+            keep_freed_memory()
         self.warn = warn
         self.truncated = 0  # inputs cut to fit, over this object's life
         refuse_misfit(self.decoding, self.model.cfg)
