@@ -42,13 +42,23 @@ class Marks:
         self.stack = []
 
     def method(self, obj, name: str, label: str) -> None:
-        original = getattr(obj, name)
+        if name in vars(obj):  # an instance's own (a decoding copy's projection): wrapped there
+            original = vars(obj)[name]
 
-        def marked(*args, **kwargs):
+            def marked(*args, **kwargs):
+                with record_function(label):
+                    return original(*args, **kwargs)
+
+            setattr(obj, name, marked)
+            return
+        cls = type(obj)  # a class's method: wrapped in a subclass, so that a copy of the object
+        original = getattr(cls, name)  # (the eager step's, without its projection) runs its own
+
+        def marked_method(self_, *args, **kwargs):
             with record_function(label):
-                return original(*args, **kwargs)
+                return original(self_, *args, **kwargs)
 
-        setattr(obj, name, marked)
+        obj.__class__ = type(cls.__name__, (cls,), {name: marked_method})
 
     def module(self, module: torch.nn.Module, label: str) -> None:
         def enter(mod, args):
