@@ -6,6 +6,9 @@ faster kernel) stays out of the model the caller holds and out of ``model/``.
                   the decoder's cross-attention K, V of every layer) get their weights
                   concatenated once, here, not at every step (:class:`DecodingAttention`);
                   the same numbers, the same kernel
+    one query     a decoding step's self-attention (one query over the cached keys) in float32
+                  by matmul, softmax, matmul rather than torch's fused kernel, from 16 keys on
+                  (:func:`step_attention`)
     oneDNN        a linear layer, or the output projection, whose shape measured faster through
                   oneDNN's linear than through ``F.linear`` (which runs MKL's GEMM in float32:
                   on an AMD EPYC 1.6-1.8x slower at an opus-mt vocabulary) multiplies there
@@ -23,7 +26,30 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from ..model.attention import MultiHeadAttention, split_projections
+from ..model.attention import MultiHeadAttention, attention, attention_weights, split_projections
+
+# From this many keys on, one float32 query attends by matmul-softmax-matmul: torch 2.13's fused
+# CPU kernel is made for many queries, and for one it took 2.3x the time at 63 keys and 1.6x at
+# 16 (200 rows, 8 heads of 64, one thread, an AMD EPYC); at 4 keys it was 2x faster.
+ONE_QUERY_KEYS = 16
+
+
+def step_attention(q: Tensor, k: Tensor, v: Tensor, mask=None, dropout_p: float = 0.0, need_weights: bool = False):
+    """:func:`~transformer.model.attention.attention` as a decoding step runs it: one query
+    (T_q 1) over :data:`ONE_QUERY_KEYS` keys or more, float32 on a CPU, by its readable form
+    (the same result to rounding); anything else as ``attention`` runs it."""
+    if (q.size(2) == 1 and k.size(2) >= ONE_QUERY_KEYS and q.dtype == torch.float32 and q.device.type == "cpu"
+            and dropout_p == 0.0 and not need_weights and not torch.compiler.is_compiling()):
+        return attention_weights(q, k, mask) @ v, None
+    return attention(q, k, v, mask, dropout_p, need_weights)
+
+
+class StepAttend:
+    """For a decoding copy's attention classes: :meth:`attend` through :func:`step_attention`
+    where it is handed the model's own kernel."""
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask=None, need_weights: bool = False, kernel=attention):
+        return super().attend(q, k, v, mask, need_weights, step_attention if kernel is attention else kernel)
 
 
 def onednn_available() -> bool:
@@ -69,7 +95,7 @@ class OneDnnProjection:
         return self.own(h)
 
 
-class DecodingAttention(MultiHeadAttention):
+class DecodingAttention(StepAttend, MultiHeadAttention):
     """A decoding copy's attention: the projections it applies together
     (:meth:`~transformer.model.attention.MultiHeadAttention.project_together`) read weights
     concatenated once (``fused``, keyed by the layers), instead of concatenating them at every

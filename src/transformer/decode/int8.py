@@ -14,6 +14,7 @@ from torch.nn import functional as F
 
 from .. import hardware
 from ..model.attention import MultiHeadAttention, split_projections
+from .decoding_copy import StepAttend
 
 
 #: How an :class:`Int8Linear` multiplies (:mod:`transformer.decode.choose` measures which is
@@ -179,7 +180,7 @@ def int8_matmul(x: Tensor, qweight: Tensor, scale: Tensor) -> Tensor:
     return torch._int_mm(xq, qweight.t()).mul(x_scale).mul_(scale)
 
 
-class Int8Attention(MultiHeadAttention):
+class Int8Attention(StepAttend, MultiHeadAttention):
     """A decoding copy's attention whose projections are :class:`Int8Linear` layers, which have
     no weight tensor to stack: the projections it applies together run each on its own, their
     outputs side by side."""
