@@ -96,6 +96,38 @@ def test_a_real_measurement_does_not_choose_a_path_made_slow(measuring, monkeypa
     assert choose.int8_kernels([(8, 8)])[8, 8] in INT8_KERNELS
 
 
+def test_a_kernel_that_cannot_run_is_never_chosen_and_the_rest_still_measured(measuring, monkeypatch, make_model,
+                                                                                 capsys, tmp_path):
+    """oneDNN's bf16 under ONEDNN_MAX_CPU_ISA=AVX2 fails to build its primitive: that candidate
+    alone is left out (infinite time), the others are measured and chosen from, and the cache
+    and `transformer info` say so."""
+    real = choose.candidates
+
+    def candidates(d_in, d_out, rows, names):
+        out = real(d_in, d_out, rows, names)
+        if "bf16-onednn" in out:
+            def refuse(v):
+                raise RuntimeError("could not create a primitive descriptor")
+            out["bf16-onednn"] = (refuse, out["bf16-onednn"][1])
+        return out
+
+    monkeypatch.setattr(choose, "candidates", candidates)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", choose.MeasureWarning)  # no fallback to the flags
+        times = choose.measured([(8, 8)])["8x8"]
+        assert choose.onednn_shapes([(8, 8)], "bf16") == set()
+    if "bf16-onednn" in times:  # (this torch build has oneDNN's linear)
+        assert times["bf16-onednn"] == float("inf")
+    assert all(0 < t < float("inf") for n, t in times.items() if n != "bf16-onednn")
+    monkeypatch.setattr(choose, "_memory", {})  # read back from the cache file
+    assert choose.measured([(8, 8)])["8x8"] == times
+    model = make_model()
+    save_weights(model, tmp_path / "m.safetensors")
+    assert main(["info", "--model", str(tmp_path / "m.safetensors")]) == 0
+    out = capsys.readouterr().out
+    assert "measured" in out and ("bf16-onednn cannot run" in out or "bf16-onednn" not in times)
+
+
 def test_a_failed_measurement_falls_back_to_the_flags_with_one_line(measuring, monkeypatch, make_model):
     def broken(d_in, d_out, names):
         raise RuntimeError("no such kernel\nsecond line")

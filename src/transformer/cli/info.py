@@ -57,7 +57,8 @@ def decoding_lines(report: dict) -> list[str]:
     for entry in report["shapes"]:
         d_in, d_out = (int(n) for n in entry["shape"].split("x"))
         rates = "" if entry["seconds"] is None else "  " + ", ".join(
-            f"{name} {d_in * d_out * sum(rows) / s / 1e9:.1f}" for name, s in entry["seconds"].items())
+            f"{name} {d_in * d_out * sum(rows) / s / 1e9:.1f}" if s else f"{name} cannot run"
+            for name, s in entry["seconds"].items())
         lines.append(f"  {entry['shape']:>11}: int8 kernel {entry['int8']}, fp32 {entry['fp32']}, bf16 {entry['bf16']}"
                      f"{rates and ';  GMAC/s:' + rates}")
     return lines

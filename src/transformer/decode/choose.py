@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import stat
 import time
@@ -127,7 +128,8 @@ def candidates(d_in: int, d_out: int, rows: int, names) -> dict[str, tuple]:
 def time_shape(d_in: int, d_out: int, names) -> dict[str, float]:
     """Seconds per call of each of ``names`` at a (d_in -> d_out) layer, summed over
     :data:`ROWS`, on one thread (:func:`_seconds`). The candidates take turns, round after
-    round, each keeping its fastest call: at least :data:`ROUNDS` rounds, then until
+    round, each keeping its fastest call (infinite for one that fails to run: oneDNN's bf16
+    where the CPU or ``ONEDNN_MAX_CPU_ISA`` has no bf16 instructions): at least :data:`ROUNDS` rounds, then until
     :data:`STEADY` rounds in a row improved no candidate's best by 2%, at most
     :data:`MAX_ROUNDS` or :data:`CAP_S`. After three
     rounds, a candidate whose calls cost over :data:`CUT_S` and which is over
@@ -148,11 +150,14 @@ def _time_rows(d_in: int, d_out: int, names) -> dict[str, float]:
     total = dict.fromkeys(names, 0.0)
     for rows in ROWS:
         todo = candidates(d_in, timed_out, rows, names)
-        for call, arg in todo.values():
-            call(arg)  # warm-up: fbgemm packs its weights, oneDNN picks its kernels
         best = dict.fromkeys(todo, float("inf"))
+        for name, (call, arg) in list(todo.items()):
+            try:
+                call(arg)  # warm-up: fbgemm packs its weights, oneDNN picks its kernels
+            except RuntimeError:  # a kernel this CPU cannot run as limited (oneDNN's bf16 under AVX2): never chosen
+                del todo[name]
         active, start, r, steady = list(todo), time.perf_counter(), 0, 0
-        while r < ROUNDS or (steady < STEADY and r < MAX_ROUNDS and time.perf_counter() - start < CAP_S):
+        while active and (r < ROUNDS or (steady < STEADY and r < MAX_ROUNDS and time.perf_counter() - start < CAP_S)):
             before = dict(best)
             for name in active[r % len(active):] + active[:r % len(active)]:
                 best[name] = min(best[name], _seconds(*todo[name]))
@@ -362,4 +367,6 @@ def report(model: nn.Module) -> dict[str, object]:
             "shapes": [{"shape": f"{i}x{o}", "int8": kernels[i, o],
                         **{p: "F.linear" if times is None or _float_kernel(times[f"{i}x{o}"], p)[0] == p else "oneDNN"
                            for p in ONEDNN},
-                        "seconds": None if times is None else times[f"{i}x{o}"]} for i, o in shapes]}
+                        "seconds": None if times is None else {k: None if math.isinf(t) else t
+                                                               for k, t in times[f"{i}x{o}"].items()}}
+                       for i, o in shapes]}
