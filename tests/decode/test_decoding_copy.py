@@ -250,3 +250,32 @@ def test_a_compiled_step_gets_the_plain_weights_back_and_the_same_package_name(m
     assert all(torch.equal(a, b) for a, b in zip(low.parameters(), plain.parameters()))
     assert build.package_name(low, 1, True) == build.package_name(plain, 1, True)
     assert generate(low, prompts, 8, temperature=0) == tokens
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_step_under_grouped_query_attention_copies_no_k_v(monkeypatch, precision):
+    """The copy's one-position steps attend to each K, V head as its group of queries instead of
+    copying the heads (expand_kv runs for the prompt only); the logits stay within rounding of
+    the copies' way, and fp32 generates the model's own tokens."""
+    from transformer.decode import generate
+    from transformer.model.attention import MultiHeadAttention
+
+    model = tiny_lm()
+    low = for_inference(model, precision)
+    expanded = []
+    real = MultiHeadAttention.expand_kv
+    monkeypatch.setattr(MultiHeadAttention, "expand_kv", lambda self, k, v: expanded.append(k.size(2)) or real(self, k, v))
+    prompts = torch.randint(3, 50, (3, 5), generator=torch.Generator().manual_seed(0)).tolist()
+    tokens = generate(low, prompts, 10, temperature=0)
+    assert expanded and set(expanded) == {5}  # the prompt's positions only: no step copied K, V
+    if precision == "fp32":
+        assert tokens == generate(model, prompts, 10, temperature=0)
+    with torch.inference_mode():  # a step's logits, grouped against the copies' way
+        ids = torch.tensor(prompts)
+        _, cache = low.decode(ids, low.start_cache(3, ids.device))
+        step = torch.tensor([[7], [8], [9]])
+        grouped = low.decode(step, cache)[0].float()
+        monkeypatch.setattr(decoding_copy, "grouped_attend", lambda *a: None)
+        copied = low.decode(step, cache)[0].float()
+    tol = 1e-5 if precision == "fp32" else 0.05
+    torch.testing.assert_close(grouped, copied, atol=tol, rtol=tol)
