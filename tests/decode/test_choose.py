@@ -34,14 +34,14 @@ def measuring(monkeypatch, tmp_path):
 
 def fake_times(monkeypatch, slow: set[str], fastest: str = "int_mm") -> list[str]:
     """time_shape faked: ``fastest`` takes 1.0 ms a call, those in ``slow`` 10 ms, fp32 1.1 ms,
-    every other 1.05 ms; fp32 and bf16 through oneDNN as fp32 and bf16 (so F.linear stays) unless
-    named; the shapes timed are recorded in the list returned."""
+    every other 1.05 ms; fp32 and bf16 through oneDNN (packed or not) as fp32 and bf16 (so F.linear
+    stays) unless named; the shapes timed are recorded in the list returned."""
     timed = []
 
     def time_shape(d_in, d_out, names):
         timed.append(f"{d_in}x{d_out}")
         return {n: 0.010 if m in slow else 0.001 if m == fastest else 0.0011 if m == "fp32" else 0.00105
-                for n in names for m in [n if n in slow or n == fastest else n.removesuffix("-onednn")]}
+                for n in names for m in [n if n in slow or n == fastest else n.removesuffix("-onednn").removesuffix("-packed")]}
 
     monkeypatch.setattr(choose, "time_shape", time_shape)
     return timed

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from torch import nn
 
+from ..decode import decoding_copy
 from . import build, packages
 from .packages import CompiledStepWarning, switched_off
 from .search_step import CompiledStep
@@ -34,7 +35,10 @@ def step(model: nn.Module, group: int = 1, logprobs: bool = True) -> CompiledSte
     for ``group`` rows per source sentence (1: greedy search, generation; else the beam size),
     giving log-probabilities (``logprobs``) or logits. Its package is loaded, or built, at the
     first step (or :meth:`CompiledStep.prepare`); changed weights or mode get a package of their
-    own. ``TRANSFORMER_COMPILE=off``: run eagerly."""
+    own. ``TRANSFORMER_COMPILE=off``: run eagerly. A decoding copy's packed weights are made
+    plain first (:func:`transformer.decode.decoding_copy.unpack`): the graph is traced, and
+    its package named, from the module's parameters."""
+    decoding_copy.unpack(model)
     return CompiledStep(model, partial(_packages_of(model).runner, group, logprobs), logprobs)
 
 
@@ -86,7 +90,8 @@ class _Packages:
 
 def _packages_of(model: nn.Module) -> _Packages:
     # changed by a weight modified in place or replaced, or a switch between training and eval
-    version = (int(model.training), *(x for t in (*model.parameters(), *model.buffers()) for x in (id(t), t._version)))
+    version = (int(model.training), *(x for t in (*model.parameters(), *model.buffers()) for x in (id(t), t._version)),
+               *map(id, decoding_copy.packed_tensors(model)))  # (a decoding copy's packed weights: never changed in place)
     held = _held.get(model)
     if held is None or held.version != version:
         held = _held[model] = _Packages(model, version)

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..decode import decoding_copy
 from ..decode.eager_step import is_translation
 from ..run.files import atomic_write
 from .graph import GenerationStep, TranslationStep
@@ -108,7 +109,7 @@ def package_name(model: nn.Module, group: int, logprobs: bool) -> str:
     for part in (torch.__version__, _cpu(), type(model).__qualname__, repr(model.cfg), model.training,
                  group, logprobs, sorted(INDUCTOR_OPTIONS.items()), _source_digest()):
         h.update(repr(part).encode())
-    for name, t in (*model.named_parameters(), *model.named_buffers()):
+    for name, t in (*decoding_copy.named_weights(model), *model.named_buffers()):  # (packed ones read back)
         h.update(f"{name} {t.dtype} {tuple(t.shape)}".encode())
         h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     dtype = "int8" if any(hasattr(m, "qweight") for m in model.modules()) else \

@@ -14,6 +14,10 @@ the demo model's width (128) float32 can beat both (``benchmarks/decode/README.m
                      included, whether oneDNN's linear multiplies its shape clearly faster
                      than ``F.linear`` (:func:`onednn_shapes`; in float32 ``F.linear`` runs
                      MKL's GEMM, on an AMD EPYC 1.6-1.8x slower at an opus-mt vocabulary)
+    prepacked        for each layer of a bf16 model, whether oneDNN with the weight packed once
+                     (:func:`transformer.decode.decoding_copy.pack`) multiplies its shape faster
+                     still (:func:`packed_shapes`; on an AMD EPYC with AVX512-BF16 1.4-1.7x
+                     ``F.linear`` at Qwen2-0.5B's shapes at 1 to 16 rows)
 
 Each (in, out) shape is timed at a few decoding batch sizes (:data:`ROWS`) with random
 weights, every candidate in turn (seconds for a model on an idle machine), and kept as JSON in the user's private
@@ -45,7 +49,7 @@ from .. import hardware
 from ..errors import OneLineWarning
 from ..run import private
 from ..run.files import atomic_write
-from .decoding_copy import onednn_available, onednn_linear
+from .decoding_copy import onednn_available, onednn_linear, onednn_packs, pack
 from .int8 import INT8_KERNELS, Int8Linear, fbgemm_available, int_mm_exact
 
 ENV_VAR = "TRANSFORMER_MEASURE"  # off: the CPU's flags decide, nothing is timed
@@ -63,6 +67,11 @@ TIMING = "one thread, its CPU time, fastest call"  # how the times were taken: a
 ONEDNN = {"fp32": "fp32-onednn", "bf16": "bf16-onednn"}  # a precision's candidate through oneDNN's linear
 ONEDNN_GAIN = 0.85  # oneDNN is taken where it measured at most this fraction of F.linear's time: a
 # shape where the two are level (most layer shapes) keeps F.linear, and its outputs, from run to run
+PACKED = "bf16-packed"  # bf16 through oneDNN on a weight packed once (a bf16 copy owns its weights:
+# the packed one replaces the plain one; an fp32 copy shares the caller's, so fp32 has no such candidate)
+PACKED_GAIN = 0.95  # it is taken where it measured at most this fraction of the time of the kernel
+# chosen without it: its products are oneDNN's unpacked ones bit for bit (and, in bf16, F.linear's),
+# so a choice that changes from run to run changes no output; the margin keeps timing noise out
 
 
 class MeasureWarning(OneLineWarning):
@@ -120,6 +129,8 @@ def candidates(d_in: int, d_out: int, rows: int, names) -> dict[str, tuple]:
             out[name] = (lambda v, w=w, b=b: F.linear(v, w, b), x.to(dtype))
         elif name in ONEDNN.values():
             out[name] = (lambda v, w=w, b=b: onednn_linear(v, w, b), x.to(dtype))
+        elif name == PACKED:
+            out[name] = (lambda v, w=pack(w), b=b: onednn_linear(v, w, b), x.to(dtype))
         else:
             out[name] = (Int8Linear.from_linear(linear, name), x)
     return out
@@ -184,9 +195,11 @@ def _seconds(call, arg) -> float:
 
 
 def names_to_time() -> tuple[str, ...]:
-    """fp32, bf16, both through oneDNN's linear, and the int8 kernels this torch build has
-    (``int_mm`` where its sums are exact)."""
+    """fp32, bf16, both through oneDNN's linear, bf16 on oneDNN's packed weights (where oneDNN
+    packs bf16 here), and the int8 kernels this torch build has (``int_mm`` where its sums are
+    exact)."""
     return ("fp32", "bf16", *(ONEDNN.values() if onednn_available() else ()),
+            *((PACKED,) if onednn_packs(torch.bfloat16) else ()),
             *(k for k in INT8_KERNELS if (k != "fbgemm" or fbgemm_available()) and (k != "int_mm" or int_mm_exact())))
 
 
@@ -327,22 +340,43 @@ def auto_precision(model: nn.Module, device: str | torch.device = "cpu") -> str:
 def _float_kernel(times: dict[str, float], precision: str) -> tuple[str, float]:
     """The kernel a ``precision`` ("fp32" or "bf16") layer with these measured ``times``
     multiplies with, and its time: oneDNN's where it took at most :data:`ONEDNN_GAIN` of
-    ``F.linear``'s, else ``F.linear`` (named by the precision)."""
+    ``F.linear``'s, else ``F.linear`` (named by the precision); in bf16 then oneDNN's on the
+    packed weight where it took at most :data:`PACKED_GAIN` of that one's."""
+    kernel, best = precision, times[precision]
     onednn = times.get(ONEDNN[precision])
-    if onednn is not None and onednn <= ONEDNN_GAIN * times[precision]:
-        return ONEDNN[precision], onednn
-    return precision, times[precision]
+    if onednn is not None and onednn <= ONEDNN_GAIN * best:
+        kernel, best = ONEDNN[precision], onednn
+    packed = times.get(PACKED) if precision == "bf16" else None
+    if packed is not None and packed <= PACKED_GAIN * best:
+        kernel, best = PACKED, packed
+    return kernel, best
 
 
-def onednn_shapes(shapes, precision: str) -> set[tuple[int, int]]:
-    """Those of the (in, out) ``shapes`` that a ``precision`` ("fp32" or "bf16") decoding copy
-    multiplies through oneDNN's linear (:func:`_float_kernel`); none where nothing is measured
-    (``F.linear``, as before there was a choice)."""
+def float_kernels(shapes, precision: str) -> dict[tuple[int, int], str]:
+    """The kernel (:func:`_float_kernel`) of each of the (in, out) ``shapes`` that a
+    ``precision`` ("fp32" or "bf16") decoding copy multiplies through oneDNN: its oneDNN name,
+    or :data:`PACKED`; none where nothing is measured (``F.linear``, as before there was a choice)."""
     shapes = list(dict.fromkeys(shapes))
     times = measured(shapes) if precision in ONEDNN else None
     if times is None:
-        return set()
-    return {(i, o) for i, o in shapes if _float_kernel(times[f"{i}x{o}"], precision)[0] != precision}
+        return {}
+    chosen = {(i, o): _float_kernel(times[f"{i}x{o}"], precision)[0] for i, o in shapes}
+    return {shape: kernel for shape, kernel in chosen.items() if kernel != precision}
+
+
+def onednn_shapes(shapes, precision: str) -> set[tuple[int, int]]:
+    """Those of the (in, out) ``shapes`` that a ``precision`` decoding copy multiplies through
+    oneDNN's linear, on a packed weight or not (:func:`float_kernels`)."""
+    return set(float_kernels(shapes, precision))
+
+
+def packed_shapes(shapes, precision: str) -> set[tuple[int, int]]:
+    """Those of the (in, out) ``shapes`` that a ``precision`` decoding copy multiplies through
+    oneDNN on a packed weight (:func:`float_kernels`; bf16 only)."""
+    return {shape for shape, kernel in float_kernels(shapes, precision).items() if kernel == PACKED}
+
+
+_KERNEL_NAMES = {**dict.fromkeys(ONEDNN.values(), "oneDNN"), PACKED: "oneDNN prepacked"}  # as `info` shows them
 
 
 def int8_kernels(shapes) -> dict[tuple[int, int], str]:
@@ -365,8 +399,8 @@ def report(model: nn.Module) -> dict[str, object]:
     return {"source": "flags" if times is None else "measured", "machine": hardware.describe_line(),
             "rows": list(ROWS), "auto": auto_precision(model, "cpu"),
             "shapes": [{"shape": f"{i}x{o}", "int8": kernels[i, o],
-                        **{p: "F.linear" if times is None or _float_kernel(times[f"{i}x{o}"], p)[0] == p else "oneDNN"
-                           for p in ONEDNN},
+                        **{p: "F.linear" if times is None else _KERNEL_NAMES.get(_float_kernel(times[f"{i}x{o}"], p)[0],
+                                                                                  "F.linear") for p in ONEDNN},
                         "seconds": None if times is None else {k: None if math.isinf(t) else t
                                                                for k, t in times[f"{i}x{o}"].items()}}
                        for i, o in shapes]}

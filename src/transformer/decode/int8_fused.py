@@ -18,6 +18,7 @@ from torch.nn import functional as F
 from ..model import masks
 from ..model.attention import attention, split_projections
 from ..model.layers import FeedForward
+from .decoding_copy import grouped_attend
 from .int8 import Int8Attention, Int8Linear
 
 
@@ -38,13 +39,8 @@ class FusedInt8Attention(Int8Attention):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | masks.Causal | None = None,
                need_weights: bool = False, kernel=attention) -> tuple[Tensor, Tensor | None]:
-        group = self.n_heads // self.n_kv_heads
-        if group == 1 or q.size(2) != 1 or need_weights or self.training or mask is masks.CAUSAL \
-                or (mask is not None and mask.size(-2) != 1):
-            return super().attend(q, k, v, mask, need_weights, kernel)
-        b, _, _, d = q.shape  # (B, H, 1, D): query head h reads K, V head h // group
-        out, _ = kernel(q.reshape(b, self.n_kv_heads, group, d), k, v, mask)  # mask (B, 1, 1, T_k)
-        return self.out_proj(self.merge_heads(out.reshape(b, self.n_heads, 1, d))), None
+        out = grouped_attend(self, q, k, v, mask, need_weights, kernel)
+        return super().attend(q, k, v, mask, need_weights, kernel) if out is None else (out, None)
 
 
 class FusedInt8FeedForward(FeedForward):

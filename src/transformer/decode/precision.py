@@ -87,10 +87,11 @@ def for_inference(model: nn.Module, precision: str = "fp32") -> nn.Module:
         return Ensemble([for_inference(m, precision) for m in model.members])
     float32 = all(p.dtype == torch.float32 for p in model.parameters() if p.is_floating_point())
     if precision == "fp32" and float32:  # the model's own weights, modules of the copy's own
-        return decoding_copy.prepare(decoding_copy.shallow_copy(model).eval(), _onednn_shapes(model, precision))
+        # (never packed: the plain weights are the caller's, so packed ones would be a second copy)
+        return decoding_copy.prepare(decoding_copy.shallow_copy(model).eval(), *_onednn_shapes(model, precision)[:1])
     out = copy.deepcopy(model).to(torch.bfloat16 if precision == "bf16" else torch.float32).eval()
-    if precision != "int8":
-        return decoding_copy.prepare(out, _onednn_shapes(out, precision))
+    if precision != "int8":  # (the copy's own weights: a packed one replaces the plain one)
+        return decoding_copy.prepare(out, *_onednn_shapes(out, precision))
     from .choose import int8_kernels
 
     if getattr(out, "out_proj", "absent") is None:  # tied: a projection of its own to quantise
@@ -108,14 +109,17 @@ def for_inference(model: nn.Module, precision: str = "fp32") -> nn.Module:
     return fuse_projections(out)  # each attention's Q, K, V and a gated FFN's up and gate: one int8 layer each
 
 
-def _onednn_shapes(model: nn.Module, precision: str) -> set[tuple[int, int]]:
-    """The (in, out) shapes of ``model``'s decoding step that multiply faster through oneDNN
-    than through ``F.linear`` at ``precision``, as measured on this CPU (none elsewhere)."""
+def _onednn_shapes(model: nn.Module, precision: str) -> tuple[set[tuple[int, int]], set[tuple[int, int]]]:
+    """The (in, out) shapes of ``model``'s decoding step (its layers' and its self-attentions'
+    Q, K, V together) that multiply faster through oneDNN than through ``F.linear`` at
+    ``precision``, and those of them faster still on a packed weight, as measured on this CPU
+    (none elsewhere)."""
     if next(model.parameters()).device.type != "cpu":
-        return set()
-    from .choose import decoder_shapes, onednn_shapes
+        return set(), set()
+    from .choose import PACKED, decoder_shapes, float_kernels
 
-    return onednn_shapes(decoder_shapes(model), precision)
+    kernels = float_kernels([*decoder_shapes(model), *decoding_copy.fused_shapes(model)], precision)
+    return set(kernels), {shape for shape, kernel in kernels.items() if kernel == PACKED}
 
 
 def uses_int8_gemm(model: nn.Module) -> bool:

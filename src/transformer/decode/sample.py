@@ -42,9 +42,10 @@ def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
 def next_tokens(logits: Tensor, temperature: float, top_k: int, top_p: float,
                 generators: list[torch.Generator] | None) -> Tensor:
     """(B, V) logits of the next position -> (B,) chosen ids."""
+    logits = logits.float()  # (exact from bf16; torch's argmax over bf16 took 3.5x as long: 4.4 against
+    # 1.25 ms at 8 rows of a 151,936-token vocabulary, cast included)
     if temperature == 0:
         return logits.argmax(dim=-1)
-    logits = logits.float()
     scaled = logits / temperature
     overflow = ~scaled.amax(dim=-1).isfinite()  # (B,) a temperature so small (1e-30) that logits / T leave float32
     if overflow.any():  # softmax would be nan: its limit instead, the most probable token (ties share)
