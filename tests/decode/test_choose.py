@@ -60,6 +60,20 @@ def test_the_faster_precision_is_chosen_and_a_faked_slow_one_never(measuring, mo
     assert {p.dtype for p in for_inference(model, "auto").parameters()} == {torch.bfloat16}
 
 
+def test_fastest_allows_int8_where_it_measured_fastest_and_auto_never_takes_it(measuring, monkeypatch, make_model):
+    model = make_model()
+    fake_times(monkeypatch, slow=set(), fastest="int_mm")  # int8 1.0 ms a call, the floats 1.05-1.1
+    assert choose.auto_precision(model) != "int8"
+    assert choose.auto_precision(model, int8=True) == "int8"
+    assert isinstance(for_inference(model, "fastest").out_proj, Int8Linear)
+    monkeypatch.setattr(choose, "_memory", {})
+    for f in measuring.glob("kernels-*.json"):
+        f.unlink()
+    fake_times(monkeypatch, slow=set(INT8_KERNELS), fastest="bf16")  # every int8 kernel made slow
+    assert choose.auto_precision(model, int8=True) == "bf16"
+    assert {p.dtype for p in for_inference(model, "fastest").parameters()} == {torch.bfloat16}
+
+
 @pytest.mark.parametrize("fastest, slow", [("int_mm", "fbgemm"), ("weight-only-fp32", "int_mm"),
                                            ("fbgemm", "weight-only-bf16")])
 def test_each_int8_layer_takes_the_kernel_measured_fastest(measuring, monkeypatch, make_model, fastest, slow):

@@ -20,7 +20,8 @@ _HELP = {
     "max_tokens": ("N", int, "source tokens per batch (none given: 4000, or 20000 for a translation on a GPU)"),
     "precision": ("P", str, f"decoding arithmetic, one of {', '.join(PRECISIONS)}: auto is fp32 or bf16, "
                             "whichever a short measurement on this CPU found faster (kept in your cache; "
-                            "on a GPU bf16 where it is native); bf16 weights, or int8 weights (CPU; each "
+                            "on a GPU bf16 where it is native); fastest is auto with int8 allowed (fp32, bf16 "
+                            "or int8, whichever measured fastest); bf16 weights, or int8 weights (CPU; each "
                             "layer by the int8 kernel measured fastest: an int8 GEMM or weight-only; "
                             "transformer info shows the choice); the speed and BLEU cost: "
                             "benchmarks/decode/README.md"),

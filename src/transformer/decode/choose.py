@@ -323,8 +323,9 @@ def decoder_shapes(model: nn.Module) -> list[tuple[int, int]]:
     return shapes
 
 
-def auto_precision(model: nn.Module, device: str | torch.device = "cpu") -> str:
-    """What ``precision: auto`` decodes ``model`` in on ``device``: on a CPU, fp32 or bf16,
+def auto_precision(model: nn.Module, device: str | torch.device = "cpu", int8: bool = False) -> str:
+    """What ``precision: auto`` decodes ``model`` in on ``device``: on a CPU, fp32 or bf16
+    (with ``int8``, ``precision: fastest``: or int8, each layer by its fastest int8 kernel),
     whichever multiplies a decoding step's layers (:func:`decoder_shapes`) faster as measured;
     the flags where nothing is measured (a GPU, ``TRANSFORMER_MEASURE=off``, a failure)."""
     if torch.device(hardware.resolve_device(device)).type != "cpu":
@@ -334,6 +335,8 @@ def auto_precision(model: nn.Module, device: str | torch.device = "cpu") -> str:
     if times is None:
         return by_flags("auto", device)
     cost = {p: sum(_float_kernel(times[f"{i}x{o}"], p)[1] for i, o in shapes) for p in ("fp32", "bf16")}
+    if int8:
+        cost["int8"] = sum(min(t for k, t in times[f"{i}x{o}"].items() if k in INT8_KERNELS) for i, o in shapes)
     return min(cost, key=cost.get)
 
 

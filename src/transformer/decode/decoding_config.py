@@ -30,7 +30,7 @@ from ..frozen import TYPE_NAMES, Frozen, has_type, known_keys, part, whole_numbe
 
 # Decoding arithmetic (decode/precision.py): auto is bf16 where the device computes it
 # natively, else fp32; int8 is a CPU option.
-PRECISIONS = ("auto", "fp32", "bf16", "int8")
+PRECISIONS = ("auto", "fastest", "fp32", "bf16", "int8")
 # Whether a search runs the compiled step (front_door.py decides, compiled/ builds it): on builds it if missing, auto
 # uses it when it is built already (or a generation is long enough to pay for building it).
 COMPILE_CHOICES = ("auto", "on", "off")
@@ -129,7 +129,7 @@ class RuntimeConfig:
     """How the work runs, for either kind of model."""
     # ---- how the work runs ----
     max_tokens: int | None = None  # source tokens per batch (padded); unset (null): 4000, or 20000 for a translation on a GPU (front_door.py)
-    precision: str = "auto"  # auto (on a CPU fp32 or bf16, whichever measured faster there; on a GPU bf16 where native), fp32, bf16 or int8 (CPU); decode/precision.py, decode/choose.py
+    precision: str = "auto"  # auto (on a CPU fp32 or bf16, whichever measured faster there; on a GPU bf16 where native), fastest (auto with int8 allowed: fp32, bf16 or int8), fp32, bf16 or int8 (CPU); decode/precision.py, decode/choose.py
     device: str = "auto"  # auto (a CUDA GPU when there is one, else the CPU; the CPU for int8), cpu or cuda[:N]
     compile: str = "auto"  # on, off, auto: a compiled decoding step (on: built if missing; auto: if built); compiled/
 

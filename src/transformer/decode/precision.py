@@ -4,6 +4,9 @@
           short measurement on this machine (:mod:`transformer.decode.choose`, kept in the
           user's cache); on a GPU, or where nothing can be measured, bf16 where the device
           computes it natively, else fp32 (:func:`transformer.hardware.resolve`); the default
+    fastest  auto with int8 allowed: on a CPU fp32, bf16 or int8, whichever measured fastest
+          (int8's translations differ from fp32's on about a tenth of sentences, so it is
+          the user's to allow); elsewhere as auto
     fp32  the trained weights as they are (the reference)
     bf16  every floating-point parameter and buffer in bfloat16: matmuls run on the CPU's
           bf16 matrix units (AMX / AVX512-BF16) without autocast's per-call weight casts;
@@ -35,17 +38,20 @@ from .decoding_config import PRECISIONS, DecodingConfig, check_precision  # noqa
 from .ensemble import Ensemble
 
 
+FASTEST = "fastest"  # auto, int8 allowed
+
+
 def resolve_precision(precision: str, device: str | torch.device = "cpu", model: nn.Module | None = None) -> str:
-    """The precision ``precision`` stands for on ``device``: ``auto`` becomes fp32 or bf16,
-    for ``model`` on a CPU whichever measured faster there
+    """The precision ``precision`` stands for on ``device``: ``auto`` becomes fp32 or bf16
+    (``fastest``: or int8), for ``model`` on a CPU whichever measured faster there
     (:func:`transformer.decode.choose.auto_precision`), else by the device's flags
     (:func:`transformer.hardware.resolve`); any other is checked and returned."""
     check_precision(precision, device)
-    if precision == hardware.AUTO and model is not None:
+    if precision in (hardware.AUTO, FASTEST) and model is not None:
         from .choose import auto_precision
 
-        return auto_precision(model, device)
-    return hardware.resolve(precision, device)
+        return auto_precision(model, device, int8=precision == FASTEST)
+    return hardware.resolve(hardware.AUTO if precision == FASTEST else precision, device)
 
 
 def decoding_device(decoding: DecodingConfig, model: nn.Module | None = None) -> str:
