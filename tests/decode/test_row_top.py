@@ -88,3 +88,16 @@ def test_eos_blocked_and_forced_alike_on_either_form():
         else:
             assert torch.isinf(got[0][at_limit]).all()
         assert (got[1][live] == eos).any() != block
+
+
+def test_log_probabilities_written_over_their_logits_are_the_same_numbers(make_model):
+    cfg = make_model(seed=4).cfg
+    logits = torch.randn(5, cfg.target_vocab_size) * 4
+    want = next_token_logprobs(logits, cfg)
+    mine = logits.clone()
+    got = next_token_logprobs(mine, cfg, overwrite=True)
+    assert got.data_ptr() == mine.data_ptr()  # no second (N, V) tensor
+    assert torch.equal(got, want)
+    bf16 = logits.bfloat16()  # another dtype: a float32 tensor of its own, the logits untouched
+    assert torch.equal(next_token_logprobs(bf16, cfg, overwrite=True), next_token_logprobs(bf16, cfg))
+    assert torch.equal(bf16, logits.bfloat16())

@@ -76,12 +76,18 @@ def top_k_rows(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     return values, cols.gather(1, at)
 
 
-def next_token_logprobs(logits: Tensor, cfg: ModelConfig) -> Tensor:
+def next_token_logprobs(logits: Tensor, cfg: ModelConfig, overwrite: bool = False) -> Tensor:
     """(N, V) logits of the last position -> log-probabilities in float32, with PAD and BOS
-    made impossible (they are never a correct next token)."""
-    # dtype= reads bf16 logits straight into the float32 result (no float copy of a (N, V)
-    # tensor first): the same numbers, 9.0 ms against 15.4 at (128, 58,101) on one thread.
-    lp = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+    made impossible (they are never a correct next token). ``overwrite``: float32 ``logits``
+    that nothing else reads may be overwritten by them."""
+    if overwrite and logits.dtype == torch.float32 and logits.is_contiguous() and not torch.is_grad_enabled():
+        # in place: each row is read (its maximum, its sum) before it is written; the same
+        # numbers, 3.1 ms against 5.1 at (100, 58,101) on one thread (no second tensor to fill)
+        lp = torch._log_softmax(logits, -1, False, out=logits)
+    else:
+        # dtype= reads bf16 logits straight into the float32 result (no float copy of a (N, V)
+        # tensor first): the same numbers, 9.0 ms against 15.4 at (128, 58,101) on one thread.
+        lp = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
     lp[:, cfg.pad_id] = float("-inf")
     if cfg.bos_id != cfg.eos_id:
         lp[:, cfg.bos_id] = float("-inf")
@@ -121,7 +127,7 @@ def row_top(h: Tensor, project, cfg: ModelConfig, n: int) -> RowTop:
     chunks = -(-h.size(0) * vocab // CHUNK_VALUES)
     values, tokens, eos = [], [], []
     for part in h.tensor_split(max(1, chunks)):
-        lp = next_token_logprobs(project(part), cfg)
+        lp = next_token_logprobs(project(part), cfg, overwrite=True)  # (the chunk's logits are its own)
         v, t = top_k_rows(lp, min(n, vocab))
         values.append(v), tokens.append(t), eos.append(lp[:, cfg.eos_id])
     return RowTop(torch.cat(values), torch.cat(tokens), torch.cat(eos))
