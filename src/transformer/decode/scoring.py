@@ -80,7 +80,7 @@ def next_token_logprobs(logits: Tensor, cfg: ModelConfig, overwrite: bool = Fals
     """(N, V) logits of the last position -> log-probabilities in float32, with PAD and BOS
     made impossible (they are never a correct next token). ``overwrite``: float32 ``logits``
     that nothing else reads may be overwritten by them."""
-    if overwrite and logits.dtype == torch.float32 and logits.is_contiguous() and not torch.is_grad_enabled():
+    if overwrite and logits.dtype == torch.float32 and logits.is_contiguous() and not logits.requires_grad:
         # in place: each row is read (its maximum, its sum) before it is written; the same
         # numbers, 3.1 ms against 5.1 at (100, 58,101) on one thread (no second tensor to fill)
         lp = torch._log_softmax(logits, -1, False, out=logits)
