@@ -52,6 +52,7 @@ from matmul_rate import matmul_rate  # noqa: E402
 from turns import its_turn  # noqa: E402
 
 from transformer import hardware  # noqa: E402
+from transformer.decode.decoding_config import PRECISIONS  # noqa: E402
 
 SYSTEMS = ("ours-auto", "ours-int8", "ours-fp32", "ct2-int8", "ct2-float32", "hf-fp32")
 FILLER = "\u2581fill{}"  # the pieces that pad vocab.json to --vocab (a word start, never produced by the spm models)
@@ -301,7 +302,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--rounds", type=positive, default=3)
     ap.add_argument("--threads", type=positive, default=2, help="intra-op threads of every system")
     ap.add_argument("--systems", default=",".join(SYSTEMS),
-                    help="comma-separated: ours-P (P: auto, fp32, bf16, int8), ct2-T (T: a compute_type), hf-fp32")
+                    help="comma-separated: ours-P (P: auto, fastest, fp32, bf16, int8), ct2-T (T: a compute_type), hf-fp32")
     ap.add_argument("--beam", type=positive, default=4)
     ap.add_argument("--max-length", type=positive, default=64, help="generation_config max_length")
     ap.add_argument("--d-model", type=positive, default=512)
@@ -326,9 +327,9 @@ def parse() -> argparse.Namespace:
     args.names = [s for s in args.systems.split(",") if s]
     for name in args.names:
         kind, _, q = name.partition("-")
-        if not ((kind == "ours" and q in ("auto", "fp32", "bf16", "int8")) or (kind == "ct2" and q)
+        if not ((kind == "ours" and q in PRECISIONS) or (kind == "ct2" and q)
                 or name == "hf-fp32") or args.names.count(name) > 1:
-            ap.error(f"--systems: {name!r} is not one of ours-P (auto, fp32, bf16, int8), ct2-T, hf-fp32, once each")
+            ap.error(f"--systems: {name!r} is not one of ours-P ({', '.join(PRECISIONS)}), ct2-T, hf-fp32, once each")
     return args
 
 
