@@ -33,9 +33,9 @@ class FixedKVCache:
     @classmethod
     def empty(cls, model: nn.Module, rows: int, capacity: int) -> "FixedKVCache":
         """Buffers on ``model``'s device, in its keys' dtype (the eager step's, :func:`kv_buffers`)."""
-        k, v = kv_buffers(model, rows, capacity)
-        device = k[0].device
-        return cls(k=k, v=v, key_mask=torch.zeros(rows, capacity, dtype=torch.bool, device=device),
+        kv = kv_buffers(model, rows, capacity)
+        device = kv[0].device
+        return cls(k=tuple(kv[0::2]), v=tuple(kv[1::2]), key_mask=torch.zeros(rows, capacity, dtype=torch.bool, device=device),
                    next_position=torch.zeros(rows, dtype=torch.long, device=device))
 
     @property

@@ -37,16 +37,18 @@ from .ensemble import EnsembleCache
 from .rows import other_rows
 
 
-def kv_buffers(model: nn.Module, rows: int, capacity: int) -> tuple[tuple[Tensor, ...], tuple[Tensor, ...]]:
-    """Uninitialised K and V buffers, one each per decoder layer, (rows, H_kv, capacity, D) on
-    ``model``'s device in its keys' dtype (its weights', or an int8 layer's output dtype). Not
-    zeroed: zeroing cost 8% of a beam search, and only written slots are read."""
+def kv_buffers(model: nn.Module, rows: int, capacity: int, sets: int = 1) -> list[Tensor]:
+    """Uninitialised K and V buffers, ``sets`` x (K, V) per decoder layer, each (rows, H_kv,
+    capacity, D), on ``model``'s device in its keys' dtype (its weights', or an int8 layer's
+    output dtype): views of one allocation, so that a search's buffers are one mapping of memory
+    (not dozens of blocks just under glibc's mmap threshold left in its heap), in the order
+    layer 0's K, V, layer 1's ... of the first set, then of the next. Not zeroed: zeroing cost
+    8% of a beam search, and only written slots are read."""
     attn = model.decoder.layers[0].self_attn
     shape = (rows, attn.n_kv_heads, capacity, attn.d_head)
     n, device = model.cfg.n_layers, next(model.parameters()).device
     dtype = attn.k_proj.weight.dtype if isinstance(attn.k_proj.weight, Tensor) else attn.k_proj.out_dtype
-    return (tuple(torch.empty(shape, dtype=dtype, device=device) for _ in range(n)),
-            tuple(torch.empty(shape, dtype=dtype, device=device) for _ in range(n)))
+    return list(torch.empty((2 * n * sets, *shape), dtype=dtype, device=device).unbind(0))
 
 
 class _Buffers:
@@ -56,10 +58,12 @@ class _Buffers:
     positions) and the two trade places."""
 
     def __init__(self, model: nn.Module, rows: int, capacity: int) -> None:
-        pairs = [kv_buffers(model, rows, capacity) for _ in range(2)]
-        self.shape = pairs[0][0][0].shape  # (R, H_kv, L, D)
-        self.k = [list(ab) for ab in zip(pairs[0][0], pairs[1][0])]  # per layer [in use, other]
-        self.v = [list(ab) for ab in zip(pairs[0][1], pairs[1][1])]
+        buffers = kv_buffers(model, rows, capacity, sets=2)
+        self.shape = buffers[0].shape  # (R, H_kv, L, D)
+        n = len(buffers) // 4
+        first, second = buffers[: 2 * n], buffers[2 * n:]
+        self.k = [[a, b] for a, b in zip(first[0::2], second[0::2])]  # per layer [in use, other]
+        self.v = [[a, b] for a, b in zip(first[1::2], second[1::2])]
 
     def advance(self, i: int, k: Tensor, v: Tensor, rows: int, length: int, order: Tensor | None):
         """Layer ``i``'s K, V after a step: the ``rows`` x ``length`` positions held (rows
