@@ -9,15 +9,15 @@ import torch
 from torch import Tensor, nn
 
 from ..decode.eager_step import is_translation, left_pad
-from ..decode.fixed_cache import kv_buffers
+from ..decode.fixed_cache import kv_layout
 from ..decode.rows import sentences
 from .graph import GenerationStep
 
 
 @dataclass
 class FixedKVCache:
-    """``k``, ``v`` per layer (B, H_kv, L, D) for L = ``capacity`` positions (not zeroed);
-    ``key_mask`` (B, L), True at real tokens; ``next_position`` (B,);
+    """``k``, ``v`` per layer (B, H_kv, L, D) for L = ``capacity`` positions (not zeroed: zeroing
+    cost 8% of a beam search); ``key_mask`` (B, L), True at real tokens; ``next_position`` (B,);
     ``length`` slots written; an encoder-decoder's cross-attention as in ``KVCache`` (its mask
     held even unpadded: a graph applies it)."""
 
@@ -32,10 +32,12 @@ class FixedKVCache:
 
     @classmethod
     def empty(cls, model: nn.Module, rows: int, capacity: int) -> "FixedKVCache":
-        """Buffers on ``model``'s device, in its keys' dtype (the eager step's, :func:`kv_buffers`)."""
-        kv = kv_buffers(model, rows, capacity)
-        device = kv[0].device
-        return cls(k=tuple(kv[0::2]), v=tuple(kv[1::2]), key_mask=torch.zeros(rows, capacity, dtype=torch.bool, device=device),
+        """Buffers on ``model``'s device, in its keys' dtype (the eager step's, :func:`kv_layout`)."""
+        n, heads, d_head, dtype, device = kv_layout(model)
+        shape = (rows, heads, capacity, d_head)
+        return cls(k=tuple(torch.empty(shape, dtype=dtype, device=device) for _ in range(n)),
+                   v=tuple(torch.empty(shape, dtype=dtype, device=device) for _ in range(n)),
+                   key_mask=torch.zeros(rows, capacity, dtype=torch.bool, device=device),
                    next_position=torch.zeros(rows, dtype=torch.long, device=device))
 
     @property

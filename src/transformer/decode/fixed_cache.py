@@ -21,7 +21,7 @@ attention's, bf16 on a CPU) copies such a K, transposed, before every product, 7
 product's time, and torch's fused kernel reads it slower too (benchmarks/decode/README.md).
 Attention gets the layout the concatenation gave it, so the results are the same bits.
 
-The buffers' shapes and dtype are the compiled step's (:func:`kv_buffers`, also used by
+The buffers' shapes and dtype are the compiled step's (:func:`kv_layout`, also used by
 :class:`~transformer.compiled.search_step.FixedKVCache`), so a K, V is stored as the model's key
 projection gives it (bf16, an int8 layer's output dtype).
 """
@@ -37,18 +37,12 @@ from .ensemble import EnsembleCache
 from .rows import other_rows
 
 
-def kv_buffers(model: nn.Module, rows: int, capacity: int, sets: int = 1) -> list[Tensor]:
-    """Uninitialised K and V buffers, ``sets`` x (K, V) per decoder layer, each (rows, H_kv,
-    capacity, D), on ``model``'s device in its keys' dtype (its weights', or an int8 layer's
-    output dtype): views of one allocation, so that a search's buffers are one mapping of memory
-    (not dozens of blocks just under glibc's mmap threshold left in its heap), in the order
-    layer 0's K, V, layer 1's ... of the first set, then of the next. Not zeroed: zeroing cost
-    8% of a beam search, and only written slots are read."""
+def kv_layout(model: nn.Module) -> tuple[int, int, int, torch.dtype, torch.device]:
+    """The self-attention cache of ``model``: its layers, K/V heads (H_kv), head size (D), and
+    the keys' dtype (its weights', or an int8 layer's output dtype) and device."""
     attn = model.decoder.layers[0].self_attn
-    shape = (rows, attn.n_kv_heads, capacity, attn.d_head)
-    n, device = model.cfg.n_layers, next(model.parameters()).device
     dtype = attn.k_proj.weight.dtype if isinstance(attn.k_proj.weight, Tensor) else attn.k_proj.out_dtype
-    return list(torch.empty((2 * n * sets, *shape), dtype=dtype, device=device).unbind(0))
+    return model.cfg.n_layers, attn.n_kv_heads, attn.d_head, dtype, next(model.parameters()).device
 
 
 class _Buffers:
@@ -58,12 +52,14 @@ class _Buffers:
     positions) and the two trade places."""
 
     def __init__(self, model: nn.Module, rows: int, capacity: int) -> None:
-        buffers = kv_buffers(model, rows, capacity, sets=2)
-        self.shape = buffers[0].shape  # (R, H_kv, L, D)
-        n = len(buffers) // 4
-        first, second = buffers[: 2 * n], buffers[2 * n:]
-        self.k = [[a, b] for a, b in zip(first[0::2], second[0::2])]  # per layer [in use, other]
-        self.v = [[a, b] for a, b in zip(first[1::2], second[1::2])]
+        n, heads, d_head, dtype, device = kv_layout(model)
+        self.shape = (rows, heads, capacity, d_head)  # (R, H_kv, L, D)
+        # One allocation (not zeroed: only written slots are read), not four per layer: blocks
+        # just under glibc's 32 MiB mmap threshold left in its heap made the rest of a step's
+        # allocations dearer (benchmarks/decode/README.md).
+        block = torch.empty((n, 2, 2, *self.shape), dtype=dtype, device=device)  # (layer, K/V, pair, ...)
+        self.k = [[block[i, 0, 0], block[i, 0, 1]] for i in range(n)]  # per layer [in use, other]
+        self.v = [[block[i, 1, 0], block[i, 1, 1]] for i in range(n)]
 
     def advance(self, i: int, k: Tensor, v: Tensor, rows: int, length: int, order: Tensor | None):
         """Layer ``i``'s K, V after a step: the ``rows`` x ``length`` positions held (rows
