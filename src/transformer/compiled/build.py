@@ -132,11 +132,11 @@ def _cpu() -> str:
 @cache
 def _source_digest() -> str:
     """A digest of the code a package is built from: the model, this package's step, the
-    graph's attention, the log-probabilities and the int8 layers."""
+    graph's attention, the log-probabilities, the int8 layers and the cache's buffers."""
     root = Path(__file__).resolve().parent.parent
     files = [*sorted((root / "model").glob("*.py")), *sorted((root / "compiled").glob("*.py")),
              *sorted((root / "kernels").glob("*.py")),
-             *(root / "decode" / n for n in ("scoring.py", "precision.py"))]
+             *(root / "decode" / n for n in ("scoring.py", "precision.py", "fixed_cache.py"))]
     h = hashlib.sha256()
     for f in files:
         h.update(f.name.encode())

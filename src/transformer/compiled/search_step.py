@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from ..decode.eager_step import is_translation, left_pad
+from ..decode.fixed_cache import kv_layout
 from ..decode.rows import sentences
 from .graph import GenerationStep
 
@@ -31,11 +32,9 @@ class FixedKVCache:
 
     @classmethod
     def empty(cls, model: nn.Module, rows: int, capacity: int) -> "FixedKVCache":
-        """Buffers on ``model``'s device, in its keys' dtype (its weights', or an int8 layer's)."""
-        attn = model.decoder.layers[0].self_attn
-        shape = (rows, attn.n_kv_heads, capacity, attn.d_head)
-        n, device = model.cfg.n_layers, next(model.parameters()).device
-        dtype = attn.k_proj.weight.dtype if isinstance(attn.k_proj.weight, Tensor) else attn.k_proj.out_dtype
+        """Buffers on ``model``'s device, in its keys' dtype (the eager step's, :func:`kv_layout`)."""
+        n, heads, d_head, dtype, device = kv_layout(model)
+        shape = (rows, heads, capacity, d_head)
         return cls(k=tuple(torch.empty(shape, dtype=dtype, device=device) for _ in range(n)),
                    v=tuple(torch.empty(shape, dtype=dtype, device=device) for _ in range(n)),
                    key_mask=torch.zeros(rows, capacity, dtype=torch.bool, device=device),

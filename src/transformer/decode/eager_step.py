@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from ..model import KVCache
 from .decoding_copy import shallow_copy
+from .fixed_cache import buffered
 from .rows import select_rows
 from .scoring import next_token_logprobs, row_top
 
@@ -52,20 +53,21 @@ def _unprojected(h: Tensor) -> Tensor:
 
 
 class EagerStep:
-    """``model.decode`` on the growing cache (a new, longer one every step), eagerly; finished
-    rows leave at once."""
+    """``model.decode``, eagerly, on a cache whose K, V buffers are allocated once per search
+    (:mod:`transformer.decode.fixed_cache`); finished rows leave at once."""
 
     def __init__(self, model: nn.Module, logprobs: bool = True) -> None:
         self.model, self.logprobs = model, logprobs
         self._hidden = None  # the model's decode without its projection (made when first asked)
 
-    def start(self, cache, need: int):  # noqa: ARG002 (the cache grows as it needs)
-        return cache
+    def start(self, cache, need: int):
+        return buffered(self.model, cache, need)
 
-    def prefill(self, prompts: list[list[int]], need: int):  # noqa: ARG002
+    def prefill(self, prompts: list[list[int]], need: int):
         model = self.model
         ids, real = left_pad(prompts, model.cfg.pad_id, model.embed.weight.device)
-        logits, cache = model.decode(ids, model.start_cache(len(prompts), ids.device), real=real)
+        cache = buffered(model, model.start_cache(len(prompts), ids.device), need)
+        logits, cache = model.decode(ids, cache, real=real)
         return cache, logits[:, -1]
 
     def __call__(self, tokens: Tensor, cache, top: int | None = None):

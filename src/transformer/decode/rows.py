@@ -5,8 +5,9 @@ sentences finish, with one ``index_select`` per tensor.
     cache = expand_rows(model.start_cache(memory, src), beam)   # row = sentence * beam + j
     cache = select_rows(cache, rows)                            # keep / reorder / repeat rows
 
-A cache of another kind (an ensemble's, a hand-written stand-in's) keeps its own rows: its
-``expand`` and ``index_select`` are called instead.
+A cache of another kind (an ensemble's, the eager step's :mod:`~transformer.decode.fixed_cache`,
+a hand-written stand-in's) keeps its own rows: its ``expand`` and ``index_select`` are called
+instead (:func:`other_rows` changes what is not its self-attention K, V).
 """
 from __future__ import annotations
 
@@ -41,21 +42,27 @@ def select_rows(cache, index: Tensor, same_sentences: bool = False):
     """
     if not isinstance(cache, KVCache):  # an ensemble's caches: each checks for itself
         return cache.index_select(index)
+    self_kv = tuple(_pick(kv, index) for kv in cache.self_kv)
+    return replace(cache, self_kv=self_kv, **other_rows(cache, index, same_sentences))
 
-    def pick(kv, idx):
-        return None if kv is None else (kv[0].index_select(0, idx), kv[1].index_select(0, idx))
 
-    self_kv = tuple(pick(kv, index) for kv in cache.self_kv)
+def other_rows(cache, index: Tensor, same_sentences: bool = False) -> dict:
+    """What else :func:`select_rows` changes in a cache with KVCache's fields (for any cache
+    holding them, whoever keeps its self-attention K, V): the changed fields, by name."""
     if cache.memory_mask is None:  # decoder-only: every row is its own
-        return replace(cache, self_kv=self_kv, next_position=cache.next_position.index_select(0, index),
-                       key_mask=None if cache.key_mask is None else cache.key_mask.index_select(0, index))
+        return dict(next_position=cache.next_position.index_select(0, index),
+                    key_mask=None if cache.key_mask is None else cache.key_mask.index_select(0, index))
     sources = sentences(index, cache.group)
     n_src = cache.memory_mask.size(0)
     if same_sentences or (sources.numel() == n_src
                           and bool((sources == torch.arange(n_src, device=index.device)).all())):
-        return replace(cache, self_kv=self_kv)  # same sentences, same order: nothing to copy
-    return replace(cache, cross_kv=tuple(pick(kv, sources) for kv in cache.cross_kv), self_kv=self_kv,
-                   memory_mask=cache.memory_mask.index_select(0, sources))
+        return {}  # same sentences, same order: nothing to copy
+    return dict(cross_kv=tuple(_pick(kv, sources) for kv in cache.cross_kv),
+                memory_mask=cache.memory_mask.index_select(0, sources))
+
+
+def _pick(kv, index: Tensor):
+    return None if kv is None else (kv[0].index_select(0, index), kv[1].index_select(0, index))
 
 
 def sentences(rows: Tensor, group: int) -> Tensor:
