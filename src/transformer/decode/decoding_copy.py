@@ -51,9 +51,11 @@ ONE_QUERY_KEYS = 16
 def step_attention(q: Tensor, k: Tensor, v: Tensor, mask=None, dropout_p: float = 0.0, need_weights: bool = False):
     """:func:`~transformer.model.attention.attention` as a decoding step runs it: one query
     (T_q 1) over :data:`ONE_QUERY_KEYS` keys or more, float32 on a CPU, by its readable form
-    (the same result to rounding); anything else as ``attention`` runs it."""
+    (the same result to rounding), where K is contiguous (the cache's; the memory's K, heads
+    split from one projection, would be copied transposed at every step: 1 ms a call at 100
+    rows of the demo model, more than the kernel); anything else as ``attention`` runs it."""
     if (q.size(2) == 1 and k.size(2) >= ONE_QUERY_KEYS and q.dtype == torch.float32 and q.device.type == "cpu"
-            and dropout_p == 0.0 and not need_weights and not torch.compiler.is_compiling()):
+            and k.is_contiguous() and dropout_p == 0.0 and not need_weights and not torch.compiler.is_compiling()):
         return attention_weights(q, k, mask) @ v, None
     return attention(q, k, v, mask, dropout_p, need_weights)
 
