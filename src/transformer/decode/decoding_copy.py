@@ -157,7 +157,18 @@ class OneDnnProjection:
         return self.own(h)
 
 
-class DecodingAttention(StepAttend, MultiHeadAttention):
+class GroupedAttend(StepAttend):
+    """For a decoding copy's attention classes that attend under grouped-query attention
+    without copies of K, V (:func:`grouped_attend`) where it applies, else as
+    :class:`StepAttend` does."""
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | masks.Causal | None = None,
+               need_weights: bool = False, kernel=attention) -> tuple[Tensor, Tensor | None]:
+        out = grouped_attend(self, q, k, v, mask, need_weights, kernel)
+        return super().attend(q, k, v, mask, need_weights, kernel) if out is None else (out, None)
+
+
+class DecodingAttention(GroupedAttend, MultiHeadAttention):
     """A decoding copy's attention: the projections it applies together
     (:meth:`~transformer.model.attention.MultiHeadAttention.project_together`) read weights
     concatenated once (``fused``, keyed by the layers), instead of concatenating them at every
@@ -172,11 +183,6 @@ class DecodingAttention(StepAttend, MultiHeadAttention):
         weight = torch.cat([lin.weight.detach() for lin in linears])  # (sum of sizes, C)
         bias = None if linears[0].bias is None else torch.cat([lin.bias.detach() for lin in linears])
         self.fused[tuple(map(id, linears))] = (pack(weight) if packed else weight, bias)
-
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | masks.Causal | None = None,
-               need_weights: bool = False, kernel=attention) -> tuple[Tensor, Tensor | None]:
-        out = grouped_attend(self, q, k, v, mask, need_weights, kernel)
-        return super().attend(q, k, v, mask, need_weights, kernel) if out is None else (out, None)
 
     def project_together(self, x: Tensor, linears) -> list[Tensor]:
         fused = self.fused.get(tuple(map(id, linears)))

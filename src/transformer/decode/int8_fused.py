@@ -15,14 +15,13 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from ..model import masks
-from ..model.attention import attention, split_projections
+from ..model.attention import split_projections
 from ..model.layers import FeedForward
-from .decoding_copy import grouped_attend
+from .decoding_copy import GroupedAttend
 from .int8 import Int8Attention, Int8Linear
 
 
-class FusedInt8Attention(Int8Attention):
+class FusedInt8Attention(GroupedAttend, Int8Attention):
     """An int8 attention whose self-attention projections (W_Q, W_K, W_V) run as one int8 layer
     (``qkv``); any other projections applied together (cross-attention's) as :class:`Int8Attention`.
 
@@ -36,11 +35,6 @@ class FusedInt8Attention(Int8Attention):
     def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         sizes = [self.q_proj.out_features, self.k_proj.out_features, self.v_proj.out_features]
         return tuple(split_projections(self.qkv(x), sizes, self.d_head))
-
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | masks.Causal | None = None,
-               need_weights: bool = False, kernel=attention) -> tuple[Tensor, Tensor | None]:
-        out = grouped_attend(self, q, k, v, mask, need_weights, kernel)
-        return super().attend(q, k, v, mask, need_weights, kernel) if out is None else (out, None)
 
 
 class FusedInt8FeedForward(FeedForward):
