@@ -116,3 +116,30 @@ def test_a_step_past_the_capacity_is_refused(rand_tokens):
         model.decode(tokens, cache)
     with pytest.raises(ValueError, match="3 rows asked of a cache of 2"):
         select_rows(cache, torch.tensor([0, 1, 1]))
+
+
+def test_the_eager_steps_reorder_within_sentences_asks_nothing_of_their_order(monkeypatch):
+    """A beam reorder (as many rows as the cache holds) keeps the sentences' cross-attention
+    K/V as they are without comparing the rows' sentences with their order (a read of the
+    device per step), as select_rows does for the model's cache; fewer rows still pick theirs."""
+    from transformer.decode import rows as rows_module
+
+    model = build_model(seed=5).eval()
+    src = torch.randint(4, model.cfg.vocab_size, (3, 5))
+    step = EagerStep(model)
+    compared = []
+
+    class Spy:  # rows.py's torch, recording the comparison's arange
+        def __getattr__(self, name):
+            if name == "arange":
+                compared.append(1)
+            return getattr(torch, name)
+
+    with torch.inference_mode():
+        cache = step.start(expand_rows(model.start_cache(model.encode(src), src), 2), 8)
+        _, cache = step(torch.full((6, 1), model.cfg.bos_id), cache)
+        monkeypatch.setattr(rows_module, "torch", Spy())
+        kept = step.keep(cache, torch.tensor([1, 0, 2, 3, 5, 4]))
+        assert compared == [] and kept.cross_kv is cache.cross_kv
+        fewer = step.keep(cache, torch.tensor([0, 1, 4, 5]))  # (sentences 0 and 2: finished rows leave)
+        assert fewer.rows == 4 and fewer.memory_mask.size(0) == 2

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from ..model import KVCache
 from .decoding_copy import shallow_copy
-from .fixed_cache import buffered
+from .fixed_cache import BufferedKVCache, buffered
 from .rows import select_rows
 from .scoring import next_token_logprobs, row_top
 
@@ -95,6 +95,8 @@ class EagerStep:
     def keep(self, cache, rows: Tensor):
         """As many rows as the cache holds: a search's beams, reordered within their sentences
         (every sentence stays, in order, as the compiled step assumes too); fewer: whole groups."""
+        if isinstance(cache, BufferedKVCache):  # (its own rows, told what select_rows is told)
+            return cache.index_select(rows, same_sentences=rows.numel() == cache.batch_size)
         same = isinstance(cache, KVCache) and rows.numel() == cache.batch_size
         return select_rows(cache, rows, same_sentences=same)
 

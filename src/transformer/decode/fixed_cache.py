@@ -136,14 +136,15 @@ class BufferedKVCache:
         """This cache after the step (its K, V are in the buffers already)."""
         return replace(self, length=self_kv[0][0].size(2), held_rows=self.rows, order=None)
 
-    def index_select(self, index: Tensor) -> "BufferedKVCache":
+    def index_select(self, index: Tensor, same_sentences: bool = False) -> "BufferedKVCache":
         """Keep / reorder rows as :func:`~transformer.decode.rows.select_rows` does (the K, V
         at the next step, when they are copied anyway; the sentences' cross-attention K/V now,
-        only when they change), no more rows than the buffers hold."""
+        only when they change: not asked with ``same_sentences``, which spares the search a
+        read of the device), no more rows than the buffers hold."""
         if index.numel() > self.buffers.shape[0]:
             raise ValueError(f"{index.numel()} rows asked of a cache of {self.buffers.shape[0]}")
         order = index if self.order is None else self.order.index_select(0, index)
-        return replace(self, rows=index.numel(), order=order, **other_rows(self, index))
+        return replace(self, rows=index.numel(), order=order, **other_rows(self, index, same_sentences))
 
 
 def buffered(model: nn.Module, cache, need: int):
