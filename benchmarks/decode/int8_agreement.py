@@ -108,6 +108,7 @@ def main() -> None:
         report(variant, out, seconds, fp32, ref, done.get(name) if single else None)
         near_ties(scorer, src, out, fp32)
         done[variant] = out
+    overlaps(done, fp32)
     if args.ct2:
         texts = [t.text for t in fp32]
         outs = _ct2(base, raw, src, args)
@@ -205,6 +206,22 @@ def near_ties(scorer: Fp32Scorer, src: list[str], out: list[Translation], fp32: 
     print(f"  near ties of the {len(deltas)} that differ (fp32 score, normalised): |d| < 0.01: {small}, "
           f"< 0.1: {tenth}; the variant's output scores higher (fp32 search error): {higher}; "
           f"median |d| {sorted(map(abs, deltas))[len(deltas) // 2]:.3f}", flush=True)
+
+
+def overlaps(done: dict[str, list[Translation]], fp32: list[Translation]) -> None:
+    """For each variant, how many of the sentences it translates otherwise than fp32 int8
+    translates otherwise too: whether they are the same few fragile sentences."""
+    def differing(out):
+        return {i for i, (a, b) in enumerate(zip(out, fp32)) if a.text != b.text}
+
+    if "int8" not in done:
+        return
+    int8 = differing(done["int8"])
+    every = set().union(*(differing(out) for out in done.values()))
+    print(f"overlap: int8 differs on {len(int8)}; all variants together on {len(every)}")
+    for name, out in done.items():
+        if name not in ("fp32", "int8") and (theirs := differing(out)):
+            print(f"  {name}: differs on {len(theirs)}, int8 too on {len(theirs & int8)} of them")
 
 
 def margins(base: Translator, src: list[str], fp32: list[Translation]) -> None:
