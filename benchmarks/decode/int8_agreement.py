@@ -16,15 +16,18 @@ variants (``--variants``, comma-separated):
   what int8 does, one half at a time (fp32's decoding copy and kernels otherwise):
     int8-weights    every weight, the output projection's included, quantised per output row
                     as ``Int8Linear`` does, dequantised: float32 activations (the best any
-                    per-row int8 weights can do); intB-weights: to B bits (int10, int12, ...)
+                    per-row int8 weights can do); intB-weights: to B bits (int10, int12, ...);
+                    int8-weights-gG: a scale per G inputs of a row (G 32, 64, ...)
     int8-acts       the float32 weights; every linear layer's input quantised to int8 and back,
                     per row, as ``torch._int_mm``'s path does (``int8.quantise_rows``); intB-acts
     int8-acts-tensor  the same per tensor, asymmetric uint8, as fbgemm's dynamic linear does
+    intB-both       both: weights and inputs quantised per row to B bits (an ideal per-row int8 GEMM)
   the int8 model (``for_inference(model, "int8")``, each layer's kernel measured fastest):
     int8            as it is
     int8-single     as it is, each sentence alone (fbgemm's activation scale is the batch's)
     int8-head-fp32  the output projection left unquantised, fp32 (likewise ``-bf16``)
-    int8-rowact     per-row activation scales (``torch._int_mm``) where fbgemm's per-tensor ones were chosen
+    int8-rowact     per-row activation scales (``torch._int_mm``) where fbgemm's per-tensor ones were
+                    chosen; ``-rowact`` after any int8 variant does the same to it
     int8-mse        each weight row's scale clipped to the least squared quantisation error
     int8-only-G+G   int8 in these groups of layers only, the rest float32: enc (the encoder),
                     enc-attn, enc-ffn, dec-self (the decoder's self-attention), cross, dec-ffn,
@@ -34,7 +37,8 @@ Near ties: each sentence a variant translates otherwise is scored under the fp32
 outputs (their token ids, EOS included, teacher-forced): the length-normalised score the beam
 ranks by (log-probability / the length penalty), and how many differ by less than 0.01 and 0.1;
 "fp32 search error" counts those where the variant's output scores higher under fp32 than
-fp32's own beam output did.
+fp32's own beam output did; "higher or within 0.01 (0.1)": those, and the ones that score at
+most that much lower.
 
 The 1,000 test_2016_flickr sentences of the run's languages (``--n``: the first N), beam 4,
 length penalty 0.6, one thread.
@@ -145,6 +149,9 @@ def decoding_with(base: Translator, model: nn.Module) -> Translator:
 def report(name: str, out: list[Translation], seconds: float, fp32: list[Translation], ref: list[str],
            batched: list[Translation] | None = None) -> None:
     report_texts(name, [t.text for t in out], seconds, [t.text for t in fp32], ref)
+    gaps = [abs(a.score - b.score) for a, b in zip(out, fp32) if a.tokens == b.tokens]
+    print(f"  where the same: the beam's scores differ from fp32's by at most {max(gaps, default=0):.2e}, "
+          f"mean {sum(gaps) / max(len(gaps), 1):.2e}", flush=True)
     if batched is not None:
         same = sum(a.text == b.text for a, b in zip(out, batched))
         print(f"  {name}: the same as its own batched translation on {same} of {len(out)}", flush=True)
@@ -205,6 +212,7 @@ def near_ties(scorer: Fp32Scorer, src: list[str], out: list[Translation], fp32: 
     higher = sum(d > 0 for d in deltas)
     print(f"  near ties of the {len(deltas)} that differ (fp32 score, normalised): |d| < 0.01: {small}, "
           f"< 0.1: {tenth}; the variant's output scores higher (fp32 search error): {higher}; "
+          f"higher or within 0.01: {sum(d > -0.01 for d in deltas)}, within 0.1: {sum(d > -0.1 for d in deltas)}; "
           f"median |d| {sorted(map(abs, deltas))[len(deltas) // 2]:.3f}", flush=True)
 
 
@@ -239,14 +247,18 @@ def margins(base: Translator, src: list[str], fp32: list[Translation]) -> None:
 
 def build(name: str, raw: nn.Module) -> nn.Module:
     """The decoding model of variant ``name``, made from the float32 model ``raw``."""
+    if name.endswith("-rowact"):
+        return per_row_activations(build(name[:-len("-rowact")], raw))
     if name == "fp32-onednn":
         return fp32_through_onednn(raw)
     if name == "bf16":
         return for_inference(raw, "bf16")
-    if m := re.fullmatch(r"int(\d+)-weights", name):
-        return quantised_weights(raw, int(m[1]))
+    if m := re.fullmatch(r"int(\d+)-weights(?:-g(\d+))?", name):
+        return for_inference(quantise_weights(untied(raw), int(m[1]), int(m[2] or 0)), "fp32")
     if m := re.fullmatch(r"int(\d+)-acts", name):
         return quantised_activations(raw, int(m[1]))
+    if m := re.fullmatch(r"int(\d+)-both", name):
+        return quantised_activations(quantise_weights(untied(raw), int(m[1])), int(m[1]))
     if name == "int8-acts-tensor":
         return quantised_activations(raw, 8, "tensor")
     if name.startswith("int8-only-"):
@@ -254,15 +266,20 @@ def build(name: str, raw: nn.Module) -> nn.Module:
     if name == "int8-mse":
         return int8_least_squares(raw)
     model = for_inference(raw, "int8")
-    if name == "int8-rowact":
-        for m in model.modules():
-            if isinstance(m, Int8Linear) and m.kernel == "fbgemm":
-                m.kernel = "int_mm"
-    elif name.startswith("int8-head-"):
+    if name.startswith("int8-head-"):
         dtype = torch.float32 if name.endswith("fp32") else torch.bfloat16
         model.out_proj = nn.Sequential(Cast(dtype), float_copy(nn_linear_of(raw), dtype))
     elif name != "int8":
         raise SystemExit(f"unknown variant {name!r}")
+    return model
+
+
+def per_row_activations(model: nn.Module) -> nn.Module:
+    """In place: the int8 layers measured fastest with fbgemm's GEMM (its input quantised per
+    tensor) multiply with ``torch._int_mm`` instead (the input quantised per row)."""
+    for m in model.modules():
+        if isinstance(m, Int8Linear) and m.kernel == "fbgemm":
+            m.kernel = "int_mm"
     return model
 
 
@@ -302,25 +319,28 @@ class Cast(nn.Module):
         return h.to(self.dtype)
 
 
-def rows_quantised(x: torch.Tensor, bits: int) -> torch.Tensor:
+def rows_quantised(x: torch.Tensor, bits: int, group: int = 0) -> torch.Tensor:
     """``x`` (rows, k) quantised symmetrically per row to ``bits`` (the row's largest |x| at
     2 ** (bits - 1) - 1) and back to float32: at 8 bits the arithmetic of ``Int8Linear.from_linear``
-    (then ``weight()``) and of ``int8.quantise_rows``."""
+    (then ``weight()``) and of ``int8.quantise_rows``. ``group``: a scale for each ``group``
+    consecutive values of a row instead (0: the whole row)."""
+    shape = x.shape
+    x = x.reshape(-1, group) if group else x
     levels = 2 ** (bits - 1) - 1
     scale = x.abs().amax(dim=1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny) / levels
-    return torch.round(x / scale).clamp_(-levels, levels) * scale
+    return (torch.round(x / scale).clamp_(-levels, levels) * scale).view(shape)
 
 
 @torch.no_grad()
-def quantised_weights(raw: nn.Module, bits: int) -> nn.Module:
-    """fp32's decoding copy of ``raw`` with every linear weight (the projection's too)
-    quantised per output row to ``bits`` and back (at 8 bits: what ``Int8Linear`` holds,
-    the product its weight-only-fp32 kernel forms); the activations float32."""
-    model = untied(raw)
+def quantise_weights(model: nn.Module, bits: int, group: int = 0) -> nn.Module:
+    """In place: every ``nn.Linear`` weight of ``model`` (the projection's too, once
+    :func:`untied`) quantised per output row to ``bits`` and back (at 8 bits what
+    ``Int8Linear`` holds, the product its weight-only-fp32 kernel forms; ``group``: a scale
+    per ``group`` inputs of a row). Returns ``model``."""
     for m in model.modules():
         if type(m) is nn.Linear:
-            m.weight.copy_(rows_quantised(m.weight.float(), bits))
-    return for_inference(model, "fp32")
+            m.weight.copy_(rows_quantised(m.weight.float(), bits, group))
+    return model
 
 
 class QuantisedInput(nn.Linear):
