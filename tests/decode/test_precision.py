@@ -114,7 +114,7 @@ def test_int8_decoding_warns_about_nothing_and_stays_close_to_fp32(make_model, r
     """Building the int8 copy and decoding with it raise no warning of any kind; a model of
     a realistic width (d_model 128) keeps its fp32 logits to within a few hundredths with
     every kernel: weight-only (dequantised to bf16 or fp32) and the two int8 GEMMs, which
-    quantise the activations too (per row for torch._int_mm, per tensor for fbgemm)."""
+    quantise the activations too (each row by its own range)."""
     if kernel == "fbgemm" and not fbgemm_available():
         pytest.skip("this torch build has no fbgemm")
     monkeypatch.setattr(choose, "int8_kernels", lambda shapes: dict.fromkeys(shapes, kernel))
@@ -139,6 +139,36 @@ def test_int8_decoding_warns_about_nothing_and_stays_close_to_fp32(make_model, r
     top2 = ref.topk(2, dim=-1).values
     clear = top2[..., 0] - top2[..., 1] > 2 * err.max()
     assert clear.float().mean() > 0.5 and (got.argmax(-1) == ref.argmax(-1))[clear].all()
+
+
+@pytest.mark.parametrize("kernel", INT8_KERNELS)
+def test_int8_translates_a_sentence_alone_as_in_a_batch(make_model, rand_tokens, kernel, monkeypatch):
+    """No int8 kernel lets one row's values change another's: an int8 GEMM's outputs for a row
+    are the same bits alone as beside others (fbgemm on its own quantises its whole input by
+    one range: a row beside a larger one lost precision), so beam search gives a sentence the
+    same hypotheses alone as in a batch, padded beside longer ones (scores to rounding)."""
+    if kernel == "fbgemm" and not fbgemm_available():
+        pytest.skip("this torch build has no fbgemm")
+    monkeypatch.setattr(choose, "int8_kernels", lambda shapes: dict.fromkeys(shapes, kernel))
+    layer = Int8Linear.from_linear(torch.nn.Linear(128, 96), kernel)
+    x = torch.randn(6, 128)
+    x[2] *= 50  # a row of much larger values than the others
+    with torch.inference_mode():
+        together, alone = layer(x), torch.cat([layer(row[None]) for row in x])
+    if layer.int8_gemm:  # the same integer sums, rescaled alike (a float GEMM may round a row differently)
+        assert torch.equal(together, alone)
+    torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-5)
+    model = make_model(vocab_size=64, d_model=128, n_heads=4, d_ff=256, output_bias=True)
+    with torch.no_grad():
+        model.out_bias.normal_()
+    q = for_inference(model, "int8")
+    src = rand_tokens([9, 4, 7, 2], vocab=64)
+    together = beam_search(q, src, beam_size=3, n_best=3, max_len_b=10)
+    for i, hyps in enumerate(together):
+        alone = beam_search(q, src[i:i + 1, : int((src[i] != model.cfg.pad_id).sum())], beam_size=3, n_best=3,
+                            max_len_b=10)[0]
+        assert [h.tokens for h in alone] == [h.tokens for h in hyps]
+        assert [h.score for h in alone] == pytest.approx([h.score for h in hyps], abs=1e-4)
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)

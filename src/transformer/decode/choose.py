@@ -63,7 +63,9 @@ CUT_S, GIVE_UP = 0.02, 4.0  # after 3 rounds, a candidate whose call costs over 
 # over GIVE_UP times the fastest is timed no further
 MAX_OUT = 16384  # a wider layer (a vocabulary) is timed at this width and scaled
 MAX_CACHE_BYTES = 1 << 20
-TIMING = "one thread, its CPU time, fastest call"  # how the times were taken: another way is another cache
+# how the times were taken, and what was timed (fbgemm quantising each input row by its own
+# range): another way is another cache
+TIMING = "one thread, its CPU time, fastest call; fbgemm per row"
 ONEDNN = {"fp32": "fp32-onednn", "bf16": "bf16-onednn"}  # a precision's candidate through oneDNN's linear
 ONEDNN_GAIN = 0.85  # oneDNN is taken where it measured at most this fraction of F.linear's time: a
 # shape where the two are level (most layer shapes) keeps F.linear, and its outputs, from run to run

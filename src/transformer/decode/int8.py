@@ -71,9 +71,14 @@ class Int8Linear(nn.Module):
       (AVX512-VNNI, AVX-VNNI) this is the fastest product at opus-mt widths (512 and up).
       Where its sums are not exact (:func:`int_mm_exact`: oneDNN without VNNI) the layer takes
       fbgemm's GEMM instead.
-    - ``fbgemm``: fbgemm's dynamically quantised linear on the same int8 weights (the input
-      quantised per tensor: 8 bits where the CPU has VNNI, else 7, as ``torch.ao`` does, so
-      that AVX2's 16-bit pair sums cannot saturate); float32 output.
+    - ``fbgemm``: fbgemm's dynamically quantised linear on the same int8 weights, each row of
+      the input quantised by its own largest |x| as for ``int_mm`` (:func:`fbgemm_rows`: 8
+      bits where the CPU has VNNI, else 7, as ``torch.ao`` does, so that AVX2's 16-bit pair
+      sums cannot saturate), the bias added after; float32 output.
+
+    No kernel lets one row's values change another's: a sentence translates the same alone as
+    in any batch (fbgemm on its own quantises the whole input by one range: in a batch, by its
+    largest value anywhere).
 
     A graph being compiled or exported takes the weight-only path (float32 for the two int8
     GEMMs, as their outputs are): it traces, and fbgemm's packed weights do not. The residual
@@ -131,7 +136,7 @@ class Int8Linear(nn.Module):
             warnings.filterwarnings("ignore", message=".*quantized tensor creation functions", category=UserWarning)
             zeros = torch.zeros(self.out_features, dtype=torch.long, device=self.qweight.device)
             q = torch._make_per_channel_quantized_tensor(self.qweight, self.scale.double(), zeros, 0)
-            self._packed = torch.ops.quantized.linear_prepack(q, self.bias)
+            self._packed = torch.ops.quantized.linear_prepack(q, None)  # (the bias added after the rows' scales)
         return self._packed
 
     @property
@@ -152,8 +157,9 @@ class Int8Linear(nn.Module):
             return y.view(*x.shape[:-1], self.out_features)
         if self.kernel == "fbgemm" and not torch.compiler.is_compiling():
             packed = self._packed if self._packed is not None else self._pack()
-            y = torch.ops.quantized.linear_dynamic(x.reshape(-1, self.in_features).float().contiguous(), packed,
-                                                   self.reduce_range)
+            y = fbgemm_rows(x.reshape(-1, self.in_features), packed, self.reduce_range)
+            if self.bias is not None:
+                y += self.bias
             return y.view(*x.shape[:-1], self.out_features)
         w = torch.mul(self.qweight, self._scale_col)  # int8 x bf16 (or fp32) -> (out, in) in that dtype
         return F.linear(x.to(w.dtype), w, self._bias)
@@ -169,6 +175,22 @@ def quantise_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     x = x.float()
     scale = x.abs().amax(dim=1, keepdim=True).clamp_(min=torch.finfo(torch.float32).tiny).div_(127)
     return torch.round(x / scale).to(torch.int8), scale
+
+
+def fbgemm_rows(x: Tensor, packed, reduce_range: bool) -> Tensor:
+    """``x`` (rows, in) times fbgemm's ``packed`` int8 weights (no bias), float32 (rows, out),
+    each row of ``x`` quantised by its own largest |x|. fbgemm quantises its whole input by one
+    range, its smallest and largest value: each row is divided by its largest |x|, and two rows
+    of +1 and -1 after them fix that range at [-1, 1], whatever else is in the batch; the sums
+    of the rows are then multiplied back by those values."""
+    n, k = x.shape
+    x = x.float()
+    rows = x.abs().amax(dim=1, keepdim=True).clamp_(min=torch.finfo(torch.float32).tiny)  # (n, 1)
+    unit = torch.cat([x / rows, _BOUNDS.expand(2, k)])
+    return torch.ops.quantized.linear_dynamic(unit, packed, reduce_range)[:n].mul_(rows)
+
+
+_BOUNDS = torch.tensor([[1.0], [-1.0]])  # the range fbgemm_rows fixes
 
 
 def int8_matmul(x: Tensor, qweight: Tensor, scale: Tensor) -> Tensor:
