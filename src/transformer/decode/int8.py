@@ -157,9 +157,7 @@ class Int8Linear(nn.Module):
             return y.view(*x.shape[:-1], self.out_features)
         if self.kernel == "fbgemm" and not torch.compiler.is_compiling():
             packed = self._packed if self._packed is not None else self._pack()
-            y = fbgemm_rows(x.reshape(-1, self.in_features), packed, self.reduce_range)
-            if self.bias is not None:
-                y += self.bias
+            y = fbgemm_rows(x.reshape(-1, self.in_features), packed, self.bias, self.reduce_range)
             return y.view(*x.shape[:-1], self.out_features)
         w = torch.mul(self.qweight, self._scale_col)  # int8 x bf16 (or fp32) -> (out, in) in that dtype
         return F.linear(x.to(w.dtype), w, self._bias)
@@ -177,17 +175,18 @@ def quantise_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     return torch.round(x / scale).to(torch.int8), scale
 
 
-def fbgemm_rows(x: Tensor, packed, reduce_range: bool) -> Tensor:
-    """``x`` (rows, in) times fbgemm's ``packed`` int8 weights (no bias), float32 (rows, out),
-    each row of ``x`` quantised by its own largest |x|. fbgemm quantises its whole input by one
-    range, its smallest and largest value: each row is divided by its largest |x|, and two rows
-    of +1 and -1 after them fix that range at [-1, 1], whatever else is in the batch; the sums
-    of the rows are then multiplied back by those values."""
+def fbgemm_rows(x: Tensor, packed, bias: Tensor | None, reduce_range: bool) -> Tensor:
+    """``x`` (rows, in) times fbgemm's ``packed`` int8 weights (packed without a bias), plus
+    ``bias``, float32 (rows, out), each row of ``x`` quantised by its own largest |x|. fbgemm
+    quantises its whole input by one range, its smallest and largest value: each row is divided
+    by its largest |x|, and two rows of +1 and -1 after them fix that range at [-1, 1], whatever
+    else is in the batch; the rows' products are then multiplied back by those values."""
     n, k = x.shape
     x = x.float()
     rows = x.abs().amax(dim=1, keepdim=True).clamp_(min=torch.finfo(torch.float32).tiny)  # (n, 1)
     unit = torch.cat([x / rows, _BOUNDS.expand(2, k)])
-    return torch.ops.quantized.linear_dynamic(unit, packed, reduce_range)[:n].mul_(rows)
+    y = torch.ops.quantized.linear_dynamic(unit, packed, reduce_range)[:n]
+    return y.mul_(rows) if bias is None else torch.addcmul(bias, y, rows)  # (one pass over the output)
 
 
 _BOUNDS = torch.tensor([[1.0], [-1.0]])  # the range fbgemm_rows fixes
