@@ -143,37 +143,3 @@ def test_the_eager_steps_reorder_within_sentences_asks_nothing_of_their_order(mo
         assert compared == [] and kept.cross_kv is cache.cross_kv
         fewer = step.keep(cache, torch.tensor([0, 1, 4, 5]))  # (sentences 0 and 2: finished rows leave)
         assert fewer.rows == 4 and fewer.memory_mask.size(0) == 2
-
-
-@torch.inference_mode()
-def test_a_search_reuses_the_buffers_a_finished_one_left_and_never_a_live_ones(rand_tokens):
-    """On a CPU the next search's buffers are the block the last one's caches left (its pages
-    mapped already) where it is large enough; never the block of caches still alive."""
-    import gc
-
-    from transformer.decode import fixed_cache
-
-    model = build_model(seed=2)
-    src = rand_tokens([5, 3, 4], width=5)
-    start = model.start_cache(model.encode(src), src)
-    fixed_cache._spare.clear()
-
-    def block(cache):
-        return cache.buffers.k[0][0].data_ptr()
-
-    first = buffered(model, start, 6)
-    live = block(first)
-    second = buffered(model, start, 6)  # the first is alive: a block of its own
-    assert block(second) != live
-    del first
-    gc.collect()
-    assert [b.data_ptr() for b in fixed_cache._spare.values()] == [live]  # (kept, not freed)
-    third = buffered(model, start, 4)  # the first's block, large enough
-    assert block(third) == live
-    larger = buffered(model, start, 12)  # the second's block is too small: a new one
-    assert block(larger) not in (live, block(second))
-    tokens = torch.tensor([[1]] * 3)
-    expected, _ = model.decode(tokens, start)
-    for cache in (third, larger):
-        logits, _ = model.decode(tokens, cache)
-        assert torch.equal(logits, expected)

@@ -21,18 +21,12 @@ attention's, bf16 on a CPU) copies such a K, transposed, before every product, 7
 product's time, and torch's fused kernel reads it slower too (benchmarks/decode/README.md).
 Attention gets the layout the concatenation gave it, so the results are the same bits.
 
-On a CPU a search's buffers outlive it, for the next search (:func:`_take`): a fresh block of
-this size is, with glibc, a fresh mapping whose pages fault in again at every search, 3-8% of
-the demo model's decoding at 100 sentences.
-
 The buffers' shapes and dtype are the compiled step's (:func:`kv_layout`, also used by
 :class:`~transformer.compiled.search_step.FixedKVCache`), so a K, V is stored as the model's key
 projection gives it (bf16, an int8 layer's output dtype).
 """
 from __future__ import annotations
 
-import threading
-import weakref
 from dataclasses import dataclass, replace
 
 import torch
@@ -51,33 +45,6 @@ def kv_layout(model: nn.Module) -> tuple[int, int, int, torch.dtype, torch.devic
     return model.cfg.n_layers, attn.n_kv_heads, attn.d_head, dtype, next(model.parameters()).device
 
 
-#: per (dtype, device), on a CPU: the largest block of a search whose caches are gone
-_spare: dict[tuple[torch.dtype, torch.device], Tensor] = {}
-_spare_lock = threading.Lock()
-
-
-def _take(numel: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """A flat block of at least ``numel`` elements (not zeroed) for one search's buffers: on a
-    CPU the one a finished search left (its pages already mapped) where it is large enough,
-    handed back (:func:`_give_back`) when the search's caches are gone; else a new one."""
-    if device.type != "cpu":  # (torch's caching allocator keeps a GPU's freed blocks)
-        return torch.empty(numel, dtype=dtype, device=device)
-    with _spare_lock:
-        block = _spare.pop((dtype, device), None)
-    if block is None or block.numel() < numel:
-        block = None  # (a smaller one is freed before the new one is made)
-        block = torch.empty(numel, dtype=dtype, device=device)
-    return block
-
-
-def _give_back(block: Tensor) -> None:
-    """``block`` is free again: kept for the next search unless a larger one is."""
-    key = (block.dtype, block.device)
-    with _spare_lock:
-        if key not in _spare or _spare[key].numel() < block.numel():
-            _spare[key] = block
-
-
 class _Buffers:
     """The storage one search's caches share: per layer, K's and V's two flat buffers of
     R * H_kv * L * D elements. The one in use holds the cache as a contiguous (rows, H_kv, T, D);
@@ -90,11 +57,7 @@ class _Buffers:
         # One allocation (not zeroed: only written slots are read), not four per layer: blocks
         # just under glibc's 32 MiB mmap threshold left in its heap made the rest of a step's
         # allocations dearer (benchmarks/decode/README.md).
-        size = (n, 2, 2, *self.shape)  # (layer, K/V, pair, ...)
-        flat = _take(torch.Size(size).numel(), dtype, device)
-        block = flat[: torch.Size(size).numel()].view(size)
-        if device.type == "cpu":  # (nothing else keeps a view of the block once these buffers are gone)
-            weakref.finalize(self, _give_back, flat)
+        block = torch.empty((n, 2, 2, *self.shape), dtype=dtype, device=device)  # (layer, K/V, pair, ...)
         self.k = [[block[i, 0, 0], block[i, 0, 1]] for i in range(n)]  # per layer [in use, other]
         self.v = [[block[i, 1, 0], block[i, 1, 1]] for i in range(n)]
 
