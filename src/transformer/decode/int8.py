@@ -23,8 +23,8 @@ from .decoding_copy import StepAttend
 #:   weight-only-fp32  the same in float32
 #:   int_mm            a real int8 GEMM: the input quantised per row at every call, ``torch._int_mm``
 #:                     (int8 x int8, int32 sums), rescaled by both scales, float32 out
-#:   fbgemm            fbgemm's dynamically quantised linear (the input quantised per tensor),
-#:                     float32 out
+#:   fbgemm            fbgemm's dynamically quantised linear, the input quantised per row too
+#:                     (:func:`fbgemm_rows`), float32 out
 INT8_KERNELS = ("weight-only-bf16", "weight-only-fp32", "int_mm", "fbgemm")
 INT8_GEMMS = ("int_mm", "fbgemm")  # the kernels that quantise the input too
 
