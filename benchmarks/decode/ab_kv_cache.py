@@ -13,9 +13,7 @@ translation run.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
-import os
 import time
 from pathlib import Path
 
@@ -68,17 +66,17 @@ def main() -> None:
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    import yaml
-
     from transformer import hardware
+    from transformer.data.corpus import read_lines
+    from transformer.data.registry import multi30k_path
     from transformer.decode.eager_step import EagerStep
     from transformer.inference.translator import load_translator
+    from transformer.run.layout import read_run_config
 
     print(hardware.describe_line(), flush=True)
     run = Path(args.run) if args.run else Path(args.work) / "run"
-    lang = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8")).get("src_lang", "en")
-    path = Path(os.environ["TRANSFORMER_DATA"]) / "multi30k" / f"test_2016_flickr.{lang}.gz"
-    lines = gzip.open(path, "rt", encoding="utf-8").read().splitlines()[: args.n]
+    lang = read_run_config(run).get("src_lang", "en")
+    lines = read_lines(multi30k_path("test_2016_flickr", lang, download=False))[: args.n]
     translator = load_translator(run, warn=False, beam=args.beam, precision=args.precision, compile="off")
     model = translator.model
     attn = model.decoder.layers[0].self_attn

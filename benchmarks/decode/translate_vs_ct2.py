@@ -21,7 +21,6 @@ with its own batching by tokens, write): wall time and the child's CPU time.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import statistics
@@ -63,13 +62,12 @@ def main() -> None:
                            compile="off")
     if args.src:
         lines = Path(args.src).read_text(encoding="utf-8").splitlines()
-    else:
-        import yaml
+    else:  # the run's source language
+        from transformer.data.corpus import read_lines
+        from transformer.data.registry import multi30k_path
+        from transformer.run.layout import read_run_config
 
-        cfg = yaml.safe_load((Path(args.run) / "config.yaml").read_text(encoding="utf-8"))
-        lang = cfg["src_lang"]  # the run's source language
-        path = Path(os.environ["TRANSFORMER_DATA"]) / "multi30k" / f"test_2016_flickr.{lang}.gz"
-        lines = gzip.open(path, "rt", encoding="utf-8").read().splitlines()
+        lines = read_lines(multi30k_path("test_2016_flickr", read_run_config(args.run)["src_lang"], download=False))
     lines = lines[: args.n]
 
     sw = ours.subwords
