@@ -48,7 +48,7 @@ def main() -> None:
 
     def translator(onednn: bool, fused: bool):
         choose.onednn_shapes = measured if onednn else (lambda shapes, precision: set())
-        decoding_copy.DecodingAttention.fuse = fuse if fused else (lambda self, linears: None)
+        decoding_copy.DecodingAttention.fuse = fuse if fused else (lambda self, linears, packed=False: None)
         try:
             return load_translator(run, warn=False, beam=args.beam, precision=args.precision, compile="off")
         finally:
