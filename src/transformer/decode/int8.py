@@ -108,7 +108,7 @@ class Int8Linear(nn.Module):
     @torch.no_grad()
     def from_linear(cls, linear: nn.Linear, kernel: str = "weight-only-bf16") -> "Int8Linear":
         w = linear.weight.detach().float()
-        scale = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
+        scale = row_max(w).squeeze(1) / 127
         qweight = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
         bias = None if linear.bias is None else linear.bias.detach().float().clone()
         return cls(qweight, scale, bias, kernel)
@@ -167,11 +167,17 @@ class Int8Linear(nn.Module):
                 f"kernel={self.kernel}")
 
 
+def row_max(x: Tensor) -> Tensor:
+    """Each row's largest |x| of float32 ``x`` (rows, k), (rows, 1): a row of zeros gets the
+    smallest normal float, so that dividing by it is no division by zero."""
+    return x.abs().amax(dim=1, keepdim=True).clamp_(min=torch.finfo(torch.float32).tiny)
+
+
 def quantise_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     """``x`` (rows, k) as int8 (rows, k) and one float32 scale per row, (rows, 1): symmetric,
-    the row's largest |x| at 127 (a row of zeros keeps a tiny scale, not a division by zero)."""
+    the row's largest |x| at 127 (:func:`row_max`)."""
     x = x.float()
-    scale = x.abs().amax(dim=1, keepdim=True).clamp_(min=torch.finfo(torch.float32).tiny).div_(127)
+    scale = row_max(x).div_(127)
     return torch.round(x / scale).to(torch.int8), scale
 
 
@@ -183,7 +189,7 @@ def fbgemm_rows(x: Tensor, packed, bias: Tensor | None, reduce_range: bool) -> T
     else is in the batch; the rows' products are then multiplied back by those values."""
     n, k = x.shape
     x = x.float()
-    rows = x.abs().amax(dim=1, keepdim=True).clamp_(min=torch.finfo(torch.float32).tiny)  # (n, 1)
+    rows = row_max(x)  # (n, 1)
     unit = torch.cat([x / rows, _BOUNDS.expand(2, k)])
     y = torch.ops.quantized.linear_dynamic(unit, packed, reduce_range)[:n]
     return y.mul_(rows) if bias is None else torch.addcmul(bias, y, rows)  # (one pass over the output)
